@@ -1,0 +1,96 @@
+//! The file the log writer appends to, behind a trait so tests can inject failures.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// An append-only log file.
+pub trait LogFile: Send {
+    /// Appends all of `bytes`. On success the bytes **must** be in the OS page cache (they
+    /// survive a process crash, not power loss).
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// On success every byte appended so far **must** be on stable storage.
+    fn sync(&mut self) -> std::io::Result<()>;
+}
+
+impl LogFile for File {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.write_all(bytes)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_data()
+    }
+}
+
+/// Opens segment files. The default opens real files; tests swap in [`FailingSyncs`].
+pub trait LogFileFactory: Send + Sync {
+    fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>>;
+}
+
+/// Real files, opened for appending (created if missing).
+pub struct RealFiles;
+
+impl LogFileFactory for RealFiles {
+    fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Box::new(file))
+    }
+}
+
+/// Real files whose `sync` fails from the `fail_from`-th sync on (counting from 1), across
+/// every file the factory opened. For poisoning tests.
+pub struct FailingSyncs {
+    pub fail_from: u64,
+    syncs: Arc<AtomicU64>,
+}
+
+impl FailingSyncs {
+    pub fn new(fail_from: u64) -> Self {
+        FailingSyncs {
+            fail_from,
+            syncs: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+struct FailingFile {
+    file: File,
+    fail_from: u64,
+    syncs: Arc<AtomicU64>,
+}
+
+impl LogFile for FailingFile {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        let n = self.syncs.fetch_add(1, Ordering::SeqCst) + 1;
+        if n >= self.fail_from {
+            return Err(std::io::Error::other("injected fdatasync failure"));
+        }
+        self.file.sync_data()
+    }
+}
+
+impl LogFileFactory for FailingSyncs {
+    fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Box::new(FailingFile {
+            file,
+            fail_from: self.fail_from,
+            syncs: self.syncs.clone(),
+        }))
+    }
+}
+
+/// Syncs a directory so that file creations, renames and removals in it are durable.
+pub fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}

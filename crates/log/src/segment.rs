@@ -1,0 +1,193 @@
+//! Segment files: `<first_seq:020>.log` in the data directory, each a sequence of frames.
+//!
+//! Only the newest segment may end in a torn frame (a crash cut a write short); anything
+//! wrong before that point, or in an older segment, is corruption and is reported with the
+//! file and byte offset — never skipped.
+
+use std::path::{Path, PathBuf};
+
+use crate::frame::{self, Decoded};
+use crate::LogError;
+
+pub const SEGMENT_SUFFIX: &str = ".log";
+
+/// A segment file on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentFile {
+    /// The seq of the first frame this segment holds (the name of the file).
+    pub first_seq: u64,
+    pub path: PathBuf,
+}
+
+pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join(format!("{first_seq:020}{SEGMENT_SUFFIX}"))
+}
+
+/// Every segment in `dir`, oldest first.
+pub fn list_segments(dir: &Path) -> Result<Vec<SegmentFile>, LogError> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| LogError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
+            continue;
+        };
+        if stem.len() != 20 {
+            continue;
+        }
+        let Ok(first_seq) = stem.parse::<u64>() else {
+            continue;
+        };
+        out.push(SegmentFile {
+            first_seq,
+            path: entry.path(),
+        });
+    }
+    out.sort_by_key(|s| s.first_seq);
+    Ok(out)
+}
+
+/// How a scan of one segment ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanEnd {
+    /// Bytes of whole, valid frames from the start of the file.
+    pub valid_len: u64,
+    /// Set when the file continues past `valid_len` with a torn frame (only possible for
+    /// the newest segment); recovery truncates the file to `valid_len`.
+    pub torn: Option<String>,
+}
+
+/// Calls `on_frame(offset, payload)` for every frame of `bytes` (the contents of `path`).
+///
+/// `is_newest` allows a torn tail: a frame cut short, a whole last frame with a bad
+/// checksum, or a zero-filled end. Anything else that fails its checks is
+/// [`LogError::Corrupt`] naming `path` and the offset.
+pub fn scan(
+    path: &Path,
+    bytes: &[u8],
+    is_newest: bool,
+    mut on_frame: impl FnMut(u64, &[u8]) -> Result<(), LogError>,
+) -> Result<ScanEnd, LogError> {
+    let mut offset = 0usize;
+    let corrupt = |offset: usize, reason: &str| LogError::Corrupt {
+        path: path.to_path_buf(),
+        offset: offset as u64,
+        reason: reason.to_string(),
+    };
+    loop {
+        let torn_reason = match frame::decode(bytes, offset) {
+            Decoded::Frame { payload, next } => {
+                on_frame(offset as u64, payload)?;
+                offset = next;
+                continue;
+            }
+            Decoded::End => {
+                return Ok(ScanEnd {
+                    valid_len: offset as u64,
+                    torn: None,
+                })
+            }
+            Decoded::Truncated => {
+                if !is_newest {
+                    return Err(corrupt(offset, "segment ends inside a frame"));
+                }
+                "the last frame is cut short"
+            }
+            Decoded::BadLength => {
+                if !(is_newest && bytes[offset..].iter().all(|&b| b == 0)) {
+                    return Err(corrupt(offset, "frame length does not match its check"));
+                }
+                "the file ends in zero bytes"
+            }
+            Decoded::BadChecksum { end } => {
+                if !(is_newest && end == bytes.len()) {
+                    return Err(corrupt(offset, "frame checksum mismatch"));
+                }
+                "the last frame fails its checksum"
+            }
+        };
+        return Ok(ScanEnd {
+            valid_len: offset as u64,
+            torn: Some(format!(
+                "{}: torn tail at byte offset {offset} ({torn_reason}); {} bytes after it",
+                path.display(),
+                bytes.len() - offset
+            )),
+        });
+    }
+}
+
+/// Reads a whole file.
+pub fn read_file(path: &Path) -> Result<Vec<u8>, LogError> {
+    std::fs::read(path).map_err(|e| LogError::io(path, e))
+}
+
+/// Cuts `path` to `len` bytes and syncs it (recovery's torn-tail repair).
+pub fn truncate(path: &Path, len: u64) -> Result<(), LogError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| LogError::io(path, e))?;
+    file.set_len(len).map_err(|e| LogError::io(path, e))?;
+    file.sync_all().map_err(|e| LogError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(n: usize) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        for i in 0..n {
+            frame::encode_into(&mut buf, format!("payload number {i}").as_bytes()).unwrap();
+            ends.push(buf.len());
+        }
+        (buf, ends)
+    }
+
+    #[test]
+    fn a_cut_newest_segment_keeps_exactly_the_whole_frames() {
+        let (buf, ends) = frames(20);
+        for cut in 0..=buf.len() {
+            let mut seen = 0;
+            let end = scan(Path::new("x.log"), &buf[..cut], true, |_, _| {
+                seen += 1;
+                Ok(())
+            })
+            .unwrap();
+            let whole = ends.iter().filter(|&&e| e <= cut).count();
+            assert_eq!(seen, whole, "cut at {cut}");
+            let expected_len = if whole == 0 { 0 } else { ends[whole - 1] };
+            assert_eq!(end.valid_len as usize, expected_len);
+            assert_eq!(end.torn.is_some(), cut != expected_len);
+        }
+    }
+
+    #[test]
+    fn a_cut_older_segment_is_corruption() {
+        let (buf, ends) = frames(3);
+        let err = scan(Path::new("x.log"), &buf[..ends[1] + 3], false, |_, _| Ok(())).unwrap_err();
+        match err {
+            LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, ends[1]),
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_before_the_tail_names_its_frame_offset() {
+        let (buf, ends) = frames(10);
+        for pos in 0..ends[8] {
+            let mut damaged = buf.clone();
+            damaged[pos] ^= 0x40;
+            let err = scan(Path::new("x.log"), &damaged, true, |_, _| Ok(())).unwrap_err();
+            let frame_start = ends.iter().rev().find(|&&e| e <= pos).copied().unwrap_or(0);
+            match err {
+                LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, frame_start),
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+}
