@@ -1,1 +1,31 @@
+//! `sluice-engine`: the in-memory database that the single writer mutates.
+//!
+//! Responsible for: typed values and schemas, tables with their primary-key and secondary
+//! B-tree indexes, atomic transactions (apply-with-undo), the changelog of committed
+//! changes, the binary encoding of commits and snapshots, and recovery from a data
+//! directory. Not responsible for threads, durability waiting or the network — the server
+//! drives one [`Db`] from one writer thread and hands encoded commits to `sluice-log`.
+//!
+//! # Layout
+//! - [`value`]: column types, [`Value`], [`Key`], JSON conversion, SQLite-like ordering.
+//! - [`schema`]: table schemas and [`SchemaChange`] (what DDL means).
+//! - [`table`]: rows and indexes of one table.
+//! - [`db`]: [`Db`], [`Tx`] (transactions), [`Commit`] and [`Change`].
+//! - [`changelog`]: the retained window of commits for catch-up.
+//! - [`codec`]: bytes of log records and snapshot frames.
+//! - [`recovery`]: load the newest valid snapshot, replay the tail, verify a directory.
 
+pub mod changelog;
+pub mod codec;
+pub mod db;
+pub mod error;
+pub mod recovery;
+pub mod schema;
+pub mod table;
+pub mod value;
+
+pub use changelog::{Changelog, Retention};
+pub use db::{Change, ChangeOp, Commit, CommitBody, Db, Limits, Tx, WriteResult};
+pub use error::{ErrorCode, TxError};
+pub use schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+pub use value::{ColumnType, Key, Value};

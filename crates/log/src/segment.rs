@@ -64,12 +64,12 @@ pub struct ScanEnd {
 /// `is_newest` allows a torn tail: a frame cut short, a whole last frame with a bad
 /// checksum, or a zero-filled end. Anything else that fails its checks is
 /// [`LogError::Corrupt`] naming `path` and the offset.
-pub fn scan(
+pub fn scan<E: From<LogError>>(
     path: &Path,
     bytes: &[u8],
     is_newest: bool,
-    mut on_frame: impl FnMut(u64, &[u8]) -> Result<(), LogError>,
-) -> Result<ScanEnd, LogError> {
+    mut on_frame: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<ScanEnd, E> {
     let mut offset = 0usize;
     let corrupt = |offset: usize, reason: &str| LogError::Corrupt {
         path: path.to_path_buf(),
@@ -91,19 +91,19 @@ pub fn scan(
             }
             Decoded::Truncated => {
                 if !is_newest {
-                    return Err(corrupt(offset, "segment ends inside a frame"));
+                    return Err(corrupt(offset, "segment ends inside a frame").into());
                 }
                 "the last frame is cut short"
             }
             Decoded::BadLength => {
                 if !(is_newest && bytes[offset..].iter().all(|&b| b == 0)) {
-                    return Err(corrupt(offset, "frame length does not match its check"));
+                    return Err(corrupt(offset, "frame length does not match its check").into());
                 }
                 "the file ends in zero bytes"
             }
             Decoded::BadChecksum { end } => {
                 if !(is_newest && end == bytes.len()) {
-                    return Err(corrupt(offset, "frame checksum mismatch"));
+                    return Err(corrupt(offset, "frame checksum mismatch").into());
                 }
                 "the last frame fails its checksum"
             }
@@ -155,7 +155,7 @@ mod tests {
             let mut seen = 0;
             let end = scan(Path::new("x.log"), &buf[..cut], true, |_, _| {
                 seen += 1;
-                Ok(())
+                Ok::<(), LogError>(())
             })
             .unwrap();
             let whole = ends.iter().filter(|&&e| e <= cut).count();
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn a_cut_older_segment_is_corruption() {
         let (buf, ends) = frames(3);
-        let err = scan(Path::new("x.log"), &buf[..ends[1] + 3], false, |_, _| Ok(())).unwrap_err();
+        let err = scan(Path::new("x.log"), &buf[..ends[1] + 3], false, |_, _| Ok::<(), LogError>(())).unwrap_err();
         match err {
             LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, ends[1]),
             other => panic!("unexpected {other}"),
@@ -182,7 +182,7 @@ mod tests {
         for pos in 0..ends[8] {
             let mut damaged = buf.clone();
             damaged[pos] ^= 0x40;
-            let err = scan(Path::new("x.log"), &damaged, true, |_, _| Ok(())).unwrap_err();
+            let err = scan(Path::new("x.log"), &damaged, true, |_, _| Ok::<(), LogError>(())).unwrap_err();
             let frame_start = ends.iter().rev().find(|&&e| e <= pos).copied().unwrap_or(0);
             match err {
                 LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, frame_start),

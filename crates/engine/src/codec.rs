@@ -1,0 +1,559 @@
+//! Bytes of log records and snapshot frames. Layouts are documented in
+//! `docs/formats.md`; integers are little-endian, lengths and counts are LEB128 varints,
+//! signed integers zigzag-encoded varints.
+
+use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow};
+use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+use crate::table::RowEntry;
+use crate::value::{ColumnType, Key, Value};
+
+pub const RECORD_ROWS: u8 = 1;
+pub const RECORD_SCHEMA: u8 = 2;
+
+pub const SNAP_SCHEMA: u8 = 1;
+pub const SNAP_ROWS: u8 = 2;
+pub const SNAP_END: u8 = 3;
+
+/// A snapshot rows frame is closed once its payload passes this size.
+pub const SNAP_FRAME_BYTES_TARGET: usize = 1 << 20;
+
+const TAG_NULL: u8 = 0;
+const TAG_INTEGER: u8 = 1;
+const TAG_REAL: u8 = 2;
+const TAG_FALSE: u8 = 3;
+const TAG_TRUE: u8 = 4;
+const TAG_TEXT: u8 = 5;
+const TAG_BLOB: u8 = 6;
+const TAG_JSON: u8 = 7;
+const TAG_TIMESTAMP: u8 = 8;
+
+const SCHEMA_CREATE_TABLE: u8 = 1;
+const SCHEMA_CREATE_INDEX: u8 = 2;
+const SCHEMA_DROP_TABLE: u8 = 3;
+const SCHEMA_ADD_COLUMN: u8 = 4;
+
+// ---------------------------------------------------------------------------------------
+// Writing
+
+pub struct Writer<'a>(pub &'a mut Vec<u8>);
+
+impl Writer<'_> {
+    pub fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    pub fn u64_fixed(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+    pub fn zigzag(&mut self, v: i64) {
+        self.varint(((v << 1) ^ (v >> 63)) as u64);
+    }
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+    pub fn str(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+    pub fn value(&mut self, v: &Value) {
+        match v {
+            Value::Null => self.u8(TAG_NULL),
+            Value::Integer(i) => {
+                self.u8(TAG_INTEGER);
+                self.zigzag(*i)
+            }
+            Value::Real(r) => {
+                self.u8(TAG_REAL);
+                self.0.extend_from_slice(&r.to_le_bytes())
+            }
+            Value::Boolean(false) => self.u8(TAG_FALSE),
+            Value::Boolean(true) => self.u8(TAG_TRUE),
+            Value::Text(s) => {
+                self.u8(TAG_TEXT);
+                self.str(s)
+            }
+            Value::Blob(b) => {
+                self.u8(TAG_BLOB);
+                self.bytes(b)
+            }
+            Value::Json(s) => {
+                self.u8(TAG_JSON);
+                self.str(s)
+            }
+            Value::Timestamp(t) => {
+                self.u8(TAG_TIMESTAMP);
+                self.zigzag(*t)
+            }
+        }
+    }
+    pub fn key(&mut self, k: &Key) {
+        self.value(&k.to_value());
+    }
+    fn column(&mut self, c: &ColumnDef) {
+        self.str(&c.name);
+        self.u8(c.ty.code());
+        self.u8(c.not_null as u8);
+        match &c.default {
+            None => self.u8(0),
+            Some(v) => {
+                self.u8(1);
+                self.value(v)
+            }
+        }
+    }
+    fn table_schema(&mut self, s: &TableSchema) {
+        self.str(&s.name);
+        self.varint(s.columns.len() as u64);
+        for c in &s.columns {
+            self.column(c);
+        }
+        self.varint(s.pk as u64);
+        self.varint(s.indexes.len() as u64);
+        for ix in &s.indexes {
+            self.str(&ix.name);
+            self.varint(ix.columns.len() as u64);
+            for &c in &ix.columns {
+                self.varint(c as u64);
+            }
+        }
+    }
+}
+
+/// Encodes a commit as a log record payload.
+pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
+    let mut w = Writer(out);
+    match &commit.body {
+        CommitBody::Rows(changes) => {
+            w.u8(RECORD_ROWS);
+            w.u64_fixed(commit.seq);
+            w.varint(changes.len() as u64);
+            for c in changes {
+                w.str(&c.table.name);
+                w.u8(match c.op {
+                    ChangeOp::Insert => 0,
+                    ChangeOp::Update => 1,
+                    ChangeOp::Delete => 2,
+                });
+                w.varint(c.version);
+                w.key(&c.key);
+                if let Some(values) = &c.row {
+                    w.varint(values.len() as u64);
+                    for v in values.iter() {
+                        w.value(v);
+                    }
+                }
+            }
+        }
+        CommitBody::Schema { change, sql } => {
+            w.u8(RECORD_SCHEMA);
+            w.u64_fixed(commit.seq);
+            w.str(sql);
+            match change {
+                SchemaChange::CreateTable {
+                    schema,
+                    if_not_exists,
+                } => {
+                    w.u8(SCHEMA_CREATE_TABLE);
+                    w.u8(*if_not_exists as u8);
+                    w.table_schema(schema);
+                }
+                SchemaChange::CreateIndex {
+                    table,
+                    name,
+                    columns,
+                    if_not_exists,
+                } => {
+                    w.u8(SCHEMA_CREATE_INDEX);
+                    w.u8(*if_not_exists as u8);
+                    w.str(table);
+                    w.str(name);
+                    w.varint(columns.len() as u64);
+                    for c in columns {
+                        w.str(c);
+                    }
+                }
+                SchemaChange::DropTable { name, if_exists } => {
+                    w.u8(SCHEMA_DROP_TABLE);
+                    w.u8(*if_exists as u8);
+                    w.str(name);
+                }
+                SchemaChange::AddColumn { table, column } => {
+                    w.u8(SCHEMA_ADD_COLUMN);
+                    w.str(table);
+                    w.column(column);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading
+
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+pub type DecodeResult<T> = Result<T, String>;
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+    fn take(&mut self, n: usize) -> DecodeResult<&'a [u8]> {
+        if self.buf.len() - self.pos < n {
+            return Err(format!("record ends early at byte {}", self.pos));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> DecodeResult<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u64_fixed(&mut self) -> DecodeResult<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    pub fn varint(&mut self) -> DecodeResult<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long".into())
+    }
+    pub fn len(&mut self) -> DecodeResult<usize> {
+        let n = self.varint()?;
+        if n as usize > self.buf.len() - self.pos {
+            return Err(format!("implausible length {n}"));
+        }
+        Ok(n as usize)
+    }
+    pub fn zigzag(&mut self) -> DecodeResult<i64> {
+        let v = self.varint()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
+    }
+    pub fn bytes(&mut self) -> DecodeResult<&'a [u8]> {
+        let n = self.varint()? as usize;
+        self.take(n)
+    }
+    pub fn string(&mut self) -> DecodeResult<String> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| "invalid UTF-8 text".to_string())
+    }
+    pub fn value(&mut self) -> DecodeResult<Value> {
+        Ok(match self.u8()? {
+            TAG_NULL => Value::Null,
+            TAG_INTEGER => Value::Integer(self.zigzag()?),
+            TAG_REAL => Value::Real(f64::from_le_bytes(self.take(8)?.try_into().expect("8"))),
+            TAG_FALSE => Value::Boolean(false),
+            TAG_TRUE => Value::Boolean(true),
+            TAG_TEXT => Value::Text(self.string()?.into()),
+            TAG_BLOB => Value::Blob(self.bytes()?.into()),
+            TAG_JSON => Value::Json(self.string()?.into()),
+            TAG_TIMESTAMP => Value::Timestamp(self.zigzag()?),
+            t => return Err(format!("unknown value tag {t}")),
+        })
+    }
+    pub fn key(&mut self) -> DecodeResult<Key> {
+        let v = self.value()?;
+        Key::from_value(&v).ok_or_else(|| format!("bad key value {v:?}"))
+    }
+    fn column(&mut self) -> DecodeResult<ColumnDef> {
+        let name = self.string()?;
+        let ty = ColumnType::from_code(self.u8()?).ok_or("unknown column type")?;
+        let not_null = self.u8()? != 0;
+        let default = match self.u8()? {
+            0 => None,
+            _ => Some(self.value()?),
+        };
+        Ok(ColumnDef {
+            name,
+            ty,
+            not_null,
+            default,
+        })
+    }
+    fn table_schema(&mut self) -> DecodeResult<TableSchema> {
+        let name = self.string()?;
+        let n = self.len()?;
+        let columns = (0..n).map(|_| self.column()).collect::<DecodeResult<Vec<_>>>()?;
+        let pk = self.varint()? as usize;
+        let n_ix = self.len()?;
+        let mut indexes = Vec::with_capacity(n_ix);
+        for _ in 0..n_ix {
+            let name = self.string()?;
+            let n = self.len()?;
+            let cols = (0..n)
+                .map(|_| self.varint().map(|c| c as usize))
+                .collect::<DecodeResult<Vec<_>>>()?;
+            if cols.iter().any(|&c| c >= columns.len()) {
+                return Err("index column out of range".into());
+            }
+            indexes.push(IndexDef {
+                name,
+                columns: cols,
+            });
+        }
+        if pk >= columns.len() {
+            return Err("primary key column out of range".into());
+        }
+        Ok(TableSchema {
+            name,
+            columns,
+            pk,
+            indexes,
+        })
+    }
+}
+
+/// Decodes a log record payload into its seq and body.
+pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
+    let mut r = Reader::new(payload);
+    let kind = r.u8()?;
+    let seq = r.u64_fixed()?;
+    let body = match kind {
+        RECORD_ROWS => {
+            let n = r.len()?;
+            let mut rows = Vec::with_capacity(n);
+            for _ in 0..n {
+                let table = r.string()?;
+                let op = match r.u8()? {
+                    0 => ChangeOp::Insert,
+                    1 => ChangeOp::Update,
+                    2 => ChangeOp::Delete,
+                    o => return Err(format!("unknown change op {o}")),
+                };
+                let version = r.varint()?;
+                let key = r.key()?;
+                let values = if op == ChangeOp::Delete {
+                    None
+                } else {
+                    let n = r.len()?;
+                    Some((0..n).map(|_| r.value()).collect::<DecodeResult<Vec<_>>>()?)
+                };
+                rows.push(ReplayRow {
+                    table,
+                    op,
+                    key,
+                    values,
+                    version,
+                });
+            }
+            ReplayBody::Rows(rows)
+        }
+        RECORD_SCHEMA => {
+            let sql = r.string()?;
+            let change = match r.u8()? {
+                SCHEMA_CREATE_TABLE => {
+                    let if_not_exists = r.u8()? != 0;
+                    SchemaChange::CreateTable {
+                        if_not_exists,
+                        schema: r.table_schema()?,
+                    }
+                }
+                SCHEMA_CREATE_INDEX => {
+                    let if_not_exists = r.u8()? != 0;
+                    let table = r.string()?;
+                    let name = r.string()?;
+                    let n = r.len()?;
+                    let columns = (0..n).map(|_| r.string()).collect::<DecodeResult<_>>()?;
+                    SchemaChange::CreateIndex {
+                        table,
+                        name,
+                        columns,
+                        if_not_exists,
+                    }
+                }
+                SCHEMA_DROP_TABLE => {
+                    let if_exists = r.u8()? != 0;
+                    SchemaChange::DropTable {
+                        name: r.string()?,
+                        if_exists,
+                    }
+                }
+                SCHEMA_ADD_COLUMN => SchemaChange::AddColumn {
+                    table: r.string()?,
+                    column: r.column()?,
+                },
+                k => return Err(format!("unknown schema change kind {k}")),
+            };
+            ReplayBody::Schema { change, sql }
+        }
+        k => return Err(format!("unknown record kind {k}")),
+    };
+    if !r.is_empty() {
+        return Err("trailing bytes after record".into());
+    }
+    Ok((seq, body))
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshots
+
+/// Encodes the whole of `db` as snapshot body frames (see `docs/formats.md`).
+pub fn encode_snapshot(db: &Db) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut payload = Vec::new();
+    {
+        let mut w = Writer(&mut payload);
+        w.u8(SNAP_SCHEMA);
+        w.varint(db.tables.len() as u64);
+        for t in db.tables.values() {
+            w.table_schema(&t.schema);
+        }
+    }
+    sluice_log::frame::encode_into(&mut out, &payload).expect("schemas fit in a frame");
+    let mut total_rows = 0u64;
+    for t in db.tables.values() {
+        let mut rows = t.rows.iter().peekable();
+        while rows.peek().is_some() {
+            payload.clear();
+            let mut body = Vec::new();
+            let mut n = 0u64;
+            {
+                let mut w = Writer(&mut body);
+                for (key, row) in rows.by_ref() {
+                    encode_snapshot_row(&mut w, key, row);
+                    n += 1;
+                    if w.0.len() >= SNAP_FRAME_BYTES_TARGET {
+                        break;
+                    }
+                }
+            }
+            let mut w = Writer(&mut payload);
+            w.u8(SNAP_ROWS);
+            w.str(&t.schema.name);
+            w.varint(n);
+            payload.extend_from_slice(&body);
+            sluice_log::frame::encode_into(&mut out, &payload).expect("row frames are bounded");
+            total_rows += n;
+        }
+    }
+    payload.clear();
+    let mut w = Writer(&mut payload);
+    w.u8(SNAP_END);
+    w.varint(db.tables.len() as u64);
+    w.varint(total_rows);
+    sluice_log::frame::encode_into(&mut out, &payload).expect("small");
+    out
+}
+
+fn encode_snapshot_row(w: &mut Writer<'_>, key: &Key, row: &RowEntry) {
+    w.key(key);
+    w.varint(row.version);
+    w.varint(row.seq);
+    w.varint(row.values.len() as u64);
+    for v in row.values.iter() {
+        w.value(v);
+    }
+}
+
+/// Decoded pieces of a snapshot, fed in frame order to [`SnapshotLoader`].
+pub struct SnapshotLoader {
+    tables_expected: Option<u64>,
+    rows: u64,
+    done: bool,
+}
+
+impl Default for SnapshotLoader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SnapshotLoader {
+    pub fn new() -> Self {
+        SnapshotLoader {
+            tables_expected: None,
+            rows: 0,
+            done: false,
+        }
+    }
+
+    /// Applies one body frame to `db` (which must start empty).
+    pub fn frame(&mut self, db: &mut Db, payload: &[u8]) -> DecodeResult<()> {
+        if self.done {
+            return Err("frame after the end frame".into());
+        }
+        let mut r = Reader::new(payload);
+        match r.u8()? {
+            SNAP_SCHEMA => {
+                if self.tables_expected.is_some() {
+                    return Err("second schema frame".into());
+                }
+                let n = r.len()?;
+                for _ in 0..n {
+                    let schema = r.table_schema()?;
+                    db.tables.insert(
+                        schema.name.clone(),
+                        crate::table::Table::new(std::sync::Arc::new(schema)),
+                    );
+                }
+                self.tables_expected = Some(n as u64);
+            }
+            SNAP_ROWS => {
+                let name = r.string()?;
+                let table = db
+                    .tables
+                    .get_mut(&name)
+                    .ok_or_else(|| format!("rows for unknown table {name:?}"))?;
+                let n = r.varint()?;
+                let columns = table.schema.columns.len();
+                for _ in 0..n {
+                    let key = r.key()?;
+                    let version = r.varint()?;
+                    let seq = r.varint()?;
+                    let nv = r.len()?;
+                    if nv != columns {
+                        return Err(format!("row of {nv} values in table {name:?} of {columns} columns"));
+                    }
+                    let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
+                    table.put(
+                        key,
+                        RowEntry {
+                            values: values.into(),
+                            version,
+                            seq,
+                        },
+                    );
+                }
+                self.rows += n;
+            }
+            SNAP_END => {
+                let tables = r.varint()?;
+                let rows = r.varint()?;
+                if Some(tables) != self.tables_expected || rows != self.rows {
+                    return Err(format!(
+                        "end frame counts {tables} tables / {rows} rows, found {:?} / {}",
+                        self.tables_expected, self.rows
+                    ));
+                }
+                self.done = true;
+            }
+            k => return Err(format!("unknown snapshot frame kind {k}")),
+        }
+        if !r.is_empty() {
+            return Err("trailing bytes in snapshot frame".into());
+        }
+        Ok(())
+    }
+
+    /// Whether the end frame was seen (a snapshot without one is incomplete).
+    pub fn finished(&self) -> bool {
+        self.done
+    }
+}

@@ -1,0 +1,676 @@
+//! [`Db`]: all tables, the applied seq and the changelog; [`Tx`]: one atomic transaction.
+//!
+//! A transaction applies each op to the tables immediately and records how to undo it. On
+//! [`Tx::commit`] the changes become a [`Commit`] with the next seq; dropping a `Tx`
+//! without committing undoes every op in reverse, so a refused transaction leaves no trace
+//! (the seq does not move and nothing reaches the changelog or the log).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+
+use crate::changelog::Changelog;
+use crate::error::{ErrorCode, TxError};
+use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+use crate::table::{RowEntry, Table};
+use crate::value::{ColumnType, Key, Value};
+
+/// Limits the engine enforces; each is named in the error that enforces it.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Encoded size of one row (`--max-row-bytes`).
+    pub row_bytes_max: usize,
+    /// Columns in one table (`--max-columns`).
+    pub columns_per_table_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            row_bytes_max: 1 << 20,
+            columns_per_table_max: 256,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeOp {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl ChangeOp {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ChangeOp::Insert => "insert",
+            ChangeOp::Update => "update",
+            ChangeOp::Delete => "delete",
+        }
+    }
+}
+
+/// One row's change in a commit.
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// The table's schema when the change was made (renders `row` to JSON).
+    pub table: Arc<TableSchema>,
+    pub op: ChangeOp,
+    pub key: Key,
+    /// The row after the change; `None` for deletes.
+    pub row: Option<Arc<[Value]>>,
+    /// The row's version after the change (for deletes: the version that was deleted).
+    pub version: u64,
+}
+
+impl Change {
+    pub fn row_json(&self) -> Json {
+        match &self.row {
+            Some(values) => row_to_json(&self.table, values),
+            None => Json::Null,
+        }
+    }
+}
+
+pub fn row_to_json(schema: &TableSchema, values: &[Value]) -> Json {
+    let mut map = Map::with_capacity(values.len());
+    for (col, value) in schema.columns.iter().zip(values.iter()) {
+        map.insert(col.name.clone(), value.to_json());
+    }
+    Json::Object(map)
+}
+
+#[derive(Clone, Debug)]
+pub enum CommitBody {
+    Rows(Vec<Change>),
+    Schema { change: SchemaChange, sql: String },
+}
+
+/// A committed transaction: the unit of the changelog, the log and replication.
+#[derive(Clone, Debug)]
+pub struct Commit {
+    pub seq: u64,
+    pub body: CommitBody,
+}
+
+/// What a successful write op reports back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WriteResult {
+    pub table: String,
+    pub key: Key,
+    pub version: u64,
+}
+
+/// The whole in-memory database.
+pub struct Db {
+    pub tables: BTreeMap<String, Table>,
+    /// Seq of the last applied commit.
+    pub seq: u64,
+    pub changelog: Changelog,
+    pub limits: Limits,
+}
+
+enum Undo {
+    Restore {
+        table: String,
+        key: Key,
+        old: Option<RowEntry>,
+    },
+}
+
+impl Db {
+    pub fn new(limits: Limits, changelog: Changelog) -> Self {
+        Db {
+            tables: BTreeMap::new(),
+            seq: 0,
+            changelog,
+            limits,
+        }
+    }
+
+    pub fn table(&self, name: &str) -> Result<&Table, TxError> {
+        self.tables
+            .get(name)
+            .ok_or_else(|| TxError::new(ErrorCode::NotFound, format!("no table named {name:?}")))
+    }
+
+    /// Starts a transaction. Its writes are visible to itself at once and to no one else
+    /// until [`Tx::commit`].
+    pub fn transaction(&mut self) -> Tx<'_> {
+        Tx {
+            seq: self.seq + 1,
+            db: self,
+            undo: Vec::new(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// Validates and applies a schema change as its own transaction. `Ok(None)` means the
+    /// change was a no-op (`IF NOT EXISTS` / `IF EXISTS`) and consumed no seq.
+    pub fn apply_schema(
+        &mut self,
+        change: SchemaChange,
+        sql: String,
+    ) -> Result<Option<Arc<Commit>>, TxError> {
+        if !self.validate_schema(&change)? {
+            return Ok(None);
+        }
+        let seq = self.seq + 1;
+        self.apply_schema_unchecked(&change);
+        self.seq = seq;
+        let commit = Arc::new(Commit {
+            seq,
+            body: CommitBody::Schema { change, sql },
+        });
+        self.changelog.push(commit.clone());
+        Ok(Some(commit))
+    }
+
+    /// Checks a schema change against the current tables; `Ok(false)` = valid no-op.
+    fn validate_schema(&self, change: &SchemaChange) -> Result<bool, TxError> {
+        let max = self.limits.columns_per_table_max;
+        match change {
+            SchemaChange::CreateTable {
+                schema,
+                if_not_exists,
+            } => {
+                if self.tables.contains_key(&schema.name) {
+                    if *if_not_exists {
+                        return Ok(false);
+                    }
+                    return Err(TxError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("table {:?} already exists", schema.name),
+                    ));
+                }
+                if schema.columns.len() > max {
+                    return Err(TxError::new(
+                        ErrorCode::Limit,
+                        format!(
+                            "table {:?} has {} columns; columns_per_table_max (--max-columns) is {max}",
+                            schema.name,
+                            schema.columns.len()
+                        ),
+                    ));
+                }
+                validate_columns(schema)?;
+            }
+            SchemaChange::CreateIndex {
+                table,
+                name,
+                columns,
+                if_not_exists,
+            } => {
+                let t = self.table(table)?;
+                if t.schema.indexes.iter().any(|ix| &ix.name == name) {
+                    if *if_not_exists {
+                        return Ok(false);
+                    }
+                    return Err(TxError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("index {name:?} already exists on table {table:?}"),
+                    ));
+                }
+                if columns.is_empty() {
+                    return Err(TxError::schema("an index needs at least one column"));
+                }
+                for c in columns {
+                    if t.schema.column(c).is_none() {
+                        return Err(TxError::schema(format!(
+                            "table {table:?} has no column {c:?}"
+                        )));
+                    }
+                }
+            }
+            SchemaChange::DropTable { name, if_exists } => {
+                if !self.tables.contains_key(name) {
+                    if *if_exists {
+                        return Ok(false);
+                    }
+                    self.table(name)?;
+                }
+            }
+            SchemaChange::AddColumn { table, column } => {
+                let t = self.table(table)?;
+                if t.schema.column(&column.name).is_some() {
+                    return Err(TxError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("table {table:?} already has a column {:?}", column.name),
+                    ));
+                }
+                if t.schema.columns.len() + 1 > max {
+                    return Err(TxError::new(
+                        ErrorCode::Limit,
+                        format!("table {table:?} would have {} columns; columns_per_table_max (--max-columns) is {max}", t.schema.columns.len() + 1),
+                    ));
+                }
+                if column.not_null && column.default.as_ref().is_none_or(Value::is_null) {
+                    return Err(TxError::schema(format!(
+                        "column {:?} is NOT NULL, so adding it to existing rows needs a non-NULL DEFAULT",
+                        column.name
+                    )));
+                }
+                validate_default(column)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Applies a validated (or replayed) schema change.
+    fn apply_schema_unchecked(&mut self, change: &SchemaChange) {
+        match change {
+            SchemaChange::CreateTable { schema, .. } => {
+                let table = Table::new(Arc::new(schema.clone()));
+                self.tables.insert(schema.name.clone(), table);
+            }
+            SchemaChange::CreateIndex {
+                table, name, columns, ..
+            } => {
+                let t = self.tables.get_mut(table).expect("validated");
+                let mut schema = (*t.schema).clone();
+                let columns = columns
+                    .iter()
+                    .map(|c| schema.column(c).expect("validated"))
+                    .collect();
+                schema.indexes.push(IndexDef {
+                    name: name.clone(),
+                    columns,
+                });
+                t.add_index(Arc::new(schema));
+            }
+            SchemaChange::DropTable { name, .. } => {
+                self.tables.remove(name);
+            }
+            SchemaChange::AddColumn { table, column } => {
+                let t = self.tables.get_mut(table).expect("validated");
+                let mut schema = (*t.schema).clone();
+                schema.columns.push(column.clone());
+                let fill = column.default.clone().unwrap_or(Value::Null);
+                t.add_column(Arc::new(schema), &fill);
+            }
+        }
+    }
+
+    /// Applies a commit read back from the log or a peer. It **must** be the next seq.
+    pub fn replay(&mut self, seq: u64, body: ReplayBody) -> Result<(), String> {
+        if seq != self.seq + 1 {
+            return Err(format!("expected seq {}, found {seq}", self.seq + 1));
+        }
+        let commit_body = match body {
+            ReplayBody::Schema { change, sql } => {
+                self.apply_schema_unchecked(&change);
+                CommitBody::Schema { change, sql }
+            }
+            ReplayBody::Rows(rows) => {
+                let mut changes = Vec::with_capacity(rows.len());
+                for r in rows {
+                    let table = self
+                        .tables
+                        .get_mut(&r.table)
+                        .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+                    let row: Option<Arc<[Value]>> = r.values.map(Into::into);
+                    match &row {
+                        Some(values) => {
+                            if values.len() != table.schema.columns.len() {
+                                return Err(format!(
+                                    "seq {seq}: row of {} values for table {:?} of {} columns",
+                                    values.len(),
+                                    r.table,
+                                    table.schema.columns.len()
+                                ));
+                            }
+                            table.put(
+                                r.key.clone(),
+                                RowEntry {
+                                    values: values.clone(),
+                                    version: r.version,
+                                    seq,
+                                },
+                            );
+                        }
+                        None => {
+                            table.remove(&r.key);
+                        }
+                    }
+                    changes.push(Change {
+                        table: table.schema.clone(),
+                        op: r.op,
+                        key: r.key,
+                        row,
+                        version: r.version,
+                    });
+                }
+                CommitBody::Rows(changes)
+            }
+        };
+        self.seq = seq;
+        self.changelog.push(Arc::new(Commit {
+            seq,
+            body: commit_body,
+        }));
+        Ok(())
+    }
+}
+
+/// A commit as decoded from bytes, before it is applied.
+#[derive(Clone, Debug)]
+pub enum ReplayBody {
+    Rows(Vec<ReplayRow>),
+    Schema { change: SchemaChange, sql: String },
+}
+
+#[derive(Clone, Debug)]
+pub struct ReplayRow {
+    pub table: String,
+    pub op: ChangeOp,
+    pub key: Key,
+    pub values: Option<Vec<Value>>,
+    pub version: u64,
+}
+
+fn validate_columns(schema: &TableSchema) -> Result<(), TxError> {
+    if schema.columns.is_empty() {
+        return Err(TxError::schema("a table needs at least one column"));
+    }
+    for (i, c) in schema.columns.iter().enumerate() {
+        if schema.columns[..i].iter().any(|p| p.name == c.name) {
+            return Err(TxError::schema(format!("column {:?} is declared twice", c.name)));
+        }
+        validate_default(c)?;
+    }
+    let pk = schema.pk_column();
+    if !matches!(pk.ty, ColumnType::Integer | ColumnType::Text) {
+        return Err(TxError::schema(format!(
+            "primary key {:?} must be INTEGER or TEXT, not {}",
+            pk.name, pk.ty
+        )));
+    }
+    Ok(())
+}
+
+fn validate_default(c: &ColumnDef) -> Result<(), TxError> {
+    if let Some(d) = &c.default {
+        if !d.fits(c.ty) {
+            return Err(TxError::schema(format!(
+                "DEFAULT for column {:?} is not a {} value",
+                c.name, c.ty
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One transaction over a [`Db`]: ops apply at once and are undone on drop unless committed.
+pub struct Tx<'a> {
+    db: &'a mut Db,
+    seq: u64,
+    undo: Vec<Undo>,
+    changes: Vec<Change>,
+}
+
+impl Tx<'_> {
+    /// The seq this transaction will have if it commits.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn get(&self, table: &str, key: &Key) -> Result<Option<&RowEntry>, TxError> {
+        Ok(self.db.table(table)?.rows.get(key))
+    }
+
+    pub fn db(&self) -> &Db {
+        self.db
+    }
+
+    pub fn insert(
+        &mut self,
+        table: &str,
+        row: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.put(table, row, if_version, false)
+    }
+
+    pub fn upsert(
+        &mut self,
+        table: &str,
+        row: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.put(table, row, if_version, true)
+    }
+
+    fn put(
+        &mut self,
+        table_name: &str,
+        fields: &Map<String, Json>,
+        if_version: Option<u64>,
+        replace: bool,
+    ) -> Result<WriteResult, TxError> {
+        let table = self.db.table(table_name)?;
+        let schema = table.schema.clone();
+        let mut values: Vec<Option<Value>> = vec![None; schema.columns.len()];
+        for (name, json) in fields {
+            let i = column_of(&schema, name)?;
+            values[i] = Some(convert(&schema.columns[i], json)?);
+        }
+        let values: Vec<Value> = values
+            .into_iter()
+            .zip(&schema.columns)
+            .map(|(v, c)| v.or_else(|| c.default.clone()).unwrap_or(Value::Null))
+            .collect();
+        let pk = &schema.columns[schema.pk];
+        let key = Key::from_value(&values[schema.pk]).ok_or_else(|| {
+            TxError::schema(format!(
+                "row for table {table_name:?} is missing its primary key {:?}",
+                pk.name
+            ))
+        })?;
+        check_not_null(&schema, &values)?;
+        self.check_row_size(table_name, &values)?;
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let (op, version) = match existing {
+            Some(_) if !replace => {
+                return Err(TxError::new(
+                    ErrorCode::AlreadyExists,
+                    format!("table {table_name:?} already has a row with key {key}"),
+                ))
+            }
+            Some(old) => (ChangeOp::Update, old.version + 1),
+            None => (ChangeOp::Insert, 1),
+        };
+        Ok(self.write(table_name, key, Some(values.into()), op, version))
+    }
+
+    /// Sets some columns of an existing row.
+    pub fn patch(
+        &mut self,
+        table_name: &str,
+        id: &Json,
+        set: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let table = self.db.table(table_name)?;
+        let schema = table.schema.clone();
+        let key = key_from_json(&schema, id)?;
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let Some(old) = existing else {
+            return Err(not_found(table_name, &key));
+        };
+        let mut values: Vec<Value> = old.values.to_vec();
+        for (name, json) in set {
+            let i = column_of(&schema, name)?;
+            let v = convert(&schema.columns[i], json)?;
+            if i == schema.pk && v != values[i] {
+                return Err(TxError::schema(format!(
+                    "patch cannot change the primary key {name:?}; delete and insert instead"
+                )));
+            }
+            values[i] = v;
+        }
+        check_not_null(&schema, &values)?;
+        self.check_row_size(table_name, &values)?;
+        let version = old.version + 1;
+        Ok(self.write(table_name, key, Some(values.into()), ChangeOp::Update, version))
+    }
+
+    pub fn delete(
+        &mut self,
+        table_name: &str,
+        id: &Json,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let table = self.db.table(table_name)?;
+        let key = key_from_json(&table.schema, id)?;
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let Some(old) = existing else {
+            return Err(not_found(table_name, &key));
+        };
+        let version = old.version;
+        Ok(self.write(table_name, key, None, ChangeOp::Delete, version))
+    }
+
+    fn check_row_size(&self, table: &str, values: &[Value]) -> Result<(), TxError> {
+        let bytes: usize = values.iter().map(Value::encoded_len).sum();
+        let max = self.db.limits.row_bytes_max;
+        if bytes > max {
+            return Err(TxError::new(
+                ErrorCode::Limit,
+                format!("row for table {table:?} is {bytes} bytes; row_bytes_max (--max-row-bytes) is {max}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        table_name: &str,
+        key: Key,
+        row: Option<Arc<[Value]>>,
+        op: ChangeOp,
+        version: u64,
+    ) -> WriteResult {
+        let table = self.db.tables.get_mut(table_name).expect("checked by caller");
+        let old = match &row {
+            Some(values) => table.put(
+                key.clone(),
+                RowEntry {
+                    values: values.clone(),
+                    version,
+                    seq: self.seq,
+                },
+            ),
+            None => table.remove(&key),
+        };
+        self.undo.push(Undo::Restore {
+            table: table_name.to_string(),
+            key: key.clone(),
+            old,
+        });
+        self.changes.push(Change {
+            table: table.schema.clone(),
+            op,
+            key: key.clone(),
+            row,
+            version,
+        });
+        WriteResult {
+            table: table_name.to_string(),
+            key,
+            version,
+        }
+    }
+
+    /// Makes the transaction's changes permanent in memory and returns its commit, or
+    /// `None` if it changed nothing (it then consumes no seq).
+    pub fn commit(mut self) -> Option<Arc<Commit>> {
+        if self.changes.is_empty() {
+            return None;
+        }
+        self.undo.clear();
+        let commit = Arc::new(Commit {
+            seq: self.seq,
+            body: CommitBody::Rows(std::mem::take(&mut self.changes)),
+        });
+        self.db.seq = self.seq;
+        self.db.changelog.push(commit.clone());
+        Some(commit)
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        while let Some(Undo::Restore { table, key, old }) = self.undo.pop() {
+            let t = self.db.tables.get_mut(&table).expect("tables do not change inside a tx");
+            match old {
+                Some(entry) => {
+                    t.put(key, entry);
+                }
+                None => {
+                    t.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+fn column_of(schema: &TableSchema, name: &str) -> Result<usize, TxError> {
+    schema.column(name).ok_or_else(|| {
+        TxError::schema(format!("table {:?} has no column {name:?}", schema.name))
+    })
+}
+
+fn convert(col: &ColumnDef, json: &Json) -> Result<Value, TxError> {
+    Value::from_json(col.ty, json)
+        .map_err(|e| TxError::schema(format!("column {:?}: {e}", col.name)))
+}
+
+fn check_not_null(schema: &TableSchema, values: &[Value]) -> Result<(), TxError> {
+    for (c, v) in schema.columns.iter().zip(values) {
+        if c.not_null && v.is_null() {
+            return Err(TxError::schema(format!(
+                "column {:?} of table {:?} is NOT NULL",
+                c.name, schema.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_version(
+    table: &str,
+    key: &Key,
+    existing: Option<&RowEntry>,
+    if_version: Option<u64>,
+) -> Result<(), TxError> {
+    if let Some(expected) = if_version {
+        let actual = existing.map_or(0, |r| r.version);
+        if actual != expected {
+            return Err(TxError::new(
+                ErrorCode::Conflict,
+                format!("row {key} of table {table:?} is at version {actual}, not {expected}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn not_found(table: &str, key: &Key) -> TxError {
+    TxError::new(
+        ErrorCode::NotFound,
+        format!("table {table:?} has no row with key {key}"),
+    )
+}
+
+/// Reads a primary key given as JSON (`"id"` of patch and delete).
+pub fn key_from_json(schema: &TableSchema, id: &Json) -> Result<Key, TxError> {
+    let pk = schema.pk_column();
+    let value = Value::from_json(pk.ty, id)
+        .map_err(|e| TxError::schema(format!("id for table {:?}: {e}", schema.name)))?;
+    Key::from_value(&value)
+        .ok_or_else(|| TxError::schema(format!("id for table {:?} must not be null", schema.name)))
+}

@@ -1,0 +1,101 @@
+//! One table: rows by primary key, plus its secondary indexes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::schema::TableSchema;
+use crate::value::{Key, Value};
+
+/// A stored row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowEntry {
+    /// One value per schema column. Invariant: `values.len() == schema.columns.len()`.
+    pub values: Arc<[Value]>,
+    /// Starts at 1, +1 per write of this row.
+    pub version: u64,
+    /// Seq of the transaction that last wrote this row.
+    pub seq: u64,
+}
+
+/// Entries of a secondary index: the indexed values, then the primary key (so entries are
+/// unique and ordered by key within equal values).
+pub type IndexEntries = BTreeSet<(Box<[Value]>, Key)>;
+
+#[derive(Clone, Debug)]
+pub struct Table {
+    pub schema: Arc<TableSchema>,
+    pub rows: BTreeMap<Key, RowEntry>,
+    /// `indexes[i]` holds the entries of `schema.indexes[i]`.
+    pub indexes: Vec<IndexEntries>,
+}
+
+impl Table {
+    pub fn new(schema: Arc<TableSchema>) -> Self {
+        let indexes = schema.indexes.iter().map(|_| IndexEntries::new()).collect();
+        Table {
+            schema,
+            rows: BTreeMap::new(),
+            indexes,
+        }
+    }
+
+    fn index_key(&self, index: usize, values: &[Value]) -> Box<[Value]> {
+        self.schema.indexes[index]
+            .columns
+            .iter()
+            .map(|&c| values[c].clone())
+            .collect()
+    }
+
+    /// Stores `entry` under `key`, keeping indexes in step; returns the previous entry.
+    pub fn put(&mut self, key: Key, entry: RowEntry) -> Option<RowEntry> {
+        debug_assert_eq!(entry.values.len(), self.schema.columns.len());
+        for i in 0..self.indexes.len() {
+            let ik = self.index_key(i, &entry.values);
+            self.indexes[i].insert((ik, key.clone()));
+        }
+        let old = self.rows.insert(key.clone(), entry);
+        if let Some(old) = &old {
+            for i in 0..self.indexes.len() {
+                let old_ik = self.index_key(i, &old.values);
+                let new_ik = self.index_key(i, &self.rows[&key].values);
+                if old_ik != new_ik {
+                    self.indexes[i].remove(&(old_ik, key.clone()));
+                }
+            }
+        }
+        old
+    }
+
+    /// Removes the row under `key`, keeping indexes in step.
+    pub fn remove(&mut self, key: &Key) -> Option<RowEntry> {
+        let old = self.rows.remove(key)?;
+        for i in 0..self.indexes.len() {
+            let ik = self.index_key(i, &old.values);
+            self.indexes[i].remove(&(ik, key.clone()));
+        }
+        Some(old)
+    }
+
+    /// Adds an index over existing rows.
+    pub fn add_index(&mut self, schema: Arc<TableSchema>) {
+        self.schema = schema;
+        let i = self.indexes.len();
+        assert_eq!(i + 1, self.schema.indexes.len(), "one new index at a time");
+        let mut entries = IndexEntries::new();
+        for (key, row) in &self.rows {
+            entries.insert((self.index_key(i, &row.values), key.clone()));
+        }
+        self.indexes.push(entries);
+    }
+
+    /// Appends a column to every row with `fill` (the new column's default or NULL).
+    pub fn add_column(&mut self, schema: Arc<TableSchema>, fill: &Value) {
+        self.schema = schema;
+        for row in self.rows.values_mut() {
+            let mut values: Vec<Value> = row.values.to_vec();
+            values.push(fill.clone());
+            row.values = values.into();
+        }
+    }
+}
