@@ -150,10 +150,22 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
                 }
             }
         }
-        CommitBody::Schema { change, sql } => {
+        CommitBody::Schema { changes, sql } => {
             w.u8(RECORD_SCHEMA);
             w.u64_fixed(commit.seq);
             w.str(sql);
+            w.varint(changes.len() as u64);
+            for change in changes {
+                w.schema_change(change);
+            }
+        }
+    }
+}
+
+impl Writer<'_> {
+    fn schema_change(&mut self, change: &SchemaChange) {
+        let w = self;
+        {
             match change {
                 SchemaChange::CreateTable {
                     schema,
@@ -357,6 +369,24 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
         }
         RECORD_SCHEMA => {
             let sql = r.string()?;
+            let n = r.len()?;
+            let changes = (0..n)
+                .map(|_| r.schema_change())
+                .collect::<DecodeResult<Vec<_>>>()?;
+            ReplayBody::Schema { changes, sql }
+        }
+        k => return Err(format!("unknown record kind {k}")),
+    };
+    if !r.is_empty() {
+        return Err("trailing bytes after record".into());
+    }
+    Ok((seq, body))
+}
+
+impl Reader<'_> {
+    fn schema_change(&mut self) -> DecodeResult<SchemaChange> {
+        let r = self;
+        {
             let change = match r.u8()? {
                 SCHEMA_CREATE_TABLE => {
                     let if_not_exists = r.u8()? != 0;
@@ -391,14 +421,9 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                 },
                 k => return Err(format!("unknown schema change kind {k}")),
             };
-            ReplayBody::Schema { change, sql }
+            Ok(change)
         }
-        k => return Err(format!("unknown record kind {k}")),
-    };
-    if !r.is_empty() {
-        return Err("trailing bytes after record".into());
     }
-    Ok((seq, body))
 }
 
 // ---------------------------------------------------------------------------------------

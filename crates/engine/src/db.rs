@@ -84,7 +84,11 @@ pub fn row_to_json(schema: &TableSchema, values: &[Value]) -> Json {
 #[derive(Clone, Debug)]
 pub enum CommitBody {
     Rows(Vec<Change>),
-    Schema { change: SchemaChange, sql: String },
+    /// DDL: one or more schema changes applied atomically, with the SQL that asked for them.
+    Schema {
+        changes: Vec<SchemaChange>,
+        sql: String,
+    },
 }
 
 /// A committed transaction: the unit of the changelog, the log and replication.
@@ -146,25 +150,69 @@ impl Db {
         }
     }
 
-    /// Validates and applies a schema change as its own transaction. `Ok(None)` means the
-    /// change was a no-op (`IF NOT EXISTS` / `IF EXISTS`) and consumed no seq.
+    /// Validates and applies schema changes as one transaction: all of them or none.
+    /// `Ok(None)` means every change was a no-op (`IF NOT EXISTS` / `IF EXISTS`) and no seq
+    /// was consumed. On `Err`, the error's `op` is the index of the failing change.
     pub fn apply_schema(
         &mut self,
-        change: SchemaChange,
+        changes: Vec<SchemaChange>,
         sql: String,
     ) -> Result<Option<Arc<Commit>>, TxError> {
-        if !self.validate_schema(&change)? {
+        let mut undo = Vec::new();
+        let mut applied = Vec::new();
+        for (i, change) in changes.into_iter().enumerate() {
+            match self.validate_schema(&change) {
+                Ok(true) => {
+                    undo.push(self.apply_schema_unchecked(&change));
+                    applied.push(change);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    for u in undo.into_iter().rev() {
+                        self.undo_schema(u);
+                    }
+                    return Err(e.at_op(i));
+                }
+            }
+        }
+        if applied.is_empty() {
             return Ok(None);
         }
         let seq = self.seq + 1;
-        self.apply_schema_unchecked(&change);
         self.seq = seq;
         let commit = Arc::new(Commit {
             seq,
-            body: CommitBody::Schema { change, sql },
+            body: CommitBody::Schema {
+                changes: applied,
+                sql,
+            },
         });
         self.changelog.push(commit.clone());
         Ok(Some(commit))
+    }
+
+    fn undo_schema(&mut self, undo: SchemaUndo) {
+        match undo {
+            SchemaUndo::RemoveTable(name) => {
+                self.tables.remove(&name);
+            }
+            SchemaUndo::RestoreTable(table) => {
+                self.tables.insert(table.schema.name.clone(), table);
+            }
+            SchemaUndo::PopIndex(old) => {
+                let t = self.tables.get_mut(&old.name).expect("undo in order");
+                t.indexes.pop();
+                t.schema = old;
+            }
+            SchemaUndo::PopColumn(old) => {
+                let t = self.tables.get_mut(&old.name).expect("undo in order");
+                for row in t.rows.values_mut() {
+                    let n = row.values.len() - 1;
+                    row.values = row.values[..n].to_vec().into();
+                }
+                t.schema = old;
+            }
+        }
     }
 
     /// Checks a schema change against the current tables; `Ok(false)` = valid no-op.
@@ -257,17 +305,19 @@ impl Db {
         Ok(true)
     }
 
-    /// Applies a validated (or replayed) schema change.
-    fn apply_schema_unchecked(&mut self, change: &SchemaChange) {
+    /// Applies a validated (or replayed) schema change; returns how to undo it.
+    fn apply_schema_unchecked(&mut self, change: &SchemaChange) -> SchemaUndo {
         match change {
             SchemaChange::CreateTable { schema, .. } => {
                 let table = Table::new(Arc::new(schema.clone()));
                 self.tables.insert(schema.name.clone(), table);
+                SchemaUndo::RemoveTable(schema.name.clone())
             }
             SchemaChange::CreateIndex {
                 table, name, columns, ..
             } => {
                 let t = self.tables.get_mut(table).expect("validated");
+                let old = t.schema.clone();
                 let mut schema = (*t.schema).clone();
                 let columns = columns
                     .iter()
@@ -278,16 +328,20 @@ impl Db {
                     columns,
                 });
                 t.add_index(Arc::new(schema));
+                SchemaUndo::PopIndex(old)
             }
             SchemaChange::DropTable { name, .. } => {
-                self.tables.remove(name);
+                let table = self.tables.remove(name).expect("validated");
+                SchemaUndo::RestoreTable(table)
             }
             SchemaChange::AddColumn { table, column } => {
                 let t = self.tables.get_mut(table).expect("validated");
+                let old = t.schema.clone();
                 let mut schema = (*t.schema).clone();
                 schema.columns.push(column.clone());
                 let fill = column.default.clone().unwrap_or(Value::Null);
                 t.add_column(Arc::new(schema), &fill);
+                SchemaUndo::PopColumn(old)
             }
         }
     }
@@ -298,9 +352,19 @@ impl Db {
             return Err(format!("expected seq {}, found {seq}", self.seq + 1));
         }
         let commit_body = match body {
-            ReplayBody::Schema { change, sql } => {
-                self.apply_schema_unchecked(&change);
-                CommitBody::Schema { change, sql }
+            ReplayBody::Schema { changes, sql } => {
+                for change in &changes {
+                    // Limits bind new requests, not history: a lowered limit must not stop
+                    // recovery of tables created under a higher one.
+                    match self.validate_schema(change) {
+                        Ok(true) => {}
+                        Err(e) if e.code == ErrorCode::Limit => {}
+                        Ok(false) => continue,
+                        Err(e) => return Err(format!("seq {seq}: schema change does not apply: {e}")),
+                    }
+                    self.apply_schema_unchecked(change);
+                }
+                CommitBody::Schema { changes, sql }
             }
             ReplayBody::Rows(rows) => {
                 let mut changes = Vec::with_capacity(rows.len());
@@ -357,7 +421,17 @@ impl Db {
 #[derive(Clone, Debug)]
 pub enum ReplayBody {
     Rows(Vec<ReplayRow>),
-    Schema { change: SchemaChange, sql: String },
+    Schema {
+        changes: Vec<SchemaChange>,
+        sql: String,
+    },
+}
+
+enum SchemaUndo {
+    RemoveTable(String),
+    RestoreTable(Table),
+    PopIndex(Arc<TableSchema>),
+    PopColumn(Arc<TableSchema>),
 }
 
 #[derive(Clone, Debug)]

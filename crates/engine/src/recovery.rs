@@ -180,7 +180,7 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
 /// shape no longer matches, are left out of the window.
 fn rebuild_commit(db: &Db, seq: u64, body: ReplayBody) -> Commit {
     let body = match body {
-        ReplayBody::Schema { change, sql } => CommitBody::Schema { change, sql },
+        ReplayBody::Schema { changes, sql } => CommitBody::Schema { changes, sql },
         ReplayBody::Rows(rows) => CommitBody::Rows(
             rows.into_iter()
                 .filter_map(|r| {

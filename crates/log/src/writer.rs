@@ -180,7 +180,8 @@ impl<W: Waiter> Log<W> {
     }
 
     /// Hands the log the frames of commits `..=last_seq` (already encoded, in seq order) and
-    /// their waiters. Never blocks on I/O.
+    /// their waiters. Never blocks on I/O. If the log is poisoned or closed, the waiters are
+    /// completed with that error here and it is returned.
     pub fn submit(
         &self,
         frames: &[u8],
@@ -188,12 +189,19 @@ impl<W: Waiter> Log<W> {
         last_seq: u64,
         waiters: impl IntoIterator<Item = W>,
     ) -> Result<(), LogError> {
+        let refuse = |err: LogError, waiters: &mut dyn Iterator<Item = W>| {
+            for w in waiters {
+                w.complete(Err(&err));
+            }
+            Err(err)
+        };
         if let Some(reason) = lock(&self.shared.poison).clone() {
-            return Err(LogError::Poisoned(reason));
+            return refuse(LogError::Poisoned(reason), &mut waiters.into_iter());
         }
         let mut pending = lock(&self.shared.pending);
         if pending.shutdown {
-            return Err(LogError::Closed);
+            drop(pending);
+            return refuse(LogError::Closed, &mut waiters.into_iter());
         }
         assert!(
             last_seq >= pending.last_seq,

@@ -1,1 +1,28 @@
+//! `sluice-server`: the running database — the single writer, durability pipeline and
+//! HTTP API around a `sluice-engine` [`Db`](sluice_engine::Db) and a `sluice-log` log.
+//!
+//! Responsible for: recovery at start, the writer thread that applies transactions in seq
+//! order, handing frames to the log and releasing acknowledgements and reads only once a
+//! commit reached its durability class ("confirmed reads"), background snapshots and
+//! segment retirement, graceful shutdown, limits, `/metrics`, and the axum router.
+//! Not responsible for: what a row or a log frame looks like (engine, log), SQL (sql).
+//!
+//! # Layout
+//! - [`config`]: [`Config`] with every limit and its default.
+//! - [`core`]: [`Core`], the handle the API and the bench use: `mutate`, `ddl`, reads.
+//! - `writer`: the writer thread; `confirm`: which seqs reached their class.
+//! - `snapshotter`: the background snapshot thread.
+//! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
+//! - `metrics`: Prometheus text rendering.
 
+pub mod api;
+pub mod config;
+pub mod core;
+
+mod confirm;
+mod metrics;
+mod snapshotter;
+mod writer;
+
+pub use crate::config::Config;
+pub use crate::core::{Core, MutateOk, Op};

@@ -1,1 +1,186 @@
-fn main(){}
+//! `sluice`: the single binary — `serve`, `check`, `bench`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use sluice_log::Durability;
+use sluice_server::{Config, Core};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "A single-binary real-time database")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Verify every snapshot and log segment of a data directory, offline.
+    Check {
+        #[arg(long, default_value = "./sluice-data")]
+        data: PathBuf,
+    },
+    /// Run a benchmark suite; results go under bench-results/<suite>/.
+    Bench(sluice_bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Data directory (created if missing).
+    #[arg(long, default_value = "./sluice-data")]
+    data: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Durability class for requests that do not name one: memory, disk or fsync.
+    #[arg(long, default_value = "fsync")]
+    durability: Durability,
+    /// Largest request body in bytes (at most 32 MiB).
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+    /// Most ops in one mutate.
+    #[arg(long, default_value_t = 10_000)]
+    max_ops: usize,
+    /// Largest encoded row in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_row_bytes: usize,
+    /// Most columns in one table.
+    #[arg(long, default_value_t = 256)]
+    max_columns: usize,
+    /// Most rows or changes in one page of a scan or of catch-up.
+    #[arg(long, default_value_t = 10_000)]
+    max_page_rows: usize,
+    /// Commits kept in the changelog for catch-up.
+    #[arg(long, default_value_t = 100_000)]
+    retain_commits: usize,
+    /// Approximate bytes kept in the changelog for catch-up.
+    #[arg(long, default_value_t = 64 << 20)]
+    retain_bytes: usize,
+    /// Log bytes written between background snapshots.
+    #[arg(long, default_value_t = 256 << 20)]
+    snapshot_log_bytes: u64,
+    /// Size at which a log segment is closed and a new one started.
+    #[arg(long, default_value_t = 64 << 20)]
+    segment_bytes: u64,
+}
+
+/// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
+const BODY_BYTES_MAX_CEILING: usize = 32 << 20;
+
+impl ServeArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        anyhow::ensure!(
+            self.max_body_bytes <= BODY_BYTES_MAX_CEILING,
+            "--max-body-bytes {} is above the ceiling of {BODY_BYTES_MAX_CEILING} bytes (a commit must fit in one log frame)",
+            self.max_body_bytes
+        );
+        anyhow::ensure!(self.max_ops > 0 && self.max_page_rows > 0 && self.retain_commits > 0, "--max-ops, --max-page-rows and --retain-commits must be at least 1");
+        let mut config = Config::new(&self.data);
+        config.durability = self.durability;
+        config.body_bytes_max = self.max_body_bytes;
+        config.ops_per_mutate_max = self.max_ops;
+        config.limits.row_bytes_max = self.max_row_bytes;
+        config.limits.columns_per_table_max = self.max_columns;
+        config.page_rows_max = self.max_page_rows;
+        config.retention.commits_max = self.retain_commits;
+        config.retention.bytes_max = self.retain_bytes;
+        config.snapshot_log_bytes = self.snapshot_log_bytes;
+        config.segment_bytes_max = self.segment_bytes;
+        Ok(config)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check { data } => check(&data),
+        Command::Bench(args) => sluice_bench::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = args.config()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let data = config.data_dir.clone();
+        let core = tokio::task::spawn_blocking(move || Core::open(config))
+            .await?
+            .with_context(|| format!("cannot open data directory {}", data.display()))?;
+        let r = core.recovery();
+        tracing::info!(
+            data = %data.display(),
+            seq = r.seq,
+            snapshot_seq = ?r.snapshot_seq,
+            replayed = r.replayed,
+            recovery_ms = r.duration.as_secs_f64() * 1e3,
+            "recovered"
+        );
+        if let Some(torn) = &r.torn_tail {
+            tracing::warn!("truncated a torn log tail: {torn}");
+        }
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on http://{addr}");
+        axum::serve(listener, sluice_server::api::router(core.clone()))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        tracing::info!("shutting down: writing a final snapshot");
+        core.shutdown().await.map_err(|e| anyhow::anyhow!(e.message))?;
+        tracing::info!("stopped cleanly");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install a SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn check(data: &std::path::Path) -> anyhow::Result<ExitCode> {
+    match sluice_engine::recovery::check(data) {
+        Ok(report) => {
+            println!(
+                "ok: {} snapshot(s), {} segment(s), {} frame(s), state at seq {}",
+                report.snapshots, report.segments, report.frames, report.seq
+            );
+            if let Some(torn) = report.torn_tail {
+                println!("note: {torn} (recovery truncates it)");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("damaged: {e}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}

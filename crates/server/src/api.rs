@@ -1,0 +1,465 @@
+//! The HTTP API under `/v1`, `/health` and `/metrics`.
+//!
+//! Every error is `{"error":{"code","message",...}}` with a fitting status; every limit is
+//! named in the message of the error that enforces it. Handlers parse and check shape
+//! here; schema-level checks happen in the writer against the current schema.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use sluice_engine::db::row_to_json;
+use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, TxError};
+use sluice_log::{Durability, LogError};
+
+use crate::core::{Core, Op};
+
+/// An error as the client sees it.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// Extra fields of the error object (`op`, `statement`, `horizon`, …).
+    pub details: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+    pub fn limit(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "limit", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+    }
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+    }
+    pub fn poisoned(reason: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "log_poisoned",
+            format!("the log is poisoned after a failed write or sync ({reason}); writes are refused until restart"),
+        )
+    }
+    pub fn from_log(e: &LogError) -> Self {
+        match e {
+            LogError::Poisoned(reason) => Self::poisoned(reason),
+            LogError::Closed => Self::shutting_down(),
+            other => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string()),
+        }
+    }
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(key.to_string(), value.into());
+        self
+    }
+}
+
+impl From<TxError> for ApiError {
+    fn from(e: TxError) -> Self {
+        let status = match e.code {
+            ErrorCode::Conflict | ErrorCode::AlreadyExists => StatusCode::CONFLICT,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Schema | ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::Limit => StatusCode::PAYLOAD_TOO_LARGE,
+        };
+        let mut err = ApiError::new(status, e.code.as_str(), e.message);
+        if let Some(op) = e.op {
+            err = err.with("op", op);
+        }
+        err
+    }
+}
+
+impl From<sluice_sql::SqlError> for ApiError {
+    fn from(e: sluice_sql::SqlError) -> Self {
+        use sluice_sql::SqlError;
+        match e {
+            SqlError::Syntax(m) => ApiError::bad_request(format!("SQL syntax error: {m}")),
+            SqlError::Unsupported(m) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unsupported", format!("unsupported: {m}"))
+            }
+            SqlError::Schema(m) => ApiError::new(StatusCode::BAD_REQUEST, "schema", m),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = Map::new();
+        body.insert("code".into(), Value::from(self.code));
+        body.insert("message".into(), Value::from(self.message));
+        body.extend(self.details);
+        (self.status, Json(json!({ "error": body }))).into_response()
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// The whole HTTP API over `core`.
+pub fn router(core: Core) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/sql", post(sql))
+        .route("/v1/mutate", post(mutate))
+        .route("/v1/tables", get(tables))
+        .route("/v1/tables/{table}/rows", get(scan))
+        .route("/v1/tables/{table}/rows/{id}", get(get_row))
+        .route("/v1/changes", get(changes))
+        .route("/v1/admin/snapshot", post(snapshot))
+        .fallback(fallback)
+        .with_state(Arc::new(core))
+}
+
+type St = State<Arc<Core>>;
+
+async fn fallback(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+/// Reads the whole body as JSON, enforcing `body_bytes_max`.
+async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
+    let max = core.config().body_bytes_max;
+    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
+        ApiError::limit(format!(
+            "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
+        ))
+    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::bad_request("the request body must be a JSON object")),
+    }
+}
+
+fn durability_of(body: &Map<String, Value>) -> Result<Option<Durability>, ApiError> {
+    match body.get("durability") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(ApiError::bad_request),
+        Some(_) => Err(ApiError::bad_request(
+            "\"durability\" must be one of \"memory\", \"disk\", \"fsync\"",
+        )),
+    }
+}
+
+async fn health(State(core): St) -> Response {
+    match core.poisoned() {
+        None => Json(json!({"status": "ok", "seq": core.confirmed_seq()})).into_response(),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "poisoned", "seq": core.confirmed_seq(), "reason": reason})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(core): St) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::render(&core),
+    )
+        .into_response()
+}
+
+async fn sql(State(core): St, body: Body) -> ApiResult {
+    let body = json_body(&core, body).await?;
+    let durability = durability_of(&body)?;
+    let Some(Value::String(text)) = body.get("sql") else {
+        return Err(ApiError::bad_request("expected {\"sql\": \"…\"}"));
+    };
+    let ddl = sluice_sql::parse_ddl(text)?;
+    let sql_text = ddl.iter().map(|d| d.sql.as_str()).collect::<Vec<_>>().join("; ");
+    let changes = ddl.into_iter().map(|d| d.change).collect();
+    match core.ddl(changes, sql_text, durability).await {
+        Ok(Some(seq)) => Ok(Json(json!({"seq": seq, "changed": true}))),
+        Ok(None) => Ok(Json(json!({"seq": core.confirmed_seq(), "changed": false}))),
+        Err(mut e) => {
+            // For SQL, the failing op is a statement.
+            if let Some(i) = e.details.remove("op") {
+                e.details.insert("statement".into(), i);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Parses the `ops` array of a mutate.
+pub fn parse_ops(body: &Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, ApiError> {
+    let Some(Value::Array(ops)) = body.get("ops") else {
+        return Err(ApiError::bad_request("expected {\"ops\": [ … ]}"));
+    };
+    if ops.is_empty() {
+        return Err(ApiError::bad_request("\"ops\" is empty; a mutate needs at least one op"));
+    }
+    if ops.len() > ops_max {
+        return Err(ApiError::limit(format!(
+            "{} ops in one mutate; ops_per_mutate_max (--max-ops) is {ops_max}",
+            ops.len()
+        )));
+    }
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| parse_op(op).map_err(|e| ApiError::bad_request(e).with("op", i)))
+        .collect()
+}
+
+fn parse_op(op: &Value) -> Result<Op, String> {
+    let Value::Object(op) = op else {
+        return Err("an op must be a JSON object".into());
+    };
+    let kind = op
+        .get("op")
+        .and_then(Value::as_str)
+        .ok_or("an op needs \"op\": \"insert\" | \"upsert\" | \"patch\" | \"delete\"")?;
+    let table = op
+        .get("table")
+        .and_then(Value::as_str)
+        .ok_or("an op needs \"table\": \"name\"")?
+        .to_string();
+    let if_version = match op.get("if_version") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or("\"if_version\" must be a non-negative integer")?),
+    };
+    let object = |field: &str| -> Result<Map<String, Value>, String> {
+        match op.get(field) {
+            Some(Value::Object(m)) => Ok(m.clone()),
+            _ => Err(format!("a {kind} op needs \"{field}\": {{ … }}")),
+        }
+    };
+    let id = || -> Result<Value, String> {
+        match op.get("id") {
+            None | Some(Value::Null) => Err(format!("a {kind} op needs \"id\"")),
+            Some(v) => Ok(v.clone()),
+        }
+    };
+    let allowed: &[&str] = match kind {
+        "insert" | "upsert" => &["op", "table", "row", "if_version"],
+        "patch" => &["op", "table", "id", "set", "if_version"],
+        "delete" => &["op", "table", "id", "if_version"],
+        other => return Err(format!("unknown op {other:?}: expected insert, upsert, patch or delete")),
+    };
+    if let Some(extra) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!("unknown field {extra:?} in a {kind} op"));
+    }
+    Ok(match kind {
+        "insert" => Op::Insert {
+            table,
+            row: object("row")?,
+            if_version,
+        },
+        "upsert" => Op::Upsert {
+            table,
+            row: object("row")?,
+            if_version,
+        },
+        "patch" => Op::Patch {
+            table,
+            id: id()?,
+            set: object("set")?,
+            if_version,
+        },
+        _ => Op::Delete {
+            table,
+            id: id()?,
+            if_version,
+        },
+    })
+}
+
+async fn mutate(State(core): St, body: Body) -> ApiResult {
+    let body = json_body(&core, body).await?;
+    let durability = durability_of(&body)?;
+    if let Some(extra) = body.keys().find(|k| !["ops", "durability"].contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!("unknown field {extra:?} in a mutate")));
+    }
+    let ops = parse_ops(&body, core.config().ops_per_mutate_max)?;
+    let ok = core.mutate(ops, durability).await?;
+    let results: Vec<Value> = ok
+        .results
+        .iter()
+        .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
+        .collect();
+    Ok(Json(json!({"seq": ok.seq, "results": results})))
+}
+
+async fn tables(State(core): St) -> ApiResult {
+    let (tables, seq) = core
+        .read(|db| Ok(db.tables.values().map(|t| t.schema.to_json()).collect::<Vec<_>>()))
+        .await?;
+    Ok(Json(json!({"tables": tables, "seq": seq})))
+}
+
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError::bad_request(format!("bad path: {e}"))
+}
+
+fn query_error(e: QueryRejection) -> ApiError {
+    ApiError::bad_request(format!("bad query string: {e}"))
+}
+
+async fn get_row(
+    State(core): St,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult {
+    let Path((table, id)) = path.map_err(path_error)?;
+    let (found, seq) = core
+        .read(|db| {
+            let t = db.table(&table)?;
+            let key = Key::parse(t.schema.pk_column().ty, &id).map_err(TxError::schema)?;
+            let row = t.rows.get(&key).ok_or_else(|| {
+                TxError::new(
+                    ErrorCode::NotFound,
+                    format!("table {table:?} has no row with key {key}"),
+                )
+            })?;
+            Ok((row_to_json(&t.schema, &row.values), row.version))
+        })
+        .await?;
+    Ok(Json(json!({"row": found.0, "version": found.1, "seq": seq})))
+}
+
+fn param_u64(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
+    params
+        .get(name)
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("query parameter {name:?} must be a non-negative integer, got {v:?}"))
+            })
+        })
+        .transpose()
+}
+
+fn page_limit(core: &Core, params: &HashMap<String, String>) -> Result<usize, ApiError> {
+    let max = core.config().page_rows_max;
+    let limit = param_u64(params, "limit")?.unwrap_or(100) as usize;
+    if limit == 0 {
+        return Err(ApiError::bad_request("\"limit\" must be at least 1"));
+    }
+    if limit > max {
+        return Err(ApiError::limit(format!(
+            "limit {limit} exceeds page_rows_max (--max-page-rows) of {max}"
+        )));
+    }
+    Ok(limit)
+}
+
+async fn scan(
+    State(core): St,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> ApiResult {
+    let Path(table) = path.map_err(path_error)?;
+    let Query(params) = query.map_err(query_error)?;
+    let limit = page_limit(&core, &params)?;
+    let after = params.get("after").cloned();
+    let ((rows, next), seq) = core
+        .read(|db| {
+            let t = db.table(&table)?;
+            let range = match &after {
+                Some(a) => {
+                    let key = Key::parse(t.schema.pk_column().ty, a).map_err(TxError::schema)?;
+                    t.rows.range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded))
+                }
+                None => t.rows.range(..),
+            };
+            let mut rows = Vec::with_capacity(limit.min(1024));
+            let mut last = None;
+            for (key, row) in range.take(limit) {
+                rows.push(json!({"row": row_to_json(&t.schema, &row.values), "version": row.version}));
+                last = Some(key);
+            }
+            let more = last.is_some_and(|k| t.rows.range((std::ops::Bound::Excluded(k.clone()), std::ops::Bound::Unbounded)).next().is_some());
+            let next = if more { last.map(Key::to_json) } else { None };
+            Ok((rows, next))
+        })
+        .await?;
+    Ok(Json(json!({"rows": rows, "next": next, "seq": seq})))
+}
+
+/// Commits scanned at most per catch-up request, however many a table filter skips.
+const CHANGES_SCAN_COMMITS_MAX: usize = 100_000;
+
+async fn changes(
+    State(core): St,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> ApiResult {
+    let Query(params) = query.map_err(query_error)?;
+    let since = param_u64(&params, "since")?.unwrap_or(0);
+    let limit = page_limit(&core, &params)?;
+    let tables: Option<Vec<String>> = params
+        .get("tables")
+        .filter(|t| !t.is_empty())
+        .map(|t| t.split(',').map(|s| s.trim().to_string()).collect());
+    let confirmed = core.confirmed_seq();
+    let db = core.db();
+    let commits = db.changelog.since(since).map_err(|horizon| {
+        ApiError::new(
+            StatusCode::GONE,
+            "horizon",
+            format!("changes after seq {since} are no longer retained; the horizon is seq {horizon}: re-read the tables, then catch up from their seq"),
+        )
+        .with("horizon", horizon)
+    })?;
+    let wanted = |t: &str| tables.as_ref().is_none_or(|ts| ts.iter().any(|w| w == t));
+    let mut out = Vec::new();
+    let mut next = since.max(db.changelog.horizon()).min(confirmed);
+    for commit in commits.take(CHANGES_SCAN_COMMITS_MAX) {
+        if commit.seq > confirmed || out.len() >= limit {
+            break;
+        }
+        match &commit.body {
+            CommitBody::Rows(changes) => {
+                for c in changes.iter().filter(|c| wanted(&c.table.name)) {
+                    let op = match c.op {
+                        ChangeOp::Insert => "insert",
+                        ChangeOp::Update => "update",
+                        ChangeOp::Delete => "delete",
+                    };
+                    out.push(json!({
+                        "seq": commit.seq, "table": c.table.name, "op": op,
+                        "id": c.key.to_json(), "row": c.row_json(), "version": c.version,
+                    }));
+                }
+            }
+            CommitBody::Schema { changes, sql } => {
+                for c in changes.iter().filter(|c| wanted(c.table())) {
+                    out.push(json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}));
+                }
+            }
+        }
+        next = commit.seq;
+    }
+    drop(db);
+    Ok(Json(json!({"changes": out, "next": next})))
+}
+
+async fn snapshot(State(core): St) -> ApiResult {
+    let seq = core.snapshot().await?;
+    Ok(Json(json!({"seq": seq})))
+}

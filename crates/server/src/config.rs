@@ -1,0 +1,49 @@
+//! Server configuration. Every limit has a default here, a `sluice serve` flag, and its
+//! name in the error that enforces it.
+
+use std::path::PathBuf;
+
+use sluice_engine::{Limits, Retention};
+use sluice_log::Durability;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    /// Durability class of requests that do not name one (`--durability`).
+    pub durability: Durability,
+    /// Request body size (`--max-body-bytes`).
+    pub body_bytes_max: usize,
+    /// Ops in one mutate (`--max-ops`).
+    pub ops_per_mutate_max: usize,
+    /// Row size and columns per table (`--max-row-bytes`, `--max-columns`).
+    pub limits: Limits,
+    /// Rows in one page of a table scan or changes in one page of catch-up
+    /// (`--max-page-rows`).
+    pub page_rows_max: usize,
+    /// Changelog window kept for catch-up (`--retain-commits`, `--retain-bytes`).
+    pub retention: Retention,
+    /// A snapshot is taken once this many log bytes were written since the last one
+    /// (`--snapshot-log-bytes`).
+    pub snapshot_log_bytes: u64,
+    /// Segment size at which the log starts a new segment (`--segment-bytes`).
+    pub segment_bytes_max: u64,
+    /// Requests queued for the writer before callers wait (back-pressure).
+    pub writer_queue_max: usize,
+}
+
+impl Config {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            data_dir: data_dir.into(),
+            durability: Durability::Fsync,
+            body_bytes_max: 16 << 20,
+            ops_per_mutate_max: 10_000,
+            limits: Limits::default(),
+            page_rows_max: 10_000,
+            retention: Retention::default(),
+            snapshot_log_bytes: 256 << 20,
+            segment_bytes_max: 64 << 20,
+            writer_queue_max: 65_536,
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Which seqs have reached the durability class they were written with.
+//!
+//! `confirmed` is the largest seq S such that every commit <= S reached its class: a
+//! `memory` commit once applied, `disk` once written, `fsync` once synced. Reads and
+//! catch-up never show state past `confirmed` ("confirmed reads"). It is a prefix, so a
+//! `memory` commit behind a not-yet-synced `fsync` commit waits for it.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use sluice_log::{Durability, Progress};
+use tokio::sync::watch;
+
+#[derive(Default)]
+struct State {
+    applied: u64,
+    progress: Progress,
+    /// Seqs of `disk` commits not yet written, ascending.
+    disk: VecDeque<u64>,
+    /// Seqs of `fsync` commits not yet synced, ascending.
+    fsync: VecDeque<u64>,
+}
+
+impl State {
+    fn confirmed(&mut self) -> u64 {
+        while self.disk.front().is_some_and(|&s| s <= self.progress.written_seq) {
+            self.disk.pop_front();
+        }
+        while self.fsync.front().is_some_and(|&s| s <= self.progress.synced_seq) {
+            self.fsync.pop_front();
+        }
+        let mut c = self.applied;
+        if let Some(&s) = self.disk.front() {
+            c = c.min(s - 1);
+        }
+        if let Some(&s) = self.fsync.front() {
+            c = c.min(s - 1);
+        }
+        c
+    }
+}
+
+pub(crate) struct Confirmations {
+    state: Mutex<State>,
+    tx: watch::Sender<u64>,
+}
+
+impl Confirmations {
+    /// Starts with everything up to `seq` (recovered state) confirmed.
+    pub fn new(seq: u64) -> Self {
+        let state = State {
+            applied: seq,
+            progress: Progress {
+                written_seq: seq,
+                synced_seq: seq,
+            },
+            ..State::default()
+        };
+        Confirmations {
+            state: Mutex::new(state),
+            tx: watch::channel(seq).0,
+        }
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+
+    pub fn confirmed(&self) -> u64 {
+        *self.tx.borrow()
+    }
+
+    /// The writer applied commits up to `applied`; `waiting` are the (seq, class) of those
+    /// that still wait for the log, ascending.
+    pub fn applied(&self, applied: u64, waiting: &[(u64, Durability)]) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.applied = applied;
+        for &(seq, class) in waiting {
+            match class {
+                Durability::Memory => {}
+                Durability::Disk => s.disk.push_back(seq),
+                Durability::Fsync => s.fsync.push_back(seq),
+            }
+        }
+        let c = s.confirmed();
+        drop(s);
+        self.publish(c);
+    }
+
+    pub fn progressed(&self, progress: Progress) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.progress = progress;
+        let c = s.confirmed();
+        drop(s);
+        self.publish(c);
+    }
+
+    fn publish(&self, c: u64) {
+        self.tx.send_if_modified(|v| {
+            if c > *v {
+                *v = c;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirmed_is_a_prefix_over_classes() {
+        let c = Confirmations::new(0);
+        c.applied(
+            4,
+            &[
+                (1, Durability::Disk),
+                (2, Durability::Fsync),
+                (4, Durability::Disk),
+            ],
+        );
+        assert_eq!(c.confirmed(), 0);
+        c.progressed(Progress {
+            written_seq: 4,
+            synced_seq: 0,
+        });
+        assert_eq!(c.confirmed(), 1, "seq 2 is written but not synced");
+        c.progressed(Progress {
+            written_seq: 4,
+            synced_seq: 4,
+        });
+        assert_eq!(c.confirmed(), 4);
+        c.applied(5, &[]);
+        assert_eq!(c.confirmed(), 5, "a memory commit is confirmed when applied");
+    }
+}

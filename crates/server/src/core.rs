@@ -1,0 +1,291 @@
+//! [`Core`]: one open database — recovered state, the writer thread, the log.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use serde_json::{Map, Value as Json};
+use sluice_engine::recovery::{recover, RecoveryError, RecoveryOptions};
+use sluice_engine::{Db, SchemaChange, TxError, WriteResult};
+use sluice_log::{Durability, Log, LogConfig, LogError};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::api::ApiError;
+use crate::config::Config;
+use crate::confirm::Confirmations;
+use crate::writer::{Ack, Request, Writer};
+
+/// One write op of a mutate, already checked for shape (not yet against the schema).
+#[derive(Clone, Debug)]
+pub enum Op {
+    Insert {
+        table: String,
+        row: Map<String, Json>,
+        if_version: Option<u64>,
+    },
+    Upsert {
+        table: String,
+        row: Map<String, Json>,
+        if_version: Option<u64>,
+    },
+    Patch {
+        table: String,
+        id: Json,
+        set: Map<String, Json>,
+        if_version: Option<u64>,
+    },
+    Delete {
+        table: String,
+        id: Json,
+        if_version: Option<u64>,
+    },
+}
+
+/// A committed mutate.
+#[derive(Clone, Debug)]
+pub struct MutateOk {
+    pub seq: u64,
+    pub results: Vec<WriteResult>,
+}
+
+/// Counters for `/metrics` kept outside the log.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub commits: AtomicU64,
+    pub rejected: AtomicU64,
+    pub snapshots: AtomicU64,
+    pub snapshot_failures: AtomicU64,
+    pub writer_batches: AtomicU64,
+}
+
+/// Facts from startup, for logs and `/metrics`.
+#[derive(Clone, Debug)]
+pub struct RecoveryInfo {
+    pub seq: u64,
+    pub snapshot_seq: Option<u64>,
+    pub replayed: u64,
+    pub duration: Duration,
+    pub torn_tail: Option<String>,
+    pub skipped_snapshots: Vec<String>,
+}
+
+pub(crate) struct Shared {
+    pub config: Config,
+    pub db: RwLock<Db>,
+    pub log: Log<Ack>,
+    pub confirm: Arc<Confirmations>,
+    pub counters: Counters,
+}
+
+/// An open database. Cheap to clone; all clones share the one writer.
+#[derive(Clone)]
+pub struct Core {
+    pub(crate) shared: Arc<Shared>,
+    requests: mpsc::Sender<Request>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    recovery: Arc<RecoveryInfo>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("recovery failed: {0}")]
+    Recovery(#[from] RecoveryError),
+    #[error("cannot open the log: {0}")]
+    Log(#[from] LogError),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Core {
+    /// Recovers the data directory and starts the writer. Blocking; call it before serving.
+    pub fn open(config: Config) -> Result<Core, OpenError> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|source| OpenError::DataDir {
+            path: dir.clone(),
+            source,
+        })?;
+        remove_temp_files(&dir);
+        let recovered = recover(
+            &dir,
+            &RecoveryOptions {
+                limits: config.limits.clone(),
+                retention: config.retention,
+                repair: true,
+            },
+        )?;
+        let seq = recovered.db.seq;
+        let info = RecoveryInfo {
+            seq,
+            snapshot_seq: recovered.snapshot_seq,
+            replayed: recovered.replayed,
+            duration: recovered.duration,
+            torn_tail: recovered.torn_tail,
+            skipped_snapshots: recovered.skipped_snapshots,
+        };
+        let confirm = Arc::new(Confirmations::new(seq));
+        let mut log_config = LogConfig::new(&dir);
+        log_config.segment_bytes_max = config.segment_bytes_max;
+        let progress_confirm = confirm.clone();
+        let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;
+        let (tx, rx) = mpsc::channel(config.writer_queue_max);
+        let shared = Arc::new(Shared {
+            config,
+            db: RwLock::new(recovered.db),
+            log,
+            confirm,
+            counters: Counters::default(),
+        });
+        let writer = Writer::spawn(shared.clone(), rx);
+        Ok(Core {
+            shared,
+            requests: tx,
+            writer: Arc::new(Mutex::new(Some(writer))),
+            recovery: Arc::new(info),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    pub fn recovery(&self) -> &RecoveryInfo {
+        &self.recovery
+    }
+
+    /// Seq of the newest commit that reached its durability class (what reads show).
+    pub fn confirmed_seq(&self) -> u64 {
+        self.shared.confirm.confirmed()
+    }
+
+    pub fn poisoned(&self) -> Option<String> {
+        self.shared.log.poisoned()
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Request,
+    ) -> Result<T, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .send(make(reply))
+            .await
+            .map_err(|_| ApiError::shutting_down())?;
+        rx.await.map_err(|_| ApiError::shutting_down())?
+    }
+
+    /// Applies `ops` atomically; returns once the commit reached `durability`.
+    pub async fn mutate(
+        &self,
+        ops: Vec<Op>,
+        durability: Option<Durability>,
+    ) -> Result<MutateOk, ApiError> {
+        let durability = durability.unwrap_or(self.shared.config.durability);
+        self.call(|reply| Request::Mutate {
+            ops,
+            durability,
+            reply,
+        })
+        .await
+    }
+
+    /// Applies schema changes as one transaction. `Ok(None)`: nothing to do (IF [NOT] EXISTS).
+    pub async fn ddl(
+        &self,
+        changes: Vec<SchemaChange>,
+        sql: String,
+        durability: Option<Durability>,
+    ) -> Result<Option<u64>, ApiError> {
+        let durability = durability.unwrap_or(self.shared.config.durability);
+        self.call(|reply| Request::Schema {
+            changes,
+            sql,
+            durability,
+            reply,
+        })
+        .await
+    }
+
+    /// Runs `f` on the current state and returns its result with the seq it reflects,
+    /// once that seq is confirmed (so nothing not yet durable at its class is shown).
+    pub async fn read<T>(
+        &self,
+        f: impl FnOnce(&Db) -> Result<T, TxError>,
+    ) -> Result<(T, u64), ApiError> {
+        let (value, seq) = {
+            let db = self.db();
+            let seq = db.seq;
+            (f(&db).map_err(ApiError::from)?, seq)
+        };
+        self.wait_confirmed(seq).await?;
+        Ok((value, seq))
+    }
+
+    /// Waits until every commit up to `seq` reached its durability class.
+    pub async fn wait_confirmed(&self, seq: u64) -> Result<(), ApiError> {
+        let mut rx: watch::Receiver<u64> = self.shared.confirm.subscribe();
+        loop {
+            let waited =
+                tokio::time::timeout(Duration::from_millis(100), rx.wait_for(|&c| c >= seq)).await;
+            match waited {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(_)) => return Err(ApiError::shutting_down()),
+                Err(_) => {
+                    if let Some(reason) = self.poisoned() {
+                        return Err(ApiError::poisoned(&reason));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read access to the state *as applied* (may include unconfirmed commits): for
+    /// in-process tools; API reads go through [`Core::read`].
+    pub fn db(&self) -> RwLockReadGuard<'_, Db> {
+        self.shared.db.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the writer for a snapshot now and waits until it is durable.
+    pub async fn snapshot(&self) -> Result<u64, ApiError> {
+        self.call(|reply| Request::Snapshot { reply }).await
+    }
+
+    /// Stops taking requests, lets the writer finish what is queued, writes a final
+    /// snapshot, and syncs and closes the log.
+    pub async fn shutdown(&self) -> Result<(), ApiError> {
+        let result = self.call(|reply| Request::Shutdown { reply }).await;
+        let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+        result
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    pub(crate) fn log_stats(&self) -> sluice_log::LogStats {
+        self.shared.log.stats()
+    }
+
+    pub fn commits(&self) -> u64 {
+        self.shared.counters.commits.load(Ordering::Relaxed)
+    }
+
+    pub fn syncs(&self) -> u64 {
+        self.shared.log.stats().syncs
+    }
+}
+
+fn remove_temp_files(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The snapshot thread: makes an encoded snapshot durable, then retires what it covers.
+//!
+//! Order matters for the invariant "the log is a dense prefix of history": a snapshot of
+//! seq S is only written once the log itself is synced through S, so a crash can never
+//! leave a snapshot that is ahead of the log it continues.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use sluice_log::snapshot::{list_snapshots, write_snapshot};
+use tokio::sync::oneshot;
+
+use crate::api::ApiError;
+use crate::core::Shared;
+
+/// Snapshots kept on disk: the newest, and one older as a fallback if the newest fails
+/// its checks at startup.
+pub(crate) const SNAPSHOTS_KEPT: usize = 2;
+
+pub(crate) struct Job {
+    pub seq: u64,
+    /// The changelog horizon when the snapshot was taken; segments after it stay.
+    pub horizon: u64,
+    pub frames: Vec<u8>,
+    pub replies: Vec<oneshot::Sender<Result<u64, ApiError>>>,
+}
+
+pub(crate) struct Snapshotter {
+    shared: Arc<Shared>,
+    jobs: mpsc::SyncSender<Job>,
+}
+
+impl Snapshotter {
+    pub fn spawn(shared: Arc<Shared>) -> Snapshotter {
+        let (jobs, rx) = mpsc::sync_channel::<Job>(0);
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("sluice-snapshot".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    run(&thread_shared, job);
+                }
+            })
+            .expect("spawn the snapshot thread");
+        Snapshotter { shared, jobs }
+    }
+
+    /// Hands `job` to the snapshot thread if it is idle; gives it back otherwise.
+    pub fn offer(&self, job: Job) -> Result<(), Job> {
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(mpsc::TrySendError::Full(job)) | Err(mpsc::TrySendError::Disconnected(job)) => {
+                Err(job)
+            }
+        }
+    }
+
+    /// Writes `job` on the calling thread (graceful shutdown).
+    pub fn run_inline(&self, job: Job) -> Result<u64, ApiError> {
+        write(&self.shared, &job)
+    }
+}
+
+fn run(shared: &Shared, job: Job) {
+    let result = write(shared, &job);
+    for reply in job.replies {
+        let _ = reply.send(result.clone());
+    }
+}
+
+fn write(shared: &Shared, job: &Job) -> Result<u64, ApiError> {
+    let result = (|| {
+        shared.log.sync_barrier(job.seq)?;
+        let dir = &shared.config.data_dir;
+        write_snapshot(dir, job.seq, &job.frames)?;
+        let snapshots = list_snapshots(dir)?;
+        let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
+        for (_, path) in &snapshots[..excess] {
+            std::fs::remove_file(path).map_err(|e| sluice_log::LogError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
+        }
+        let oldest_kept = snapshots[excess].0;
+        shared
+            .log
+            .retire_segments_before(oldest_kept.min(job.horizon) + 1)?;
+        Ok::<u64, sluice_log::LogError>(job.seq)
+    })();
+    match &result {
+        Ok(seq) => {
+            shared.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(seq, bytes = job.frames.len(), "snapshot written");
+        }
+        Err(e) => {
+            shared
+                .counters
+                .snapshot_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "snapshot failed");
+        }
+    }
+    result.map_err(|e| ApiError::from_log(&e))
+}

@@ -1,0 +1,318 @@
+//! The writer thread: the only code that mutates the [`Db`].
+//!
+//! It drains every queued request (up to [`WRITER_BATCH_MAX`]), applies them one after
+//! another under one write lock — each transaction gets the next seq — encodes their log
+//! frames, and hands the lot to the log in one submit. `memory` commits are acknowledged
+//! right away; `disk` and `fsync` ones when the log thread gets there. The writer never
+//! waits for a sync: while the log syncs one batch, the writer applies the next.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use sluice_engine::codec::{encode_commit, encode_snapshot};
+use sluice_engine::{Commit, Db, SchemaChange, TxError, WriteResult};
+use sluice_log::{frame, Durability, LogError, Waiter};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::ApiError;
+use crate::core::{MutateOk, Op, Shared};
+use crate::snapshotter::{Job, Snapshotter};
+
+/// Most requests applied in one writer round (one write lock, one log submit).
+pub(crate) const WRITER_BATCH_MAX: usize = 4096;
+
+type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+pub(crate) enum Request {
+    Mutate {
+        ops: Vec<Op>,
+        durability: Durability,
+        reply: Reply<MutateOk>,
+    },
+    Schema {
+        changes: Vec<SchemaChange>,
+        sql: String,
+        durability: Durability,
+        reply: Reply<Option<u64>>,
+    },
+    Snapshot {
+        reply: Reply<u64>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// A commit waiting for the log, with the reply to send when it gets there.
+pub(crate) struct Ack {
+    durability: Durability,
+    reply: AckReply,
+}
+
+enum AckReply {
+    Mutate(Reply<MutateOk>, MutateOk),
+    Schema(Reply<Option<u64>>, u64),
+}
+
+impl AckReply {
+    fn send(self, result: Result<(), &LogError>) {
+        let err = |e: &LogError| ApiError::from_log(e);
+        // A dropped receiver means the client went away; the commit stands regardless.
+        match self {
+            AckReply::Mutate(reply, ok) => {
+                let _ = reply.send(result.map(|_| ok).map_err(err));
+            }
+            AckReply::Schema(reply, seq) => {
+                let _ = reply.send(result.map(|_| Some(seq)).map_err(err));
+            }
+        }
+    }
+}
+
+impl Waiter for Ack {
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+    fn complete(self, result: Result<(), &LogError>) {
+        self.reply.send(result);
+    }
+}
+
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    snapshotter: Snapshotter,
+    log_bytes_since_snapshot: u64,
+    frames: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl Writer {
+    pub fn spawn(shared: Arc<Shared>, rx: mpsc::Receiver<Request>) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .name("sluice-writer".into())
+            .spawn(move || {
+                let snapshotter = Snapshotter::spawn(shared.clone());
+                Writer {
+                    shared,
+                    snapshotter,
+                    log_bytes_since_snapshot: 0,
+                    frames: Vec::new(),
+                    payload: Vec::new(),
+                }
+                .run(rx)
+            })
+            .expect("spawn the writer thread")
+    }
+
+    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut batch = Vec::with_capacity(WRITER_BATCH_MAX);
+        while let Some(first) = rx.blocking_recv() {
+            batch.push(first);
+            while batch.len() < WRITER_BATCH_MAX {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if let Some(reply) = self.round(&mut batch) {
+                rx.close();
+                // Whatever was queued behind the shutdown is refused.
+                while let Ok(r) = rx.try_recv() {
+                    refuse(r, ApiError::shutting_down());
+                }
+                let result = self.snapshot_now();
+                let _ = reply.send(result.map(|_| ()));
+                return;
+            }
+        }
+    }
+
+    /// Applies one batch; returns the shutdown reply if the batch asked to stop.
+    fn round(&mut self, batch: &mut Vec<Request>) -> Option<Reply<()>> {
+        let shared = self.shared.clone();
+        let poisoned = shared.log.poisoned();
+        let mut acks = Vec::new();
+        let mut waiting = Vec::new();
+        let mut immediate = Vec::new();
+        let mut frame_count = 0u64;
+        let mut snapshot_replies = Vec::new();
+        let mut shutdown = None;
+        let applied = {
+            let mut db = shared.db.write().unwrap_or_else(|e| e.into_inner());
+            for req in batch.drain(..) {
+                if let (Some(reason), Request::Mutate { .. } | Request::Schema { .. }) =
+                    (&poisoned, &req)
+                {
+                    refuse(req, ApiError::poisoned(reason));
+                    continue;
+                }
+                match req {
+                    Request::Mutate {
+                        ops,
+                        durability,
+                        reply,
+                    } => match apply_ops(&mut db, &ops) {
+                        Err(e) => {
+                            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(e.into()));
+                        }
+                        Ok((commit, results)) => {
+                            self.log_commit(&commit);
+                            frame_count += 1;
+                            let ok = MutateOk {
+                                seq: commit.seq,
+                                results,
+                            };
+                            if durability == Durability::Memory {
+                                immediate.push(AckReply::Mutate(reply, ok));
+                            } else {
+                                waiting.push((commit.seq, durability));
+                                acks.push(Ack {
+                                    durability,
+                                    reply: AckReply::Mutate(reply, ok),
+                                });
+                            }
+                        }
+                    },
+                    Request::Schema {
+                        changes,
+                        sql,
+                        durability,
+                        reply,
+                    } => match db.apply_schema(changes, sql) {
+                        Err(e) => {
+                            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(e.into()));
+                        }
+                        Ok(None) => {
+                            let _ = reply.send(Ok(None));
+                        }
+                        Ok(Some(commit)) => {
+                            self.log_commit(&commit);
+                            frame_count += 1;
+                            if durability == Durability::Memory {
+                                immediate.push(AckReply::Schema(reply, commit.seq));
+                            } else {
+                                waiting.push((commit.seq, durability));
+                                acks.push(Ack {
+                                    durability,
+                                    reply: AckReply::Schema(reply, commit.seq),
+                                });
+                            }
+                        }
+                    },
+                    Request::Snapshot { reply } => snapshot_replies.push(reply),
+                    Request::Shutdown { reply } => shutdown = Some(reply),
+                }
+            }
+            db.seq
+        };
+        shared
+            .counters
+            .commits
+            .fetch_add(frame_count, Ordering::Relaxed);
+        shared.counters.writer_batches.fetch_add(1, Ordering::Relaxed);
+        shared.confirm.applied(applied, &waiting);
+        if !self.frames.is_empty() {
+            self.log_bytes_since_snapshot += self.frames.len() as u64;
+            // On failure the log has already failed the acks with the reason.
+            let _ = shared.log.submit(&self.frames, frame_count, applied, acks);
+            self.frames.clear();
+        }
+        for reply in immediate {
+            reply.send(Ok(()));
+        }
+        if shutdown.is_some() {
+            for reply in snapshot_replies {
+                let _ = reply.send(Err(ApiError::shutting_down()));
+            }
+            return shutdown;
+        }
+        let due = self.log_bytes_since_snapshot >= shared.config.snapshot_log_bytes;
+        if !snapshot_replies.is_empty() || due {
+            let job = self.snapshot_job(snapshot_replies);
+            if let Err(job) = self.snapshotter.offer(job) {
+                // A snapshot is already being written; requesters wait for the next round.
+                for reply in job.replies {
+                    let _ = reply.send(Err(ApiError::busy("a snapshot is already being written; try again")));
+                }
+            } else {
+                self.log_bytes_since_snapshot = 0;
+            }
+        }
+        None
+    }
+
+    fn log_commit(&mut self, commit: &Commit) {
+        self.payload.clear();
+        encode_commit(commit, &mut self.payload);
+        // Request bodies are bounded well below the frame limit (see Config::validate).
+        frame::encode_into(&mut self.frames, &self.payload).expect("a commit fits in a frame");
+    }
+
+    fn snapshot_job(&self, replies: Vec<Reply<u64>>) -> Job {
+        let db = self.shared.db.read().unwrap_or_else(|e| e.into_inner());
+        Job {
+            seq: db.seq,
+            horizon: db.changelog.horizon(),
+            frames: encode_snapshot(&db),
+            replies,
+        }
+    }
+
+    fn snapshot_now(&mut self) -> Result<u64, ApiError> {
+        let job = self.snapshot_job(Vec::new());
+        self.snapshotter.run_inline(job)
+    }
+}
+
+fn refuse(req: Request, err: ApiError) {
+    match req {
+        Request::Mutate { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Schema { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Snapshot { reply } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Shutdown { reply } => {
+            let _ = reply.send(Err(err));
+        }
+    }
+}
+
+/// Applies all `ops` in one transaction, or none of them.
+fn apply_ops(db: &mut Db, ops: &[Op]) -> Result<(Arc<Commit>, Vec<WriteResult>), TxError> {
+    let mut tx = db.transaction();
+    let mut results = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let r = match op {
+            Op::Insert {
+                table,
+                row,
+                if_version,
+            } => tx.insert(table, row, *if_version),
+            Op::Upsert {
+                table,
+                row,
+                if_version,
+            } => tx.upsert(table, row, *if_version),
+            Op::Patch {
+                table,
+                id,
+                set,
+                if_version,
+            } => tx.patch(table, id, set, *if_version),
+            Op::Delete {
+                table,
+                id,
+                if_version,
+            } => tx.delete(table, id, *if_version),
+        };
+        results.push(r.map_err(|e| e.at_op(i))?);
+    }
+    let commit = tx.commit().expect("every successful op writes a row");
+    Ok((commit, results))
+}
