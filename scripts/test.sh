@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The one command that runs every check CI runs: format, lints, unit, integration, crash and
+# bench smoke tests. Installs what it needs on a fresh Debian machine of this kind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+# PostgreSQL is a peer in `sluice bench`; its smoke test starts a real server.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then need_apt+=(postgresql); fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is missing: install Rust with rustup first" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked -- --test-threads 2
