@@ -302,7 +302,9 @@ impl<'a> Reader<'a> {
     fn table_schema(&mut self) -> DecodeResult<TableSchema> {
         let name = self.string()?;
         let n = self.len()?;
-        let columns = (0..n).map(|_| self.column()).collect::<DecodeResult<Vec<_>>>()?;
+        let columns = (0..n)
+            .map(|_| self.column())
+            .collect::<DecodeResult<Vec<_>>>()?;
         let pk = self.varint()? as usize;
         let n_ix = self.len()?;
         let mut indexes = Vec::with_capacity(n_ix);
@@ -355,7 +357,11 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     None
                 } else {
                     let n = r.len()?;
-                    Some((0..n).map(|_| r.value()).collect::<DecodeResult<Vec<_>>>()?)
+                    Some(
+                        (0..n)
+                            .map(|_| r.value())
+                            .collect::<DecodeResult<Vec<_>>>()?,
+                    )
                 };
                 rows.push(ReplayRow {
                     table,
@@ -544,9 +550,12 @@ impl SnapshotLoader {
                     let seq = r.varint()?;
                     let nv = r.len()?;
                     if nv != columns {
-                        return Err(format!("row of {nv} values in table {name:?} of {columns} columns"));
+                        return Err(format!(
+                            "row of {nv} values in table {name:?} of {columns} columns"
+                        ));
                     }
-                    let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
+                    let values: Vec<Value> =
+                        (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
                     table.put(
                         key,
                         RowEntry {

@@ -314,7 +314,10 @@ impl Db {
                 SchemaUndo::RemoveTable(schema.name.clone())
             }
             SchemaChange::CreateIndex {
-                table, name, columns, ..
+                table,
+                name,
+                columns,
+                ..
             } => {
                 let t = self.tables.get_mut(table).expect("validated");
                 let old = t.schema.clone();
@@ -360,7 +363,9 @@ impl Db {
                         Ok(true) => {}
                         Err(e) if e.code == ErrorCode::Limit => {}
                         Ok(false) => continue,
-                        Err(e) => return Err(format!("seq {seq}: schema change does not apply: {e}")),
+                        Err(e) => {
+                            return Err(format!("seq {seq}: schema change does not apply: {e}"))
+                        }
                     }
                     self.apply_schema_unchecked(change);
                 }
@@ -449,7 +454,10 @@ fn validate_columns(schema: &TableSchema) -> Result<(), TxError> {
     }
     for (i, c) in schema.columns.iter().enumerate() {
         if schema.columns[..i].iter().any(|p| p.name == c.name) {
-            return Err(TxError::schema(format!("column {:?} is declared twice", c.name)));
+            return Err(TxError::schema(format!(
+                "column {:?} is declared twice",
+                c.name
+            )));
         }
         validate_default(c)?;
     }
@@ -588,7 +596,13 @@ impl Tx<'_> {
         check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
         let version = old.version + 1;
-        Ok(self.write(table_name, key, Some(values.into()), ChangeOp::Update, version))
+        Ok(self.write(
+            table_name,
+            key,
+            Some(values.into()),
+            ChangeOp::Update,
+            version,
+        ))
     }
 
     pub fn delete(
@@ -628,7 +642,11 @@ impl Tx<'_> {
         op: ChangeOp,
         version: u64,
     ) -> WriteResult {
-        let table = self.db.tables.get_mut(table_name).expect("checked by caller");
+        let table = self
+            .db
+            .tables
+            .get_mut(table_name)
+            .expect("checked by caller");
         let old = match &row {
             Some(values) => table.put(
                 key.clone(),
@@ -679,7 +697,11 @@ impl Tx<'_> {
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
         while let Some(Undo::Restore { table, key, old }) = self.undo.pop() {
-            let t = self.db.tables.get_mut(&table).expect("tables do not change inside a tx");
+            let t = self
+                .db
+                .tables
+                .get_mut(&table)
+                .expect("tables do not change inside a tx");
             match old {
                 Some(entry) => {
                     t.put(key, entry);
@@ -693,9 +715,9 @@ impl Drop for Tx<'_> {
 }
 
 fn column_of(schema: &TableSchema, name: &str) -> Result<usize, TxError> {
-    schema.column(name).ok_or_else(|| {
-        TxError::schema(format!("table {:?} has no column {name:?}", schema.name))
-    })
+    schema
+        .column(name)
+        .ok_or_else(|| TxError::schema(format!("table {:?} has no column {name:?}", schema.name)))
 }
 
 fn convert(col: &ColumnDef, json: &Json) -> Result<Value, TxError> {

@@ -72,7 +72,8 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         }
     }
     let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq);
-    let mut db = loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
+    let mut db =
+        loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
 
     let segments = list_segments(dir)?;
     let mut prev_seq: Option<u64> = None;

@@ -18,7 +18,9 @@ pub enum LogError {
         reason: String,
     },
     /// An earlier write or sync failed; nothing can be promised any more until restart.
-    #[error("the log is poisoned after a failed write or sync ({0}); writes are refused until restart")]
+    #[error(
+        "the log is poisoned after a failed write or sync ({0}); writes are refused until restart"
+    )]
     Poisoned(String),
     #[error("frame payload of {len} bytes exceeds frame_payload_bytes_max ({max})")]
     FrameTooLarge { len: usize, max: usize },

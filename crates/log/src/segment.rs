@@ -169,7 +169,10 @@ mod tests {
     #[test]
     fn a_cut_older_segment_is_corruption() {
         let (buf, ends) = frames(3);
-        let err = scan(Path::new("x.log"), &buf[..ends[1] + 3], false, |_, _| Ok::<(), LogError>(())).unwrap_err();
+        let err = scan(Path::new("x.log"), &buf[..ends[1] + 3], false, |_, _| {
+            Ok::<(), LogError>(())
+        })
+        .unwrap_err();
         match err {
             LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, ends[1]),
             other => panic!("unexpected {other}"),
@@ -182,7 +185,10 @@ mod tests {
         for pos in 0..ends[8] {
             let mut damaged = buf.clone();
             damaged[pos] ^= 0x40;
-            let err = scan(Path::new("x.log"), &damaged, true, |_, _| Ok::<(), LogError>(())).unwrap_err();
+            let err = scan(Path::new("x.log"), &damaged, true, |_, _| {
+                Ok::<(), LogError>(())
+            })
+            .unwrap_err();
             let frame_start = ends.iter().rev().find(|&&e| e <= pos).copied().unwrap_or(0);
             match err {
                 LogError::Corrupt { offset, .. } => assert_eq!(offset as usize, frame_start),

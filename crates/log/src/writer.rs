@@ -325,8 +325,7 @@ impl<W: Waiter> LogThread<W> {
                         .wait_timeout(pending, self.config.background_sync_interval)
                         .unwrap_or_else(|e| e.into_inner());
                     pending = guard;
-                    if timeout.timed_out() && self.progress.written_seq > self.progress.synced_seq
-                    {
+                    if timeout.timed_out() && self.progress.written_seq > self.progress.synced_seq {
                         pending.sync_requested_seq = self.progress.written_seq;
                     }
                 }
@@ -340,7 +339,14 @@ impl<W: Waiter> LogThread<W> {
                     pending.shutdown,
                 )
             };
-            self.round(&mut buf, frames, last_seq, &mut waiters, sync_requested, shutdown);
+            self.round(
+                &buf,
+                frames,
+                last_seq,
+                &mut waiters,
+                sync_requested,
+                shutdown,
+            );
             buf.clear();
             if shutdown {
                 let pending = lock(&self.shared.pending);
@@ -353,7 +359,7 @@ impl<W: Waiter> LogThread<W> {
 
     fn round(
         &mut self,
-        buf: &mut Vec<u8>,
+        buf: &[u8],
         frames: u64,
         last_seq: u64,
         waiters: &mut Vec<W>,

@@ -70,7 +70,11 @@ impl ApiError {
         match e {
             LogError::Poisoned(reason) => Self::poisoned(reason),
             LogError::Closed => Self::shutting_down(),
-            other => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string()),
+            other => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                other.to_string(),
+            ),
         }
     }
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
@@ -100,9 +104,11 @@ impl From<sluice_sql::SqlError> for ApiError {
         use sluice_sql::SqlError;
         match e {
             SqlError::Syntax(m) => ApiError::bad_request(format!("SQL syntax error: {m}")),
-            SqlError::Unsupported(m) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "unsupported", format!("unsupported: {m}"))
-            }
+            SqlError::Unsupported(m) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "unsupported",
+                format!("unsupported: {m}"),
+            ),
             SqlError::Schema(m) => ApiError::new(StatusCode::BAD_REQUEST, "schema", m),
         }
     }
@@ -154,7 +160,9 @@ async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiErr
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match value {
         Value::Object(map) => Ok(map),
-        _ => Err(ApiError::bad_request("the request body must be a JSON object")),
+        _ => Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        )),
     }
 }
 
@@ -194,7 +202,11 @@ async fn sql(State(core): St, body: Body) -> ApiResult {
         return Err(ApiError::bad_request("expected {\"sql\": \"…\"}"));
     };
     let ddl = sluice_sql::parse_ddl(text)?;
-    let sql_text = ddl.iter().map(|d| d.sql.as_str()).collect::<Vec<_>>().join("; ");
+    let sql_text = ddl
+        .iter()
+        .map(|d| d.sql.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
     let changes = ddl.into_iter().map(|d| d.change).collect();
     match core.ddl(changes, sql_text, durability).await {
         Ok(Some(seq)) => Ok(Json(json!({"seq": seq, "changed": true}))),
@@ -215,7 +227,9 @@ pub fn parse_ops(body: &Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, A
         return Err(ApiError::bad_request("expected {\"ops\": [ … ]}"));
     };
     if ops.is_empty() {
-        return Err(ApiError::bad_request("\"ops\" is empty; a mutate needs at least one op"));
+        return Err(ApiError::bad_request(
+            "\"ops\" is empty; a mutate needs at least one op",
+        ));
     }
     if ops.len() > ops_max {
         return Err(ApiError::limit(format!(
@@ -244,7 +258,10 @@ fn parse_op(op: &Value) -> Result<Op, String> {
         .to_string();
     let if_version = match op.get("if_version") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or("\"if_version\" must be a non-negative integer")?),
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or("\"if_version\" must be a non-negative integer")?,
+        ),
     };
     let object = |field: &str| -> Result<Map<String, Value>, String> {
         match op.get(field) {
@@ -262,7 +279,11 @@ fn parse_op(op: &Value) -> Result<Op, String> {
         "insert" | "upsert" => &["op", "table", "row", "if_version"],
         "patch" => &["op", "table", "id", "set", "if_version"],
         "delete" => &["op", "table", "id", "if_version"],
-        other => return Err(format!("unknown op {other:?}: expected insert, upsert, patch or delete")),
+        other => {
+            return Err(format!(
+                "unknown op {other:?}: expected insert, upsert, patch or delete"
+            ))
+        }
     };
     if let Some(extra) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(format!("unknown field {extra:?} in a {kind} op"));
@@ -295,8 +316,13 @@ fn parse_op(op: &Value) -> Result<Op, String> {
 async fn mutate(State(core): St, body: Body) -> ApiResult {
     let body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
-    if let Some(extra) = body.keys().find(|k| !["ops", "durability"].contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!("unknown field {extra:?} in a mutate")));
+    if let Some(extra) = body
+        .keys()
+        .find(|k| !["ops", "durability"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a mutate"
+        )));
     }
     let ops = parse_ops(&body, core.config().ops_per_mutate_max)?;
     let ok = core.mutate(ops, durability).await?;
@@ -310,7 +336,13 @@ async fn mutate(State(core): St, body: Body) -> ApiResult {
 
 async fn tables(State(core): St) -> ApiResult {
     let (tables, seq) = core
-        .read(|db| Ok(db.tables.values().map(|t| t.schema.to_json()).collect::<Vec<_>>()))
+        .read(|db| {
+            Ok(db
+                .tables
+                .values()
+                .map(|t| t.schema.to_json())
+                .collect::<Vec<_>>())
+        })
         .await?;
     Ok(Json(json!({"tables": tables, "seq": seq})))
 }
@@ -341,7 +373,9 @@ async fn get_row(
             Ok((row_to_json(&t.schema, &row.values), row.version))
         })
         .await?;
-    Ok(Json(json!({"row": found.0, "version": found.1, "seq": seq})))
+    Ok(Json(
+        json!({"row": found.0, "version": found.1, "seq": seq}),
+    ))
 }
 
 fn param_u64(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
@@ -349,7 +383,9 @@ fn param_u64(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>
         .get(name)
         .map(|v| {
             v.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(format!("query parameter {name:?} must be a non-negative integer, got {v:?}"))
+                ApiError::bad_request(format!(
+                    "query parameter {name:?} must be a non-negative integer, got {v:?}"
+                ))
             })
         })
         .transpose()
@@ -384,17 +420,28 @@ async fn scan(
             let range = match &after {
                 Some(a) => {
                     let key = Key::parse(t.schema.pk_column().ty, a).map_err(TxError::schema)?;
-                    t.rows.range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded))
+                    t.rows
+                        .range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded))
                 }
                 None => t.rows.range(..),
             };
             let mut rows = Vec::with_capacity(limit.min(1024));
             let mut last = None;
             for (key, row) in range.take(limit) {
-                rows.push(json!({"row": row_to_json(&t.schema, &row.values), "version": row.version}));
+                rows.push(
+                    json!({"row": row_to_json(&t.schema, &row.values), "version": row.version}),
+                );
                 last = Some(key);
             }
-            let more = last.is_some_and(|k| t.rows.range((std::ops::Bound::Excluded(k.clone()), std::ops::Bound::Unbounded)).next().is_some());
+            let more = last.is_some_and(|k| {
+                t.rows
+                    .range((
+                        std::ops::Bound::Excluded(k.clone()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .next()
+                    .is_some()
+            });
             let next = if more { last.map(Key::to_json) } else { None };
             Ok((rows, next))
         })
@@ -449,7 +496,9 @@ async fn changes(
             }
             CommitBody::Schema { changes, sql } => {
                 for c in changes.iter().filter(|c| wanted(c.table())) {
-                    out.push(json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}));
+                    out.push(
+                        json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}),
+                    );
                 }
             }
         }

@@ -23,10 +23,18 @@ struct State {
 
 impl State {
     fn confirmed(&mut self) -> u64 {
-        while self.disk.front().is_some_and(|&s| s <= self.progress.written_seq) {
+        while self
+            .disk
+            .front()
+            .is_some_and(|&s| s <= self.progress.written_seq)
+        {
             self.disk.pop_front();
         }
-        while self.fsync.front().is_some_and(|&s| s <= self.progress.synced_seq) {
+        while self
+            .fsync
+            .front()
+            .is_some_and(|&s| s <= self.progress.synced_seq)
+        {
             self.fsync.pop_front();
         }
         let mut c = self.applied;
@@ -134,6 +142,10 @@ mod tests {
         });
         assert_eq!(c.confirmed(), 4);
         c.applied(5, &[]);
-        assert_eq!(c.confirmed(), 5, "a memory commit is confirmed when applied");
+        assert_eq!(
+            c.confirmed(),
+            5,
+            "a memory commit is confirmed when applied"
+        );
     }
 }

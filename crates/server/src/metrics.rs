@@ -12,21 +12,76 @@ pub(crate) fn render(core: &Core) -> String {
     let log = core.log_stats();
     let mut out = String::with_capacity(4096);
     let mut counter = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
     };
-    counter("sluice_commits_total", "Transactions committed.", c.commits.load(Ordering::Relaxed));
-    counter("sluice_rejected_total", "Transactions refused (nothing applied).", c.rejected.load(Ordering::Relaxed));
-    counter("sluice_writer_batches_total", "Writer rounds (one lock, one log submit each).", c.writer_batches.load(Ordering::Relaxed));
-    counter("sluice_log_syncs_total", "fdatasync calls on the log.", log.syncs);
-    counter("sluice_log_writes_total", "write calls on the log.", log.writes);
-    counter("sluice_log_bytes_total", "Bytes written to the log.", log.bytes_written);
-    counter("sluice_log_frames_total", "Frames written to the log.", log.frames_written);
-    counter("sluice_log_synced_commits_total", "fsync-class commits acknowledged by a sync.", log.synced_commits);
-    counter("sluice_snapshots_total", "Snapshots written.", c.snapshots.load(Ordering::Relaxed));
-    counter("sluice_snapshot_failures_total", "Snapshots that failed.", c.snapshot_failures.load(Ordering::Relaxed));
-    counter("sluice_segments_created_total", "Log segments started.", log.segments_created);
-    counter("sluice_segments_retired_total", "Log segments deleted after a snapshot.", log.segments_retired);
-    let per_sync = if log.syncs == 0 { 0.0 } else { log.synced_commits as f64 / log.syncs as f64 };
+    counter(
+        "sluice_commits_total",
+        "Transactions committed.",
+        c.commits.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluice_rejected_total",
+        "Transactions refused (nothing applied).",
+        c.rejected.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluice_writer_batches_total",
+        "Writer rounds (one lock, one log submit each).",
+        c.writer_batches.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluice_log_syncs_total",
+        "fdatasync calls on the log.",
+        log.syncs,
+    );
+    counter(
+        "sluice_log_writes_total",
+        "write calls on the log.",
+        log.writes,
+    );
+    counter(
+        "sluice_log_bytes_total",
+        "Bytes written to the log.",
+        log.bytes_written,
+    );
+    counter(
+        "sluice_log_frames_total",
+        "Frames written to the log.",
+        log.frames_written,
+    );
+    counter(
+        "sluice_log_synced_commits_total",
+        "fsync-class commits acknowledged by a sync.",
+        log.synced_commits,
+    );
+    counter(
+        "sluice_snapshots_total",
+        "Snapshots written.",
+        c.snapshots.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluice_snapshot_failures_total",
+        "Snapshots that failed.",
+        c.snapshot_failures.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluice_segments_created_total",
+        "Log segments started.",
+        log.segments_created,
+    );
+    counter(
+        "sluice_segments_retired_total",
+        "Log segments deleted after a snapshot.",
+        log.segments_retired,
+    );
+    let per_sync = if log.syncs == 0 {
+        0.0
+    } else {
+        log.synced_commits as f64 / log.syncs as f64
+    };
     let _ = writeln!(out, "# HELP sluice_commits_per_sync fsync-class commits per sync (group commit factor).\n# TYPE sluice_commits_per_sync gauge\nsluice_commits_per_sync {per_sync}");
     let _ = writeln!(out, "# HELP sluice_seq_confirmed Newest seq that reached its durability class.\n# TYPE sluice_seq_confirmed gauge\nsluice_seq_confirmed {}", core.confirmed_seq());
     let _ = writeln!(out, "# HELP sluice_log_poisoned 1 if the log refused writes after a failed sync.\n# TYPE sluice_log_poisoned gauge\nsluice_log_poisoned {}", core.poisoned().is_some() as u8);
@@ -34,7 +89,10 @@ pub(crate) fn render(core: &Core) -> String {
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
     let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);
     let name = "sluice_log_sync_seconds";
-    let _ = writeln!(out, "# HELP {name} fdatasync latency.\n# TYPE {name} histogram");
+    let _ = writeln!(
+        out,
+        "# HELP {name} fdatasync latency.\n# TYPE {name} histogram"
+    );
     let mut cumulative = 0;
     for (i, n) in log.sync_latency_us_buckets.iter().enumerate() {
         cumulative += n;

@@ -211,7 +211,10 @@ impl Writer {
             .counters
             .commits
             .fetch_add(frame_count, Ordering::Relaxed);
-        shared.counters.writer_batches.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .writer_batches
+            .fetch_add(1, Ordering::Relaxed);
         shared.confirm.applied(applied, &waiting);
         if !self.frames.is_empty() {
             self.log_bytes_since_snapshot += self.frames.len() as u64;
@@ -234,7 +237,9 @@ impl Writer {
             if let Err(job) = self.snapshotter.offer(job) {
                 // A snapshot is already being written; requesters wait for the next round.
                 for reply in job.replies {
-                    let _ = reply.send(Err(ApiError::busy("a snapshot is already being written; try again")));
+                    let _ = reply.send(Err(ApiError::busy(
+                        "a snapshot is already being written; try again",
+                    )));
                 }
             } else {
                 self.log_bytes_since_snapshot = 0;

@@ -79,7 +79,10 @@ impl ServeArgs {
             "--max-body-bytes {} is above the ceiling of {BODY_BYTES_MAX_CEILING} bytes (a commit must fit in one log frame)",
             self.max_body_bytes
         );
-        anyhow::ensure!(self.max_ops > 0 && self.max_page_rows > 0 && self.retain_commits > 0, "--max-ops, --max-page-rows and --retain-commits must be at least 1");
+        anyhow::ensure!(
+            self.max_ops > 0 && self.max_page_rows > 0 && self.retain_commits > 0,
+            "--max-ops, --max-page-rows and --retain-commits must be at least 1"
+        );
         let mut config = Config::new(&self.data);
         config.durability = self.durability;
         config.body_bytes_max = self.max_body_bytes;
@@ -98,8 +101,7 @@ impl ServeArgs {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

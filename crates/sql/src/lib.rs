@@ -193,9 +193,12 @@ fn create_table(ct: ast::CreateTable) -> Result<SchemaChange, SqlError> {
                     return Err(SqlError::Unsupported("primary key on an expression".into()));
                 };
                 let col_name = ident(id);
-                let i = columns.iter().position(|c| c.name == col_name).ok_or_else(|| {
-                    SqlError::Schema(format!("primary key names unknown column {col_name:?}"))
-                })?;
+                let i = columns
+                    .iter()
+                    .position(|c| c.name == col_name)
+                    .ok_or_else(|| {
+                        SqlError::Schema(format!("primary key names unknown column {col_name:?}"))
+                    })?;
                 set_pk(i, &mut pk)?;
             }
             other => {
@@ -327,7 +330,11 @@ mod tests {
              ok BOOLEAN DEFAULT true, data BLOB, meta JSON DEFAULT '{\"a\":1}', ts TIMESTAMP DEFAULT 0)",
         )
         .unwrap();
-        let SchemaChange::CreateTable { schema, if_not_exists } = &ddl[0].change else {
+        let SchemaChange::CreateTable {
+            schema,
+            if_not_exists,
+        } = &ddl[0].change
+        else {
             panic!()
         };
         assert!(if_not_exists);
@@ -336,7 +343,10 @@ mod tests {
         assert!(schema.columns[0].not_null);
         assert_eq!(schema.columns[2].default, Some(Value::Real(-1.5)));
         assert_eq!(schema.columns[3].default, Some(Value::Boolean(true)));
-        assert_eq!(schema.columns[5].default, Some(Value::Json("{\"a\":1}".into())));
+        assert_eq!(
+            schema.columns[5].default,
+            Some(Value::Json("{\"a\":1}".into()))
+        );
     }
 
     #[test]
@@ -346,10 +356,22 @@ mod tests {
             panic!()
         };
         assert_eq!(schema.pk, 0);
-        assert!(matches!(parse_ddl("CREATE TABLE t (a INT)"), Err(SqlError::Schema(_))));
-        assert!(matches!(parse_ddl("CREATE TABLE t (a INT PRIMARY KEY, b DECIMAL)"), Err(SqlError::Unsupported(_))));
-        assert!(matches!(parse_ddl("CREATE TABLE"), Err(SqlError::Syntax(_))));
-        assert!(matches!(parse_ddl("SELECT 1"), Err(SqlError::Unsupported(_))));
+        assert!(matches!(
+            parse_ddl("CREATE TABLE t (a INT)"),
+            Err(SqlError::Schema(_))
+        ));
+        assert!(matches!(
+            parse_ddl("CREATE TABLE t (a INT PRIMARY KEY, b DECIMAL)"),
+            Err(SqlError::Unsupported(_))
+        ));
+        assert!(matches!(
+            parse_ddl("CREATE TABLE"),
+            Err(SqlError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse_ddl("SELECT 1"),
+            Err(SqlError::Unsupported(_))
+        ));
     }
 
     #[test]
