@@ -1,13 +1,97 @@
-//! `sluice-bench`: the `sluice bench` suites. Peers' drivers live only here.
+//! `sluice-bench`: the `sluice bench` suites — honest numbers, reproducible on any machine,
+//! next to real peers started in the same run (SPEC §11).
+//!
+//! Responsible for: driving load against Sluice (in-process through
+//! [`sluice_server::Core`], and over HTTP against the real `sluice serve` binary), starting
+//! and stopping peers (PostgreSQL), measuring throughput and latency, and writing
+//! `bench-results/<suite>/{summary.md, samples.json, run.json, *.svg}`.
+//! Not responsible for: asserting behaviour (tests do that; a suite only checks what it
+//! needs to trust its own numbers, such as "the restart came back at the acked seq"), or
+//! anything the server needs at run time — peers' drivers live only here.
+//!
+//! Every run is bounded in time and size, uses only loopback, and stops only the
+//! processes it started, by their pid.
+//!
+//! # Layout
+//! - [`ingest`]: `sluice bench ingest` — write throughput and ack latency per durability
+//!   class, in-process and over HTTP, against PostgreSQL.
+//! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
+//! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
+//! - [`workload`]: the `events` rows every path writes.
+//! - [`server`]: the real `sluice serve` binary as a child process; `/metrics` parsing.
+//! - [`peers`]: real peers for the run ([`peers::postgres`]).
+//! - [`report`]: result tables, targets, and the files a suite writes.
+//! - [`svg`]: a dependency-free SVG bar and line chart writer.
+//! - [`hist`]: latency histograms (p50/p95/p99) and number formatting.
+//! - [`progress`]: progress lines on stderr.
+//! - [`sys`]: temp dirs, free ports, signals by pid, machine facts.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod hist;
+pub mod ingest;
+pub mod load;
+pub mod peers;
+pub mod progress;
+pub mod recovery;
+pub mod report;
+pub mod server;
+pub mod svg;
+pub mod sys;
+pub mod workload;
+
+/// `sluice bench <suite> [options]`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Suite to run.
-    pub suite: String,
+    #[command(subcommand)]
+    pub suite: Suite,
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum Suite {
+    /// Write throughput and ack latency per durability class: in-process, over HTTP, and
+    /// PostgreSQL with synchronous_commit=on.
+    Ingest(ingest::IngestArgs),
+    /// Time-to-ready after kill -9, by records in the log, with and without a snapshot.
+    Recovery(recovery::RecoveryArgs),
+}
+
+/// Options every suite takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Results go to <OUT>/<suite>/.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// A tiny smoke run (a few seconds): checks that the suite works, numbers mean nothing.
+    #[arg(long)]
+    pub quick: bool,
+    /// The sluice binary to run as the server (default: $SLUICE_BIN, else this executable).
+    #[arg(long)]
+    pub sluice_bin: Option<PathBuf>,
+}
+
+/// Checks that `<out>/<suite>/` holds a complete, non-empty result of `suite`: the three
+/// files, at least one chart, and samples in which every case succeeded with non-zero
+/// numbers. For smoke tests and CI.
+pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> {
+    let samples = report::verify_files(&out.join(suite))?;
+    match suite {
+        "ingest" => ingest::verify_samples(&samples),
+        "recovery" => recovery::verify_samples(&samples),
+        other => anyhow::bail!("unknown bench suite {other:?}"),
+    }
+}
+
+/// Runs one suite. Exits with failure if any case failed (its files are written anyway).
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("unknown bench suite {:?}", args.suite)
+    let ok = match args.suite {
+        Suite::Ingest(a) => ingest::run(a)?,
+        Suite::Recovery(a) => recovery::run(a)?,
+    };
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

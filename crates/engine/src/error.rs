@@ -7,7 +7,7 @@ pub enum ErrorCode {
     Conflict,
     NotFound,
     AlreadyExists,
-    /// Unknown table or column, wrong type, missing required value.
+    /// Unknown column, wrong type, missing required value (an unknown table is `NotFound`).
     Schema,
     BadRequest,
     /// A named limit was exceeded.

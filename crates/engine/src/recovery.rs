@@ -16,7 +16,11 @@ use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
 use crate::codec::{decode_commit, SnapshotLoader};
+use std::collections::HashMap;
+
 use crate::db::{Change, Commit, CommitBody, Db, Limits, ReplayBody};
+use crate::schema::{ColumnDef, SchemaChange, TableSchema};
+use crate::value::ColumnType;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -46,6 +50,8 @@ pub struct Recovered {
     pub snapshot_seq: Option<u64>,
     /// Commits replayed from the log on top of the snapshot.
     pub replayed: u64,
+    /// Log bytes (frames) of those commits: how much log the next snapshot would cover.
+    pub replayed_bytes: u64,
     /// Frames read in all (including those only used for the changelog).
     pub frames_read: u64,
     pub segments: usize,
@@ -78,9 +84,11 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     let segments = list_segments(dir)?;
     let mut prev_seq: Option<u64> = None;
     let mut replayed = 0u64;
+    let mut replayed_bytes = 0u64;
     let mut frames_read = 0u64;
     let mut torn_tail = None;
     let mut changelog_started = false;
+    let mut window = WindowSchemas::default();
     for (i, seg) in segments.iter().enumerate() {
         let bytes = read_file(&seg.path)?;
         let is_newest = i + 1 == segments.len();
@@ -110,11 +118,12 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                 changelog_started = true;
             }
             if seq <= db.seq {
-                let commit = rebuild_commit(&db, seq, body);
+                let commit = window.rebuild(&db, seq, body);
                 db.changelog.push(Arc::new(commit));
             } else {
                 db.replay(seq, body).map_err(&corrupt)?;
                 replayed += 1;
+                replayed_bytes += (payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
             }
             Ok(())
         })?;
@@ -141,6 +150,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         db,
         snapshot_seq,
         replayed,
+        replayed_bytes,
         frames_read,
         segments: segments.len(),
         torn_tail,
@@ -176,33 +186,97 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     Ok(db)
 }
 
-/// A commit from before the snapshot, rebuilt only for the changelog window. Rows are
-/// rendered with the table's current schema; rows of tables that no longer exist, or whose
-/// shape no longer matches, are left out of the window.
-fn rebuild_commit(db: &Db, seq: u64, body: ReplayBody) -> Commit {
-    let body = match body {
-        ReplayBody::Schema { changes, sql } => CommitBody::Schema { changes, sql },
-        ReplayBody::Rows(rows) => CommitBody::Rows(
-            rows.into_iter()
-                .filter_map(|r| {
-                    let table = db.tables.get(&r.table)?;
-                    if let Some(v) = &r.values {
-                        if v.len() != table.schema.columns.len() {
-                            return None;
-                        }
-                    }
-                    Some(Change {
-                        table: table.schema.clone(),
+/// Schemas for commits from before the snapshot, which are rebuilt only for the changelog
+/// window. The schema a row was written under is found, in order: from DDL seen earlier in
+/// the window; from the snapshot's schema, cut to the row's width (ADD COLUMN only appends,
+/// so a narrower row was written under a prefix of today's columns); or, for a table dropped
+/// before the snapshot and created before the window, generic column names `c0, c1, …`.
+#[derive(Default)]
+struct WindowSchemas {
+    seen: HashMap<String, Arc<TableSchema>>,
+    cut: HashMap<(String, usize), Arc<TableSchema>>,
+}
+
+impl WindowSchemas {
+    fn schema_change(&mut self, change: &SchemaChange) {
+        match change {
+            SchemaChange::CreateTable { schema, .. } => {
+                self.seen.insert(schema.name.clone(), Arc::new(schema.clone()));
+            }
+            SchemaChange::AddColumn { table, column } => {
+                if let Some(s) = self.seen.get_mut(table) {
+                    Arc::make_mut(s).columns.push(column.clone());
+                }
+            }
+            SchemaChange::DropTable { name, .. } => {
+                self.seen.remove(name);
+            }
+            SchemaChange::CreateIndex { .. } => {}
+        }
+    }
+
+    fn resolve(&mut self, db: &Db, table: &str, width: Option<usize>) -> Arc<TableSchema> {
+        let fits = |s: &TableSchema| width.is_none_or(|w| s.columns.len() == w);
+        if let Some(s) = self.seen.get(table).filter(|s| fits(s)) {
+            return s.clone();
+        }
+        let current = db.tables.get(table).map(|t| t.schema.clone());
+        if let Some(s) = current.as_ref().filter(|s| fits(s)) {
+            return s.clone();
+        }
+        let width = width.unwrap_or(1);
+        self.cut
+            .entry((table.to_string(), width))
+            .or_insert_with(|| {
+                let mut schema = match current {
+                    Some(s) if s.columns.len() > width && s.pk < width => (*s).clone(),
+                    _ => generic_schema(table, width),
+                };
+                schema.columns.truncate(width);
+                schema.indexes.clear();
+                Arc::new(schema)
+            })
+            .clone()
+    }
+
+    fn rebuild(&mut self, db: &Db, seq: u64, body: ReplayBody) -> Commit {
+        let body = match body {
+            ReplayBody::Schema { changes, sql } => {
+                for c in &changes {
+                    self.schema_change(c);
+                }
+                CommitBody::Schema { changes, sql }
+            }
+            ReplayBody::Rows(rows) => CommitBody::Rows(
+                rows.into_iter()
+                    .map(|r| Change {
+                        table: self.resolve(db, &r.table, r.values.as_ref().map(Vec::len)),
                         op: r.op,
                         key: r.key,
                         row: r.values.map(Into::into),
                         version: r.version,
                     })
-                })
-                .collect(),
-        ),
-    };
-    Commit { seq, body }
+                    .collect(),
+            ),
+        };
+        Commit { seq, body }
+    }
+}
+
+fn generic_schema(table: &str, width: usize) -> TableSchema {
+    TableSchema {
+        name: table.to_string(),
+        columns: (0..width)
+            .map(|i| ColumnDef {
+                name: format!("c{i}"),
+                ty: ColumnType::Text,
+                not_null: false,
+                default: None,
+            })
+            .collect(),
+        pk: 0,
+        indexes: Vec::new(),
+    }
 }
 
 /// What `sluice check` found.

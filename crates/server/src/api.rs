@@ -139,10 +139,19 @@ pub fn router(core: Core) -> Router {
         .route("/v1/changes", get(changes))
         .route("/v1/admin/snapshot", post(snapshot))
         .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(Arc::new(core))
 }
 
 type St = State<Arc<Core>>;
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
@@ -393,7 +402,7 @@ fn param_u64(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>
 
 fn page_limit(core: &Core, params: &HashMap<String, String>) -> Result<usize, ApiError> {
     let max = core.config().page_rows_max;
-    let limit = param_u64(params, "limit")?.unwrap_or(100) as usize;
+    let limit = param_u64(params, "limit")?.unwrap_or(100.min(max) as u64) as usize;
     if limit == 0 {
         return Err(ApiError::bad_request("\"limit\" must be at least 1"));
     }

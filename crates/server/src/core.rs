@@ -117,6 +117,7 @@ impl Core {
             },
         )?;
         let seq = recovered.db.seq;
+        let log_bytes_since_snapshot = recovered.replayed_bytes;
         let info = RecoveryInfo {
             seq,
             snapshot_seq: recovered.snapshot_seq,
@@ -138,7 +139,7 @@ impl Core {
             confirm,
             counters: Counters::default(),
         });
-        let writer = Writer::spawn(shared.clone(), rx);
+        let writer = Writer::spawn(shared.clone(), rx, log_bytes_since_snapshot);
         Ok(Core {
             shared,
             requests: tx,

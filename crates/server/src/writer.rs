@@ -87,7 +87,13 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub fn spawn(shared: Arc<Shared>, rx: mpsc::Receiver<Request>) -> std::thread::JoinHandle<()> {
+    /// Starts the writer; `log_bytes_since_snapshot` is the log a restart replayed, so a
+    /// process that keeps being killed still snapshots on schedule.
+    pub fn spawn(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Request>,
+        log_bytes_since_snapshot: u64,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::Builder::new()
             .name("sluice-writer".into())
             .spawn(move || {
@@ -95,7 +101,7 @@ impl Writer {
                 Writer {
                     shared,
                     snapshotter,
-                    log_bytes_since_snapshot: 0,
+                    log_bytes_since_snapshot,
                     frames: Vec::new(),
                     payload: Vec::new(),
                 }

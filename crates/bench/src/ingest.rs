@@ -1,0 +1,1008 @@
+//! `sluice bench ingest`: write throughput and ack latency per durability class.
+//!
+//! Three families of cases, all inserting the same `events` rows (see [`crate::workload`]):
+//! 1. **in-process**: a [`Core`] on a temp dir, no HTTP — the writer, log and group
+//!    commit alone — for several rows-per-mutate batch sizes and every class;
+//! 2. **HTTP**: the real `sluice serve` binary, 1 / 16 / 64 concurrent keep-alive clients
+//!    per class, `--batch` rows per request; syncs and commits per sync from `/metrics`;
+//! 3. **PostgreSQL** (`synchronous_commit=on`, `fsync=on`): the same rows by a prepared
+//!    multi-row `INSERT` of `--batch` rows, from the same numbers of connections.
+//!
+//! Every case starts from an empty table (a fresh Sluice data dir; `TRUNCATE` for
+//! PostgreSQL) and runs a short warm-up, then a measured window of `--seconds`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::json;
+use sluice_log::Durability;
+use sluice_server::{Config, Core, Op};
+
+use crate::hist::{fmt_ratio, fmt_si, fmt_us, Latency};
+use crate::load::{measure, no_probe, Counts, Measured, Meter, Probe, Worker};
+use crate::peers::postgres::{find_bin_dir, Postgres};
+use crate::progress::Progress;
+use crate::report::{Report, Table, Target};
+use crate::server::{sluice_bin, SluiceServer};
+use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
+use crate::sys::TempDir;
+use crate::workload;
+use crate::CommonArgs;
+
+/// Goal: in-process apply + log, batched (>= 100 rows per mutate).
+const TARGET_INPROC_ROWS_PER_SEC: f64 = 6e6;
+/// Goal: HTTP, disk class, batched.
+const TARGET_HTTP_DISK_ROWS_PER_SEC: f64 = 1e6;
+/// Goal: fsync-class throughput under 64 clients as a share of the disk class.
+const TARGET_FSYNC_SHARE_OF_DISK: f64 = 0.5;
+/// Client count the fsync/disk goal is stated for.
+const TARGET_FSYNC_CLIENTS: usize = 64;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct IngestArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Seconds measured per case (after a short warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Rows per request over HTTP, and per INSERT for PostgreSQL.
+    #[arg(long, default_value_t = 100)]
+    pub batch: u64,
+    /// Concurrent keep-alive HTTP clients (and PostgreSQL connections), one case each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16, 64])]
+    pub clients: Vec<usize>,
+    /// Rows per mutate for the in-process cases, one case each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 100, 1000])]
+    pub inproc_batches: Vec<u64>,
+    /// Concurrent tasks submitting mutates in-process (so group commit has company).
+    #[arg(long, default_value_t = 16)]
+    pub inproc_tasks: usize,
+    /// Durability classes to measure.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![Durability::Memory, Durability::Disk, Durability::Fsync])]
+    pub classes: Vec<Durability>,
+    /// Log bytes between background snapshots, for both the in-process core and the
+    /// server (default: the server's own default).
+    #[arg(long)]
+    pub snapshot_log_bytes: Option<u64>,
+    /// Skip the PostgreSQL peer (it is required otherwise).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Directory holding PostgreSQL's `initdb` and `postgres` (default: `$PG_BIN`, else
+    /// the newest /usr/lib/postgresql/*/bin).
+    #[arg(long)]
+    pub pg_bin: Option<PathBuf>,
+    /// Skip the HTTP cases.
+    #[arg(long)]
+    pub no_http: bool,
+    /// Skip the in-process cases.
+    #[arg(long)]
+    pub no_inproc: bool,
+}
+
+/// Parameters after `--quick` is applied.
+#[derive(Clone, Debug, Serialize)]
+struct Params {
+    seconds: f64,
+    warmup_seconds: f64,
+    batch: u64,
+    clients: Vec<usize>,
+    inproc_batches: Vec<u64>,
+    inproc_tasks: usize,
+    classes: Vec<&'static str>,
+    snapshot_log_bytes: Option<u64>,
+    peers: bool,
+    http: bool,
+    inproc: bool,
+    quick: bool,
+}
+
+impl Params {
+    fn from(args: &IngestArgs) -> Params {
+        let quick = args.common.quick;
+        let seconds = if quick {
+            args.seconds.min(0.3)
+        } else {
+            args.seconds
+        };
+        let mut classes: Vec<&'static str> = args.classes.iter().map(|d| d.as_str()).collect();
+        classes.dedup();
+        Params {
+            seconds,
+            warmup_seconds: if quick {
+                0.05
+            } else {
+                (seconds / 10.0).min(0.5)
+            },
+            batch: args.batch,
+            clients: if quick {
+                vec![1, 4]
+            } else {
+                args.clients.clone()
+            },
+            inproc_batches: if quick {
+                vec![1, 100]
+            } else {
+                args.inproc_batches.clone()
+            },
+            inproc_tasks: if quick {
+                args.inproc_tasks.min(4)
+            } else {
+                args.inproc_tasks
+            },
+            classes,
+            snapshot_log_bytes: args.snapshot_log_bytes,
+            peers: !args.no_peers,
+            http: !args.no_http,
+            inproc: !args.no_inproc,
+            quick,
+        }
+    }
+
+    fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.warmup_seconds)
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+
+    fn durabilities(&self) -> Vec<Durability> {
+        self.classes
+            .iter()
+            .map(|c| c.parse().expect("parsed by clap"))
+            .collect()
+    }
+}
+
+/// One case's identity and result, as stored in `samples.json`.
+#[derive(Clone, Debug, Serialize)]
+struct Case {
+    /// `inproc`, `http` or `postgres`.
+    kind: &'static str,
+    /// `memory` / `disk` / `fsync` for Sluice, `synchronous_commit=on` for PostgreSQL.
+    class: &'static str,
+    /// Rows per request (mutate or INSERT).
+    batch: u64,
+    /// Concurrent tasks, clients or connections.
+    concurrency: usize,
+    #[serde(flatten)]
+    result: Option<Measured>,
+    error: Option<String>,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        match self.kind {
+            "inproc" => format!(
+                "in-process {} class, {} rows/mutate, {} tasks",
+                self.class, self.batch, self.concurrency
+            ),
+            "http" => format!(
+                "HTTP {} class, {} clients, {} rows/request",
+                self.class, self.concurrency, self.batch
+            ),
+            _ => format!(
+                "PostgreSQL, {} connections, {} rows/INSERT",
+                self.concurrency, self.batch
+            ),
+        }
+    }
+
+    fn rows_per_sec(&self) -> Option<f64> {
+        self.result.as_ref().map(|m| m.rows_per_sec)
+    }
+}
+
+pub fn run(args: IngestArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
+    anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    anyhow::ensure!(
+        args.clients.iter().all(|&c| (1..=1024).contains(&c)),
+        "--clients must each be between 1 and 1024"
+    );
+    anyhow::ensure!(
+        args.inproc_batches.iter().all(|&b| b >= 1) && args.inproc_tasks >= 1,
+        "--inproc-batches and --inproc-tasks must be at least 1"
+    );
+    let params = Params::from(&args);
+    let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
+    let pg_bin = if params.peers {
+        Some(find_bin_dir(args.pg_bin.as_deref())?)
+    } else {
+        None
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut report = Report::new("ingest", serde_json::to_value(&params)?);
+    let cases = runtime.block_on(run_cases(&params, &bin, pg_bin, &mut report))?;
+    let failed = cases.iter().filter(|c| c.error.is_some()).count();
+    write_report(&mut report, &params, &cases);
+    let dir = report.write(&args.common.out)?;
+    report.print();
+    eprintln!("results in {}", dir.display());
+    if failed > 0 {
+        eprintln!("{failed} case(s) failed; see the notes in summary.md");
+    }
+    Ok(failed == 0)
+}
+
+async fn run_cases(
+    params: &Params,
+    bin: &std::path::Path,
+    pg_bin: Option<PathBuf>,
+    report: &mut Report,
+) -> anyhow::Result<Vec<Case>> {
+    let progress = Progress::new("ingest");
+    let classes = params.durabilities();
+    let mut plan = Vec::new();
+    if params.inproc {
+        for &d in &classes {
+            for &b in &params.inproc_batches {
+                plan.push(("inproc", d.as_str(), b, params.inproc_tasks));
+            }
+        }
+    }
+    if params.http {
+        for &d in &classes {
+            for &c in &params.clients {
+                plan.push(("http", d.as_str(), params.batch, c));
+            }
+        }
+    }
+    if pg_bin.is_some() {
+        for &c in &params.clients {
+            plan.push(("postgres", "synchronous_commit=on", params.batch, c));
+        }
+    }
+    let per_case = params.warmup_seconds + params.seconds;
+    progress.say(format!(
+        "{} cases of {:.1}s (+{:.2}s warm-up) each, about {:.0}s in all",
+        plan.len(),
+        params.seconds,
+        params.warmup_seconds,
+        plan.len() as f64 * (per_case + 0.5) + if pg_bin.is_some() { 3.0 } else { 0.0 }
+    ));
+
+    let mut postgres = None;
+    if let Some(dir) = &pg_bin {
+        progress.say(format!("starting PostgreSQL from {}", dir.display()));
+        let pg = Postgres::start(dir).await?;
+        let admin = pg.connect().await?;
+        admin.batch_execute(workload::CREATE_POSTGRES).await?;
+        progress.say(format!(
+            "PostgreSQL {} ready on 127.0.0.1:{} (pid {})",
+            pg.version,
+            pg.port,
+            pg.pid()
+        ));
+        report
+            .run_extra
+            .insert("postgres_version".into(), json!(pg.version));
+        postgres = Some((pg, admin));
+    }
+
+    let mut cases = Vec::with_capacity(plan.len());
+    for (i, &(kind, class, batch, concurrency)) in plan.iter().enumerate() {
+        let mut case = Case {
+            kind,
+            class,
+            batch,
+            concurrency,
+            result: None,
+            error: None,
+        };
+        progress.say(format!("case {}/{}: {}", i + 1, plan.len(), case.label()));
+        let durability: Option<Durability> = class.parse().ok();
+        let outcome = match (kind, durability, &postgres) {
+            ("inproc", Some(d), _) => inproc_case(params, d, batch, concurrency).await,
+            ("http", Some(d), _) => http_case(params, bin, d, batch, concurrency).await,
+            ("postgres", _, Some((pg, admin))) => {
+                postgres_case(params, pg, admin, batch, concurrency).await
+            }
+            _ => unreachable!("the plan only holds runnable cases"),
+        };
+        match outcome {
+            Ok(m) => {
+                progress.say(format!(
+                    "  {} rows/s, ack p50 {} p99 {}{}",
+                    fmt_si(m.rows_per_sec),
+                    fmt_us(m.latency.p50_us),
+                    fmt_us(m.latency.p99_us),
+                    m.commits_per_sync
+                        .map(|c| format!(", {c:.1} commits/sync"))
+                        .unwrap_or_default()
+                ));
+                case.result = Some(m);
+            }
+            Err(e) => {
+                progress.say(format!("  FAILED: {e:#}"));
+                case.error = Some(format!("{e:#}"));
+            }
+        }
+        cases.push(case);
+    }
+    if let Some((pg, admin)) = postgres {
+        drop(admin);
+        progress.say(format!("stopping PostgreSQL (pid {})", pg.pid()));
+        tokio::task::spawn_blocking(move || drop(pg)).await?;
+    }
+    progress.say(format!("done in {:.0}s", progress.elapsed_s()));
+    Ok(cases)
+}
+
+fn api_err(e: sluice_server::api::ApiError) -> anyhow::Error {
+    anyhow::anyhow!("{} ({}): {}", e.code, e.status, e.message)
+}
+
+async fn inproc_case(
+    params: &Params,
+    durability: Durability,
+    batch: u64,
+    tasks: usize,
+) -> anyhow::Result<Measured> {
+    let dir = TempDir::new("inproc")?;
+    let mut config = Config::new(dir.path().join("data"));
+    config.durability = durability;
+    if let Some(b) = params.snapshot_log_bytes {
+        config.snapshot_log_bytes = b;
+    }
+    let core = tokio::task::spawn_blocking(move || Core::open(config))
+        .await?
+        .context("cannot open an in-process core")?;
+    let ddl = sluice_sql::parse_ddl(workload::CREATE_SLUICE)?;
+    let sql = ddl
+        .iter()
+        .map(|d| d.sql.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    core.ddl(
+        ddl.into_iter().map(|d| d.change).collect(),
+        sql,
+        Some(Durability::Fsync),
+    )
+    .await
+    .map_err(api_err)?;
+
+    let meter = Meter::new(1);
+    let workers: Vec<Worker> = (0..tasks)
+        .map(|_| {
+            let (meter, core) = (meter.clone(), core.clone());
+            tokio::spawn(async move {
+                let mut latency = Latency::new();
+                while !meter.stopped() {
+                    let first = meter.take_ids(batch);
+                    let ops = (first..first + batch)
+                        .map(|id| Op::Insert {
+                            table: workload::TABLE.to_string(),
+                            row: workload::row_json(id),
+                            if_version: None,
+                        })
+                        .collect();
+                    let t = Instant::now();
+                    if let Err(e) = core.mutate(ops, Some(durability)).await {
+                        meter.stop();
+                        return Err(api_err(e));
+                    }
+                    meter.acked(batch, t.elapsed(), &mut latency);
+                }
+                Ok(latency)
+            })
+        })
+        .collect();
+    let probe_core = core.clone();
+    let probe: Probe = Box::new(move || {
+        let counts = Counts {
+            commits: probe_core.commits(),
+            syncs: probe_core.syncs(),
+            synced_commits: None,
+            snapshots: None,
+        };
+        Box::pin(async move { Some(counts) })
+    });
+    let measured = measure(&meter, workers, params.warmup(), params.window(), &probe).await;
+    drop(probe);
+    // Dropping the last handle closes the writer's queue: the writer, log and snapshot
+    // threads finish on their own. No graceful shutdown: its final snapshot of millions
+    // of rows is not what this case measures.
+    drop(core);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::task::spawn_blocking(move || drop(dir)).await?;
+    measured
+}
+
+async fn http_case(
+    params: &Params,
+    bin: &std::path::Path,
+    durability: Durability,
+    batch: u64,
+    clients: usize,
+) -> anyhow::Result<Measured> {
+    let dir = TempDir::new("http")?;
+    let mut flags = vec!["--durability".to_string(), durability.to_string()];
+    if let Some(b) = params.snapshot_log_bytes {
+        flags.extend(["--snapshot-log-bytes".to_string(), b.to_string()]);
+    }
+    let (server, _) = SluiceServer::start(bin, &dir.path().join("data"), &flags).await?;
+    server.sql(workload::CREATE_SLUICE).await?;
+    let url = server.url("/v1/mutate");
+    let meter = Meter::new(1);
+    let mut workers: Vec<Worker> = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (meter, url) = (meter.clone(), url.clone());
+        // One client per worker, at most one idle connection: one keep-alive connection each.
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(1)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        workers.push(tokio::spawn(async move {
+            let mut latency = Latency::new();
+            while !meter.stopped() {
+                let first = meter.take_ids(batch);
+                let body = workload::mutate_body(first, batch, durability);
+                let t = Instant::now();
+                let sent = async {
+                    let resp = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await?;
+                    let status = resp.status();
+                    let bytes = resp.bytes().await?;
+                    anyhow::ensure!(
+                        status.is_success(),
+                        "mutate answered {status}: {}",
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(500)])
+                    );
+                    Ok(())
+                }
+                .await;
+                if let Err(e) = sent {
+                    meter.stop();
+                    return Err(e);
+                }
+                meter.acked(batch, t.elapsed(), &mut latency);
+            }
+            Ok(latency)
+        }));
+    }
+    let server = Arc::new(server);
+    let probe_server = server.clone();
+    let probe: Probe = Box::new(move || {
+        let s = probe_server.clone();
+        Box::pin(async move {
+            let m = s.metrics().await.ok()?;
+            Some(Counts {
+                commits: m.get("sluice_commits_total") as u64,
+                syncs: m.get("sluice_log_syncs_total") as u64,
+                synced_commits: Some(m.get("sluice_log_synced_commits_total") as u64),
+                snapshots: Some(m.get("sluice_snapshots_total") as u64),
+            })
+        })
+    });
+    let measured = measure(&meter, workers, params.warmup(), params.window(), &probe).await;
+    drop(probe);
+    // SIGKILL: a graceful stop would write a final snapshot this case does not measure.
+    if let Ok(server) = Arc::try_unwrap(server) {
+        server.kill9();
+    }
+    tokio::task::spawn_blocking(move || drop(dir)).await?;
+    measured
+}
+
+async fn postgres_case(
+    params: &Params,
+    pg: &Postgres,
+    admin: &tokio_postgres::Client,
+    batch: u64,
+    connections: usize,
+) -> anyhow::Result<Measured> {
+    admin.batch_execute("TRUNCATE events; CHECKPOINT").await?;
+    let insert = workload::postgres_insert(batch as usize);
+    let meter = Meter::new(1);
+    let mut workers: Vec<Worker> = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let client = pg.connect().await?;
+        let statement = client.prepare(&insert).await?;
+        let meter = meter.clone();
+        workers.push(tokio::spawn(async move {
+            let mut latency = Latency::new();
+            let n = batch as usize;
+            while !meter.stopped() {
+                let first = meter.take_ids(batch);
+                let ids: Vec<i64> = (first..first + batch).map(|id| id as i64).collect();
+                let rooms: Vec<String> = (first..first + batch).map(workload::room).collect();
+                let authors: Vec<String> = (first..first + batch).map(workload::author).collect();
+                let bodies: Vec<&str> = (first..first + batch).map(workload::body).collect();
+                let tss: Vec<i64> = (first..first + batch).map(workload::ts).collect();
+                let mut values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    Vec::with_capacity(n * 5);
+                for r in 0..n {
+                    values.extend([
+                        &ids[r] as &(dyn tokio_postgres::types::ToSql + Sync),
+                        &rooms[r],
+                        &authors[r],
+                        &bodies[r],
+                        &tss[r],
+                    ]);
+                }
+                let t = Instant::now();
+                match client.execute(&statement, &values).await {
+                    Ok(inserted) if inserted == batch => {}
+                    Ok(inserted) => {
+                        meter.stop();
+                        anyhow::bail!("INSERT of {batch} rows inserted {inserted}");
+                    }
+                    Err(e) => {
+                        meter.stop();
+                        return Err(e.into());
+                    }
+                }
+                meter.acked(batch, t.elapsed(), &mut latency);
+            }
+            Ok(latency)
+        }));
+    }
+    measure(
+        &meter,
+        workers,
+        params.warmup(),
+        params.window(),
+        &no_probe(),
+    )
+    .await
+}
+
+/// Every case of an ingest `samples.json` succeeded and acked rows.
+pub fn verify_samples(samples: &serde_json::Value) -> anyhow::Result<()> {
+    let cases = samples["cases"]
+        .as_array()
+        .context("samples.json has no cases")?;
+    anyhow::ensure!(!cases.is_empty(), "samples.json has no cases");
+    for c in cases {
+        anyhow::ensure!(c["error"].is_null(), "a case failed: {c}");
+        let rate = c["rows_per_sec"].as_f64().unwrap_or(0.0);
+        anyhow::ensure!(rate > 0.0, "a case acked no rows: {c}");
+        anyhow::ensure!(
+            c["latency"]["p99_us"].as_u64().unwrap_or(0) > 0,
+            "a case has no latencies: {c}"
+        );
+    }
+    for kind in ["inproc", "http"] {
+        anyhow::ensure!(
+            cases.iter().any(|c| c["kind"] == kind),
+            "no {kind} case in samples.json"
+        );
+    }
+    Ok(())
+}
+
+fn opt_si(v: Option<f64>) -> String {
+    v.map_or("—".into(), fmt_si)
+}
+
+fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
+    let find = |kind: &str, class: &str, pred: &dyn Fn(&Case) -> bool| {
+        cases
+            .iter()
+            .find(|c| c.kind == kind && c.class == class && pred(c))
+            .and_then(Case::rows_per_sec)
+    };
+    report.intro.push(format!(
+        "Inserts of `events` rows (id, room, author, ~{}-byte body, ts) into an empty table. \
+         Each case: {:.2}s warm-up, then {:.1}s measured; closed loop (every client waits for \
+         its ack before sending again). Clients and server share this machine's CPUs.",
+        workload::BODY_BYTES,
+        params.warmup_seconds,
+        params.seconds
+    ));
+
+    // Targets.
+    let batched_inproc = cases
+        .iter()
+        .filter(|c| c.kind == "inproc" && c.batch >= 100)
+        .filter_map(|c| c.rows_per_sec().map(|r| (r, c)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    report.targets.push(Target {
+        what: "in-process apply + log, batched (≥ 100 rows/mutate), best class".into(),
+        goal: format!("≥ {} rows/s", fmt_si(TARGET_INPROC_ROWS_PER_SEC)),
+        measured: batched_inproc.map_or("not measured".into(), |(r, c)| {
+            format!(
+                "{} rows/s ({}, {} rows/mutate)",
+                fmt_si(r),
+                c.class,
+                c.batch
+            )
+        }),
+        met: batched_inproc.map(|(r, _)| r >= TARGET_INPROC_ROWS_PER_SEC),
+    });
+    let http_disk = cases
+        .iter()
+        .filter(|c| c.kind == "http" && c.class == "disk")
+        .filter_map(|c| c.rows_per_sec().map(|r| (r, c)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    report.targets.push(Target {
+        what: format!(
+            "HTTP, disk class, {} rows/request, best client count",
+            params.batch
+        ),
+        goal: format!("≥ {} rows/s", fmt_si(TARGET_HTTP_DISK_ROWS_PER_SEC)),
+        measured: http_disk.map_or("not measured".into(), |(r, c)| {
+            format!("{} rows/s ({} clients)", fmt_si(r), c.concurrency)
+        }),
+        met: http_disk.map(|(r, _)| r >= TARGET_HTTP_DISK_ROWS_PER_SEC),
+    });
+    let share_clients = if params.clients.contains(&TARGET_FSYNC_CLIENTS) {
+        Some(TARGET_FSYNC_CLIENTS)
+    } else {
+        params.clients.iter().copied().max()
+    };
+    let share = share_clients.and_then(|n| {
+        let f = find("http", "fsync", &|c| c.concurrency == n)?;
+        let d = find("http", "disk", &|c| c.concurrency == n)?;
+        Some((n, f, d))
+    });
+    report.targets.push(Target {
+        what: format!(
+            "HTTP fsync class vs disk class, {} clients",
+            share_clients.unwrap_or(TARGET_FSYNC_CLIENTS)
+        ),
+        goal: format!("≥ {:.0}% of disk", TARGET_FSYNC_SHARE_OF_DISK * 100.0),
+        measured: share.map_or("not measured".into(), |(_, f, d)| {
+            format!(
+                "{:.0}% ({} vs {} rows/s)",
+                100.0 * f / d,
+                fmt_si(f),
+                fmt_si(d)
+            )
+        }),
+        // Only judged at the client count the goal is stated for.
+        met: share
+            .filter(|&(n, _, _)| n == TARGET_FSYNC_CLIENTS)
+            .map(|(_, f, d)| f / d >= TARGET_FSYNC_SHARE_OF_DISK),
+    });
+    for &n in &params.clients {
+        let Some(pg) = find("postgres", "synchronous_commit=on", &|c| c.concurrency == n) else {
+            continue;
+        };
+        let ratios: Vec<String> = params
+            .classes
+            .iter()
+            .filter_map(|class| {
+                find("http", class, &|c| c.concurrency == n)
+                    .map(|s| format!("{class} {}", fmt_ratio(s / pg)))
+            })
+            .collect();
+        report.targets.push(Target {
+            what: format!("sluice HTTP / PostgreSQL rows/s, {n} clients"),
+            goal: "reported".into(),
+            measured: ratios.join(", "),
+            met: None,
+        });
+    }
+
+    // Tables.
+    let mut t = Table::new(
+        "In-process apply + log (Core on a temp dir, no HTTP)",
+        &[
+            "class",
+            "rows/mutate",
+            "tasks",
+            "rows/s",
+            "commits/s",
+            "syncs/s",
+            "commits/sync",
+            "ack p50",
+            "ack p99",
+        ],
+    );
+    for c in cases.iter().filter(|c| c.kind == "inproc") {
+        t.row(case_cells(
+            c,
+            &[
+                c.class.to_string(),
+                c.batch.to_string(),
+                c.concurrency.to_string(),
+            ],
+            |m| {
+                vec![
+                    fmt_si(m.rows_per_sec),
+                    opt_si(m.commits_per_sec),
+                    opt_si(m.syncs_per_sec),
+                    m.commits_per_sync.map_or("—".into(), |x| format!("{x:.1}")),
+                    fmt_us(m.latency.p50_us),
+                    fmt_us(m.latency.p99_us),
+                ]
+            },
+        ));
+    }
+    t.note = Some(
+        "syncs/s for memory and disk are the log's background syncs (about one a second). \
+         The tasks build their ops as JSON maps, as the HTTP layer would; that CPU is part of \
+         the measurement."
+            .into(),
+    );
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+    let mut t = Table::new(
+        format!(
+            "HTTP: real `sluice serve`, {} rows/request, keep-alive clients",
+            params.batch
+        ),
+        &[
+            "class",
+            "clients",
+            "rows/s",
+            "requests/s",
+            "ack p50",
+            "ack p99",
+            "syncs/s",
+            "commits/sync",
+            "snapshots",
+        ],
+    );
+    for c in cases.iter().filter(|c| c.kind == "http") {
+        t.row(case_cells(
+            c,
+            &[c.class.to_string(), c.concurrency.to_string()],
+            |m| {
+                vec![
+                    fmt_si(m.rows_per_sec),
+                    fmt_si(m.requests_per_sec),
+                    fmt_us(m.latency.p50_us),
+                    fmt_us(m.latency.p99_us),
+                    opt_si(m.syncs_per_sec),
+                    m.commits_per_sync.map_or("—".into(), |x| format!("{x:.1}")),
+                    m.snapshots.map_or("—".into(), |s| s.to_string()),
+                ]
+            },
+        ));
+    }
+    t.note = Some(
+        "syncs/s and commits/sync from /metrics before and after the window \
+         (fsync class: commits whose ack waited for a sync, per sync)."
+            .into(),
+    );
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+    let mut t = Table::new(
+        format!(
+            "PostgreSQL peer (synchronous_commit=on, fsync=on), prepared {}-row INSERT",
+            params.batch
+        ),
+        &["connections", "rows/s", "INSERTs/s", "ack p50", "ack p99"],
+    );
+    for c in cases.iter().filter(|c| c.kind == "postgres") {
+        t.row(case_cells(c, &[c.concurrency.to_string()], |m| {
+            vec![
+                fmt_si(m.rows_per_sec),
+                fmt_si(m.requests_per_sec),
+                fmt_us(m.latency.p50_us),
+                fmt_us(m.latency.p99_us),
+            ]
+        }));
+    }
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+    let mut headers = vec!["clients".to_string(), "postgres rows/s".to_string()];
+    for class in &params.classes {
+        headers.push(format!("sluice {class} rows/s"));
+        headers.push(format!("{class} / postgres"));
+    }
+    let mut ratio_table = Table {
+        title: "Sluice over HTTP vs PostgreSQL, same rows, same client count".into(),
+        headers,
+        ..Table::default()
+    };
+    for &n in &params.clients {
+        let Some(pg) = find("postgres", "synchronous_commit=on", &|c| c.concurrency == n) else {
+            continue;
+        };
+        let mut row = vec![n.to_string(), fmt_si(pg)];
+        for class in &params.classes {
+            let s = find("http", class, &|c| c.concurrency == n);
+            row.push(opt_si(s));
+            row.push(s.map_or("—".into(), |s| fmt_ratio(s / pg)));
+        }
+        ratio_table.row(row);
+    }
+    ratio_table.note = Some(
+        "Durability: sluice fsync ≈ PostgreSQL synchronous_commit=on (acked after fdatasync); \
+         sluice disk survives a process crash but not power loss."
+            .into(),
+    );
+    if !ratio_table.rows.is_empty() {
+        report.tables.push(ratio_table);
+    }
+
+    // Charts.
+    let client_labels: Vec<String> = params
+        .clients
+        .iter()
+        .map(|c| format!("{c} clients"))
+        .collect();
+    let series_of = |metric: &dyn Fn(&Measured) -> f64| -> Vec<BarSeries> {
+        let mut s: Vec<BarSeries> = params
+            .classes
+            .iter()
+            .map(|class| BarSeries {
+                name: format!("sluice {class}"),
+                values: params
+                    .clients
+                    .iter()
+                    .map(|&n| {
+                        cases
+                            .iter()
+                            .find(|c| c.kind == "http" && c.class == *class && c.concurrency == n)
+                            .and_then(|c| c.result.as_ref())
+                            .map(metric)
+                    })
+                    .collect(),
+            })
+            .collect();
+        if cases.iter().any(|c| c.kind == "postgres") {
+            s.push(BarSeries {
+                name: "postgres".into(),
+                values: params
+                    .clients
+                    .iter()
+                    .map(|&n| {
+                        cases
+                            .iter()
+                            .find(|c| c.kind == "postgres" && c.concurrency == n)
+                            .and_then(|c| c.result.as_ref())
+                            .map(metric)
+                    })
+                    .collect(),
+            });
+        }
+        s
+    };
+    let rows_series = series_of(&|m| m.rows_per_sec);
+    let p99_series = series_of(&|m| m.latency.p99_us as f64 / 1e3);
+    if cases
+        .iter()
+        .any(|c| c.kind == "http" || c.kind == "postgres")
+    {
+        let chart = BarChart {
+            title: format!(
+                "Ingest rows/s over the network, {} rows/request",
+                params.batch
+            ),
+            x_label: "concurrent clients".into(),
+            y_label: "rows/s".into(),
+            categories: client_labels.clone(),
+            series: rows_series,
+        };
+        report.chart("rows_per_sec.svg", "rows/s by client count", chart.render());
+        let chart = BarChart {
+            title: "Ack latency p99 (ms)".into(),
+            x_label: "concurrent clients".into(),
+            y_label: "p99 ack latency, ms".into(),
+            categories: client_labels,
+            series: p99_series,
+        };
+        report.chart("ack_p99.svg", "ack p99 by client count", chart.render());
+    }
+    if cases.iter().any(|c| c.kind == "inproc") {
+        let chart = BarChart {
+            title: format!(
+                "In-process apply + log rows/s, {} tasks",
+                params.inproc_tasks
+            ),
+            x_label: "rows per mutate".into(),
+            y_label: "rows/s".into(),
+            categories: params
+                .inproc_batches
+                .iter()
+                .map(|b| b.to_string())
+                .collect(),
+            series: params
+                .classes
+                .iter()
+                .map(|class| BarSeries {
+                    name: (*class).to_string(),
+                    values: params
+                        .inproc_batches
+                        .iter()
+                        .map(|&b| find("inproc", class, &|c| c.batch == b))
+                        .collect(),
+                })
+                .collect(),
+        };
+        report.chart(
+            "inprocess_rows_per_sec.svg",
+            "in-process rows/s by batch size",
+            chart.render(),
+        );
+    }
+    if let Some(&n) = params.clients.iter().max() {
+        let series: Vec<LineSeries> = cases
+            .iter()
+            .filter(|c| (c.kind == "http" || c.kind == "postgres") && c.concurrency == n)
+            .filter_map(|c| {
+                let m = c.result.as_ref()?;
+                Some(LineSeries {
+                    name: if c.kind == "http" {
+                        format!("sluice {}", c.class)
+                    } else {
+                        "postgres".into()
+                    },
+                    points: m.per_second.iter().map(|s| (s.t, s.rows_per_sec)).collect(),
+                })
+            })
+            .collect();
+        if !series.is_empty() {
+            let chart = LineChart {
+                title: format!("rows/s over time, {n} clients"),
+                x_label: "seconds into the measured window".into(),
+                y_label: "rows/s".into(),
+                series,
+            };
+            report.chart(
+                "timeline.svg",
+                "per-second rows/s at the largest client count",
+                chart.render(),
+            );
+        }
+    }
+
+    for c in cases.iter().filter(|c| c.error.is_some()) {
+        report.notes.push(format!(
+            "FAILED: {}: {}",
+            c.label(),
+            c.error.as_deref().unwrap_or_default()
+        ));
+    }
+    if !params.peers {
+        report
+            .notes
+            .push("PostgreSQL peer skipped (--no-peers).".into());
+    }
+    if params.quick {
+        report
+            .notes
+            .push("--quick: a smoke run; these numbers are not meaningful.".into());
+    }
+    if cfg!(debug_assertions) {
+        report
+            .notes
+            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
+    }
+    report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
+}
+
+/// The identity cells of a case followed by its measurement cells, or `failed` cells.
+fn case_cells(c: &Case, id: &[String], cells: impl Fn(&Measured) -> Vec<String>) -> Vec<String> {
+    let mut row = id.to_vec();
+    match &c.result {
+        Some(m) => row.extend(cells(m)),
+        None => {
+            let n = cells(&Measured {
+                seconds: 0.0,
+                rows: 0,
+                requests: 0,
+                rows_per_sec: 0.0,
+                requests_per_sec: 0.0,
+                commits_per_sec: None,
+                syncs_per_sec: None,
+                commits_per_sync: None,
+                snapshots: None,
+                latency: Default::default(),
+                per_second: Vec::new(),
+            })
+            .len();
+            row.push("failed".into());
+            row.extend(std::iter::repeat_n("—".to_string(), n - 1));
+        }
+    }
+    row
+}

@@ -1,0 +1,226 @@
+//! The real `sluice serve` binary as a child process on a free loopback port.
+//!
+//! The bench runs inside the `sluice` binary, so by default it starts itself
+//! (`std::env::current_exe()`); `--sluice-bin` or `SLUICE_BIN` point elsewhere. The child
+//! is killed by its own pid when the handle is dropped.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::sys::{free_port, kill_and_reap, tail};
+
+/// How long a start (including recovery) may take before the bench gives up.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// Pause between two `/health` probes while waiting for readiness.
+const HEALTH_POLL: Duration = Duration::from_millis(2);
+
+/// Which binary to start: `--sluice-bin`, else `$SLUICE_BIN`, else this executable.
+pub fn sluice_bin(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let bin = match flag {
+        Some(p) => p.to_path_buf(),
+        None => match std::env::var_os("SLUICE_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe().context("cannot find the running executable")?,
+        },
+    };
+    anyhow::ensure!(
+        bin.is_file(),
+        "the sluice binary {} does not exist (set --sluice-bin or SLUICE_BIN)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// A running `sluice serve`.
+#[derive(Debug)]
+pub struct SluiceServer {
+    child: Child,
+    pub base_url: String,
+    log_path: PathBuf,
+    http: reqwest::Client,
+}
+
+/// Parsed `/metrics`: series name (with labels, as printed) to value.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics(pub HashMap<String, f64>);
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        Metrics(
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| {
+                    let (name, value) = l.rsplit_once(' ')?;
+                    Some((name.trim().to_string(), value.trim().parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// The value of `name`, 0 when the server does not expose it.
+    pub fn get(&self, name: &str) -> f64 {
+        self.0.get(name).copied().unwrap_or(0.0)
+    }
+}
+
+impl SluiceServer {
+    /// Starts `bin serve --data data_dir` plus `extra` flags on a free loopback port and
+    /// waits until `/health` answers 200. Returns the server and the time from spawn to
+    /// the first successful `/health` (time-to-ready).
+    pub async fn start(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<(SluiceServer, Duration)> {
+        let port = free_port()?;
+        let log_path = data_dir.with_extension("server.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        let base_url = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg("--data")
+            .arg(data_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let mut server = SluiceServer {
+            child,
+            base_url,
+            log_path,
+            http,
+        };
+        let probe = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        let health = server.url("/health");
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                anyhow::bail!(
+                    "sluice serve exited with {status} before it was ready; its log ends with:\n{}",
+                    tail(&server.log_path, 20)
+                );
+            }
+            if let Ok(resp) = probe.get(&health).send().await {
+                if resp.status().is_success() {
+                    return Ok((server, started.elapsed()));
+                }
+            }
+            anyhow::ensure!(
+                started.elapsed() < READY_TIMEOUT,
+                "sluice serve was not ready after {READY_TIMEOUT:?}; its log ends with:\n{}",
+                tail(&server.log_path, 20)
+            );
+            tokio::time::sleep(HEALTH_POLL).await;
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body)?)
+            .send()
+            .await
+            .with_context(|| format!("POST {path}"))?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        anyhow::ensure!(status.is_success(), "POST {path}: {status}: {text}");
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// Runs DDL through `POST /v1/sql`.
+    pub async fn sql(&self, sql: &str) -> anyhow::Result<Value> {
+        self.post_json("/v1/sql", &serde_json::json!({ "sql": sql }))
+            .await
+    }
+
+    /// `POST /v1/admin/snapshot`; returns the seq of the snapshot.
+    pub async fn snapshot(&self) -> anyhow::Result<u64> {
+        let v = self
+            .post_json("/v1/admin/snapshot", &serde_json::json!({}))
+            .await?;
+        v["seq"]
+            .as_u64()
+            .with_context(|| format!("snapshot answer without a seq: {v}"))
+    }
+
+    /// `GET /health` → the confirmed seq.
+    pub async fn health_seq(&self) -> anyhow::Result<u64> {
+        let v: Value = self
+            .http
+            .get(self.url("/health"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        v["seq"]
+            .as_u64()
+            .with_context(|| format!("/health answer without a seq: {v}"))
+    }
+
+    pub async fn metrics(&self) -> anyhow::Result<Metrics> {
+        let resp = self.http.get(self.url("/metrics")).send().await?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "GET /metrics: {}",
+            resp.status()
+        );
+        Ok(Metrics::parse(&resp.text().await?))
+    }
+
+    /// `kill -9` (the crash the recovery suite measures), then reap the process.
+    pub fn kill9(mut self) {
+        kill_and_reap(&mut self.child);
+    }
+}
+
+impl Drop for SluiceServer {
+    fn drop(&mut self) {
+        kill_and_reap(&mut self.child);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_text_is_parsed() {
+        let m = Metrics::parse(
+            "# HELP sluice_commits_total x\n# TYPE sluice_commits_total counter\nsluice_commits_total 42\nsluice_recovery_seconds 0.25\nsluice_log_sync_seconds_bucket{le=\"+Inf\"} 7\n",
+        );
+        assert_eq!(m.get("sluice_commits_total"), 42.0);
+        assert_eq!(m.get("sluice_recovery_seconds"), 0.25);
+        assert_eq!(m.get("sluice_log_sync_seconds_bucket{le=\"+Inf\"}"), 7.0);
+        assert_eq!(m.get("missing"), 0.0);
+    }
+}

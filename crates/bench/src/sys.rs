@@ -1,0 +1,281 @@
+//! Small operating-system helpers: temp dirs, free loopback ports, signals sent to one pid,
+//! waiting for a child with a deadline, and the machine facts that go into `run.json`.
+//!
+//! Every process the bench stops is one it started, addressed by its own pid.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde::Serialize;
+
+/// A directory under the system temp dir, removed (recursively) on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `$TMPDIR/sluice-bench-<label>-<pid>-<n>`, emptying a leftover of that name.
+    pub fn new(label: &str) -> anyhow::Result<TempDir> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("sluice-bench-{label}-{}-{n}", std::process::id()));
+        if path.exists() {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot empty {}", path.display()))?;
+        }
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A loopback port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind 127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Sends `signal` (e.g. `TERM`) to exactly `pid` with `kill(1)`; `std` only sends SIGKILL.
+pub fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run kill(1)")?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed: {status}");
+    Ok(())
+}
+
+/// Waits up to `timeout` for `child` to exit; `true` if it did.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) if Instant::now() >= deadline => return false,
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// SIGKILLs `child` (our own child, by its pid) and reaps it.
+pub fn kill_and_reap(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// The last `lines` lines of a text file, for error messages about a child that died.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Total size in bytes of the regular files directly in `dir` whose name satisfies `keep`.
+pub fn dir_bytes(dir: &Path, keep: impl Fn(&str) -> bool) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| keep(&e.file_name().to_string_lossy()))
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant), valid for the proleptic Gregorian calendar.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Facts about the machine and the build, for `run.json` and the summary header.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineInfo {
+    pub nproc: usize,
+    pub cpu_model: Option<String>,
+    pub memory_bytes: Option<u64>,
+    pub kernel: Option<String>,
+    pub os: Option<String>,
+    /// `/proc/loadavg` when the run started: other work on the machine skews numbers.
+    pub load_average: Option<String>,
+    pub sluice_version: &'static str,
+    pub build_profile: &'static str,
+    pub rustc: Option<String>,
+    pub git_commit: Option<String>,
+    pub git_dirty: Option<bool>,
+}
+
+impl MachineInfo {
+    /// Reads `/proc` and asks `rustc` and `git` (both optional, both quick).
+    pub fn collect() -> MachineInfo {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string());
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kib| kib.parse::<u64>().ok())
+            })
+            .map(|kib| kib * 1024);
+        let os = std::fs::read_to_string("/etc/os-release")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                    .map(|v| v.trim_matches('"').to_string())
+            });
+        // The working directory's repository, else the one the executable was built in.
+        let exe_dir = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf));
+        let repo = [Some(PathBuf::from(".")), exe_dir]
+            .into_iter()
+            .flatten()
+            .find(|d| {
+                command_output("git", &["-C", &d.to_string_lossy(), "rev-parse", "HEAD"]).is_some()
+            });
+        let git = |args: &[&str]| {
+            let dir = repo.as_ref()?.to_string_lossy().into_owned();
+            command_output_raw("git", &[&["-C", dir.as_str()][..], args].concat())
+        };
+        let git_commit = git(&["rev-parse", "HEAD"]).map(|s| s.trim().to_string());
+        let git_dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.trim().is_empty());
+        MachineInfo {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            memory_bytes,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .map(|s| s.trim().to_string()),
+            os,
+            load_average: std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")),
+            sluice_version: env!("CARGO_PKG_VERSION"),
+            build_profile: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            rustc: command_output("rustc", &["--version"]),
+            git_commit,
+            git_dirty,
+        }
+    }
+
+    /// One line for the top of a summary.
+    pub fn one_line(&self) -> String {
+        let mut parts = vec![format!("{} CPU(s)", self.nproc)];
+        if let Some(m) = &self.cpu_model {
+            parts.push(m.clone());
+        }
+        if let Some(b) = self.memory_bytes {
+            parts.push(format!("{:.1} GiB RAM", b as f64 / (1u64 << 30) as f64));
+        }
+        if let Some(k) = &self.kernel {
+            parts.push(format!("Linux {k}"));
+        }
+        if let Some(l) = &self.load_average {
+            parts.push(format!("load average {l} at start"));
+        }
+        let mut build = format!(
+            "sluice {} ({} build",
+            self.sluice_version, self.build_profile
+        );
+        if let Some(c) = &self.git_commit {
+            build.push_str(&format!(", git {}", &c[..c.len().min(12)]));
+            if self.git_dirty == Some(true) {
+                build.push_str(" + local changes");
+            }
+        }
+        build.push(')');
+        parts.push(build);
+        parts.join(", ")
+    }
+}
+
+fn command_output_raw(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    command_output_raw(program, args)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096);
+        assert_eq!(rfc3339(t), "2024-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn temp_dir_is_removed_on_drop() {
+        let dir = TempDir::new("selftest").unwrap();
+        let path = dir.path().to_path_buf();
+        std::fs::write(path.join("f"), b"x").unwrap();
+        assert_eq!(dir_bytes(&path, |_| true), 1);
+        drop(dir);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,135 @@
+//! In-process harness for HTTP tests: a [`Core`] on a temp data directory and its
+//! [`router`](sluice_server::api::router), driven with `tower::ServiceExt::oneshot`.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use axum::http::{Method, Request};
+use axum::Router;
+use serde_json::Value;
+use sluice_server::{Config, Core};
+use tower::ServiceExt;
+
+/// A response as the tests look at it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    /// The body parsed as JSON (`Value::String` if it is not JSON, `Null` if empty).
+    pub json: Value,
+    pub text: String,
+}
+
+/// An open database: its core and the router over it.
+pub struct TestDb {
+    pub core: Core,
+    pub router: Router,
+}
+
+/// A fresh directory under the system temp dir, removed (with its contents) on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("sluice-st-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+impl TestDb {
+    /// Opens a database in `dir` with the config `configure` makes of the defaults.
+    pub fn open(dir: &Path, configure: impl FnOnce(&mut Config)) -> TestDb {
+        let mut config = Config::new(dir);
+        configure(&mut config);
+        let core = Core::open(config).expect("open the database");
+        TestDb {
+            router: sluice_server::api::router(core.clone()),
+            core,
+        }
+    }
+
+    pub async fn request(&self, method: Method, uri: &str, body: impl Into<Body>) -> Reply {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(body.into())
+            .expect("a valid request");
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the router is infallible");
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("read the response body");
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let json = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()))
+        };
+        Reply { status, json, text }
+    }
+
+    pub async fn get(&self, uri: &str) -> Reply {
+        self.request(Method::GET, uri, Body::empty()).await
+    }
+
+    pub async fn post(&self, uri: &str, body: impl Into<Body>) -> Reply {
+        self.request(Method::POST, uri, body).await
+    }
+
+    /// POSTs and panics unless the answer is 200; returns the JSON body.
+    pub async fn post_ok(&self, uri: &str, body: &str) -> Value {
+        let reply = self.post(uri, body.to_string()).await;
+        assert_eq!(reply.status, 200, "POST {uri} {body}: {}", reply.text);
+        reply.json
+    }
+
+    pub async fn get_ok(&self, uri: &str) -> Value {
+        let reply = self.get(uri).await;
+        assert_eq!(reply.status, 200, "GET {uri}: {}", reply.text);
+        reply.json
+    }
+
+    /// The value of one metric line `name <value>` from `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let reply = self.get("/metrics").await;
+        reply
+            .text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                let (n, v) = l.split_once(' ')?;
+                (n == name).then(|| v.trim().parse::<f64>().expect("a number"))
+            })
+            .unwrap_or_else(|| panic!("no metric {name} in /metrics:\n{}", reply.text))
+    }
+
+    /// Stops the writer (which writes a final snapshot) and lets go of the database.
+    pub async fn close(self) {
+        self.core.shutdown().await.expect("clean shutdown");
+    }
+}

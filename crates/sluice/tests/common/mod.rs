@@ -1,0 +1,487 @@
+//! Helpers shared by the integration tests of the real `sluice` binary.
+//!
+//! - [`TempDir`]: a directory under `std::env::temp_dir()` removed on drop.
+//! - [`Server`]: a `sluice serve` child on `127.0.0.1:<free port>`, killed by its pid on
+//!   drop (so a panicking test leaves no process behind).
+//! - [`Api`]: a small JSON client over the HTTP API.
+//! - [`Rng`]: a seeded PRNG; [`seed`] prints the seed so a failure can be replayed.
+//!
+//! Every wait here is bounded in time and in iterations.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The binary under test, built by cargo for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// How long a server may take to recover and start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server may take to exit after SIGTERM, or to fail at startup.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts to start a server when the free port we picked was taken in the meantime.
+const START_ATTEMPTS_MAX: usize = 5;
+
+// ---------------------------------------------------------------------------------------
+// Files
+
+/// A fresh directory under the system temp dir; removed (with its contents) on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("sluice-it-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create a temp dir");
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, part: &str) -> PathBuf {
+        self.path.join(part)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Copies the files of a (flat) data directory.
+pub fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// XORs one byte of a file with 0xFF.
+pub fn flip_byte(path: &Path, pos: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[pos as usize] ^= 0xFF;
+    std::fs::write(path, bytes).unwrap();
+}
+
+pub fn truncate_file(path: &Path, len: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(len).unwrap();
+}
+
+pub fn file_name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Runs `sluice check --data <data>`.
+pub fn check(data: &Path) -> Output {
+    Command::new(BIN)
+        .args(["check", "--data"])
+        .arg(data)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run sluice check")
+}
+
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// The server process
+
+/// A port that was free a moment ago (bind port 0, read it, let it go).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().unwrap().port()
+}
+
+/// A running `sluice serve`. Dropping it kills the process (by its pid) and reaps it.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub data: PathBuf,
+    pub stderr_path: PathBuf,
+}
+
+fn spawn_serve(data: &Path, addr: SocketAddr, stderr_path: &Path, extra: &[&str]) -> Child {
+    let stderr = std::fs::File::create(stderr_path).expect("create the server's stderr file");
+    Command::new(BIN)
+        .arg("serve")
+        .arg("--data")
+        .arg(data)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn sluice serve")
+}
+
+fn stderr_file(logs: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    logs.join(format!(
+        "serve-{}.stderr",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+impl Server {
+    /// Starts `sluice serve --data <data> --listen 127.0.0.1:<free port> <extra…>` and waits
+    /// until it accepts connections (it binds only after recovery). Its stderr goes to a file
+    /// under `logs` (which must not be `data`).
+    pub fn start(data: &Path, logs: &Path, extra: &[&str]) -> Server {
+        for attempt in 1..=START_ATTEMPTS_MAX {
+            let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let stderr_path = stderr_file(logs);
+            let child = spawn_serve(data, addr, &stderr_path, extra);
+            let mut server = Server {
+                child,
+                addr,
+                data: data.to_path_buf(),
+                stderr_path,
+            };
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                if let Some(status) = server.child.try_wait().unwrap() {
+                    let stderr = server.stderr();
+                    if stderr.contains("cannot listen") && attempt < START_ATTEMPTS_MAX {
+                        break; // the port was taken in the meantime; try another one
+                    }
+                    panic!("sluice serve exited with {status} before listening:\n{stderr}");
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    return server;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sluice serve did not listen within {START_TIMEOUT:?}:\n{}",
+                    server.stderr()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// Runs `sluice serve` on a data directory that must be refused, and returns its exit
+    /// status and stderr. Panics if it starts listening instead.
+    pub fn start_expecting_failure(
+        data: &Path,
+        logs: &Path,
+        extra: &[&str],
+    ) -> (ExitStatus, String) {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let stderr_path = stderr_file(logs);
+        let child = spawn_serve(data, addr, &stderr_path, extra);
+        let mut server = Server {
+            child,
+            addr,
+            data: data.to_path_buf(),
+            stderr_path,
+        };
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                return (status, server.stderr());
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                panic!(
+                    "sluice serve started on a data directory it must refuse:\n{}",
+                    server.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice serve neither failed nor listened within {EXIT_TIMEOUT:?}:\n{}",
+                server.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.base_url())
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// `kill -9`: no chance to flush, snapshot or say goodbye.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL the server");
+        self.child.wait().expect("reap the server");
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the process to exit.
+    pub fn terminate(mut self) -> (ExitStatus, String) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet (so it cannot have
+        // been reused) and a valid signal number; it touches no memory of ours.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill(SIGTERM) failed");
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice serve did not exit within {EXIT_TIMEOUT:?} of SIGTERM:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Kills by the child's pid; a no-op if it was already reaped.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP
+
+/// A JSON client for one server.
+#[derive(Clone)]
+pub struct Api {
+    pub client: reqwest::Client,
+    pub base: String,
+}
+
+/// A request that got no HTTP response (connection refused or cut).
+#[derive(Debug)]
+pub struct NoResponse(pub String);
+
+impl Api {
+    pub fn new(base: &str) -> Api {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            // A request whose fate is unknown must stay unknown: never replay it.
+            .retry(reqwest::retry::never())
+            .build()
+            .expect("build an HTTP client");
+        Api {
+            client,
+            base: base.to_string(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn finish(resp: reqwest::RequestBuilder) -> Result<(u16, Value), NoResponse> {
+        let resp = resp
+            .send()
+            .await
+            .map_err(|e| NoResponse(format!("{e:?}")))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| NoResponse(format!("{e:?}")))?;
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((status, value))
+    }
+
+    /// `POST path` with a JSON body; `Err` if no response arrived.
+    pub async fn try_post(&self, path: &str, body: &Value) -> Result<(u16, Value), NoResponse> {
+        Self::finish(self.client.post(self.url(path)).json(body)).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.try_post(path, body)
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} {body}: no response: {e:?}"))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        Self::finish(self.client.get(self.url(path)))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: no response: {e:?}"))
+    }
+
+    /// `GET path?name=value&…` with the values percent-encoded.
+    pub async fn get_with(&self, path: &str, params: &[(&str, &str)]) -> (u16, Value) {
+        let url = reqwest::Url::parse_with_params(&self.url(path), params).unwrap();
+        Self::finish(self.client.get(url))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} {params:?}: no response: {e:?}"))
+    }
+
+    pub async fn get_ok(&self, path: &str) -> Value {
+        let (status, body) = self.get(path).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    /// Runs DDL; panics unless it succeeds.
+    pub async fn sql(&self, sql: &str) -> Value {
+        let (status, body) = self.post("/v1/sql", &json!({ "sql": sql })).await;
+        assert_eq!(status, 200, "{sql}: {body}");
+        body
+    }
+
+    /// Runs a mutate; panics unless it succeeds. Returns the response body.
+    pub async fn mutate(&self, ops: Value) -> Value {
+        let body = json!({ "ops": ops });
+        let (status, resp) = self.post("/v1/mutate", &body).await;
+        assert_eq!(status, 200, "mutate {body}: {resp}");
+        resp
+    }
+
+    pub async fn health_seq(&self) -> u64 {
+        let body = self.get_ok("/health").await;
+        body["seq"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("/health: {body}"))
+    }
+
+    /// The value of one metric line `name <value>` from `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("read /metrics");
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                let (n, v) = l.split_once(' ')?;
+                (n == name).then(|| v.trim().parse::<f64>().expect("a number"))
+            })
+            .unwrap_or_else(|| panic!("no metric {name} in /metrics:\n{text}"))
+    }
+
+    /// Every row of `table` in key order, following `next` with pages of `limit`; each item
+    /// is `{"row": {…}, "version": n}`. Asserts that pages do not overlap.
+    pub async fn scan_all(&self, table: &str, limit: usize) -> Vec<Value> {
+        let path = format!("/v1/tables/{table}/rows");
+        let mut rows = Vec::new();
+        let mut after: Option<String> = None;
+        let limit = limit.to_string();
+        for _ in 0..1_000_000 {
+            let mut params = vec![("limit", limit.as_str())];
+            if let Some(a) = &after {
+                params.push(("after", a.as_str()));
+            }
+            let (status, body) = self.get_with(&path, &params).await;
+            assert_eq!(status, 200, "scan {table} after {after:?}: {body}");
+            let page = body["rows"].as_array().expect("rows").clone();
+            rows.extend(page);
+            match &body["next"] {
+                Value::Null => return rows,
+                Value::String(s) => after = Some(s.clone()),
+                other => after = Some(other.to_string()),
+            }
+        }
+        panic!("scan of {table} did not end");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Randomness
+
+/// Reads `SLUICE_TEST_SEED` or makes a seed from the clock, and prints it (test output is
+/// shown on failure) so the run can be repeated.
+pub fn seed(test: &str) -> u64 {
+    let seed = match std::env::var("SLUICE_TEST_SEED") {
+        Ok(s) => s.parse().expect("SLUICE_TEST_SEED must be a u64"),
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            nanos ^ (u64::from(std::process::id()) << 32)
+        }
+    };
+    eprintln!("{test}: seed {seed} (repeat with SLUICE_TEST_SEED={seed})");
+    seed
+}
+
+/// SplitMix64: small, fast, good enough for workloads.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0);
+        self.next_u64() % n
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+}
