@@ -115,6 +115,7 @@ pub struct Db {
     pub limits: Limits,
 }
 
+#[derive(Debug)]
 enum Undo {
     Restore {
         table: String,
@@ -142,12 +143,8 @@ impl Db {
     /// Starts a transaction. Its writes are visible to itself at once and to no one else
     /// until [`Tx::commit`].
     pub fn transaction(&mut self) -> Tx<'_> {
-        Tx {
-            seq: self.seq + 1,
-            db: self,
-            undo: Vec::new(),
-            changes: Vec::new(),
-        }
+        let state = self.begin();
+        Tx { db: self, state }
     }
 
     /// Validates and applies schema changes as one transaction: all of them or none.
@@ -483,18 +480,47 @@ fn validate_default(c: &ColumnDef) -> Result<(), TxError> {
     Ok(())
 }
 
-/// One transaction over a [`Db`]: ops apply at once and are undone on drop unless committed.
-pub struct Tx<'a> {
-    db: &'a mut Db,
+/// The undo log and changes of a transaction in progress, kept apart from the [`Db`] so a
+/// caller that cannot hold `&mut Db` for the whole transaction (the JavaScript runtime, whose
+/// host functions are `'static`) can carry it between ops. Every `TxState` **must** end in
+/// [`Db::commit_state`] or [`Db::rollback_state`] before the next transaction starts.
+#[derive(Debug)]
+pub struct TxState {
     seq: u64,
     undo: Vec<Undo>,
     changes: Vec<Change>,
 }
 
-impl Tx<'_> {
+impl TxState {
     /// The seq this transaction will have if it commits.
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+}
+
+/// Ops of one transaction over a [`Db`], borrowing its [`TxState`].
+pub struct TxRef<'a> {
+    db: &'a mut Db,
+    st: &'a mut TxState,
+}
+
+/// One transaction over a [`Db`]: ops apply at once and are undone on drop unless committed.
+pub struct Tx<'a> {
+    db: &'a mut Db,
+    state: TxState,
+}
+
+impl Tx<'_> {
+    pub fn seq(&self) -> u64 {
+        self.state.seq
+    }
+
+    /// The ops of this transaction.
+    pub fn ops(&mut self) -> TxRef<'_> {
+        TxRef {
+            db: self.db,
+            st: &mut self.state,
+        }
     }
 
     pub fn get(&self, table: &str, key: &Key) -> Result<Option<&RowEntry>, TxError> {
@@ -503,6 +529,128 @@ impl Tx<'_> {
 
     pub fn db(&self) -> &Db {
         self.db
+    }
+
+    pub fn insert(
+        &mut self,
+        table: &str,
+        row: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.ops().insert(table, row, if_version)
+    }
+
+    pub fn upsert(
+        &mut self,
+        table: &str,
+        row: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.ops().upsert(table, row, if_version)
+    }
+
+    pub fn patch(
+        &mut self,
+        table: &str,
+        id: &Json,
+        set: &Map<String, Json>,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.ops().patch(table, id, set, if_version)
+    }
+
+    pub fn delete(
+        &mut self,
+        table: &str,
+        id: &Json,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        self.ops().delete(table, id, if_version)
+    }
+
+    /// Makes the transaction's changes permanent in memory and returns its commit, or
+    /// `None` if it changed nothing (it then consumes no seq).
+    pub fn commit(mut self) -> Option<Arc<Commit>> {
+        self.db.commit_state(&mut self.state)
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        self.db.rollback_state(&mut self.state);
+    }
+}
+
+impl Db {
+    /// Starts a transaction state for [`Db::tx`]; see [`TxState`].
+    pub fn begin(&self) -> TxState {
+        TxState {
+            seq: self.seq + 1,
+            undo: Vec::new(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// The ops of the transaction `st` over this db.
+    pub fn tx<'a>(&'a mut self, st: &'a mut TxState) -> TxRef<'a> {
+        assert_eq!(st.seq, self.seq + 1, "a TxState belongs to the next seq");
+        TxRef { db: self, st }
+    }
+
+    /// Commits `st` (see [`Tx::commit`]); `st` is left empty.
+    pub fn commit_state(&mut self, st: &mut TxState) -> Option<Arc<Commit>> {
+        st.undo.clear();
+        if st.changes.is_empty() {
+            return None;
+        }
+        assert_eq!(st.seq, self.seq + 1, "commits apply in seq order");
+        let commit = Arc::new(Commit {
+            seq: st.seq,
+            body: CommitBody::Rows(std::mem::take(&mut st.changes)),
+        });
+        self.seq = st.seq;
+        self.changelog.push(commit.clone());
+        Some(commit)
+    }
+
+    /// Undoes every op of `st`, newest first; `st` is left empty.
+    pub fn rollback_state(&mut self, st: &mut TxState) {
+        st.changes.clear();
+        while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
+            let t = self
+                .tables
+                .get_mut(&table)
+                .expect("tables do not change inside a tx");
+            match old {
+                Some(entry) => {
+                    t.put(key, entry);
+                }
+                None => {
+                    t.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+impl TxRef<'_> {
+    /// The seq this transaction will have if it commits.
+    pub fn seq(&self) -> u64 {
+        self.st.seq
+    }
+
+    pub fn get(&self, table: &str, key: &Key) -> Result<Option<&RowEntry>, TxError> {
+        Ok(self.db.table(table)?.rows.get(key))
+    }
+
+    pub fn db(&self) -> &Db {
+        self.db
+    }
+
+    /// Makes the transaction's changes permanent in memory and returns its commit, or
+    /// `None` if it changed nothing (it then consumes no seq). The state is left empty.
+    pub fn commit(self) -> Option<Arc<Commit>> {
+        self.db.commit_state(self.st)
     }
 
     pub fn insert(
@@ -653,17 +801,17 @@ impl Tx<'_> {
                 RowEntry {
                     values: values.clone(),
                     version,
-                    seq: self.seq,
+                    seq: self.st.seq,
                 },
             ),
             None => table.remove(&key),
         };
-        self.undo.push(Undo::Restore {
+        self.st.undo.push(Undo::Restore {
             table: table_name.to_string(),
             key: key.clone(),
             old,
         });
-        self.changes.push(Change {
+        self.st.changes.push(Change {
             table: table.schema.clone(),
             op,
             key: key.clone(),
@@ -674,42 +822,6 @@ impl Tx<'_> {
             table: table_name.to_string(),
             key,
             version,
-        }
-    }
-
-    /// Makes the transaction's changes permanent in memory and returns its commit, or
-    /// `None` if it changed nothing (it then consumes no seq).
-    pub fn commit(mut self) -> Option<Arc<Commit>> {
-        if self.changes.is_empty() {
-            return None;
-        }
-        self.undo.clear();
-        let commit = Arc::new(Commit {
-            seq: self.seq,
-            body: CommitBody::Rows(std::mem::take(&mut self.changes)),
-        });
-        self.db.seq = self.seq;
-        self.db.changelog.push(commit.clone());
-        Some(commit)
-    }
-}
-
-impl Drop for Tx<'_> {
-    fn drop(&mut self) {
-        while let Some(Undo::Restore { table, key, old }) = self.undo.pop() {
-            let t = self
-                .db
-                .tables
-                .get_mut(&table)
-                .expect("tables do not change inside a tx");
-            match old {
-                Some(entry) => {
-                    t.put(key, entry);
-                }
-                None => {
-                    t.remove(&key);
-                }
-            }
         }
     }
 }

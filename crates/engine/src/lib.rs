@@ -25,7 +25,7 @@ pub mod table;
 pub mod value;
 
 pub use changelog::{Changelog, Retention};
-pub use db::{Change, ChangeOp, Commit, CommitBody, Db, Limits, Tx, WriteResult};
+pub use db::{Change, ChangeOp, Commit, CommitBody, Db, Limits, Tx, TxRef, TxState, WriteResult};
 pub use error::{ErrorCode, TxError};
 pub use schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
 pub use value::{ColumnType, Key, Value};

@@ -201,7 +201,8 @@ impl WindowSchemas {
     fn schema_change(&mut self, change: &SchemaChange) {
         match change {
             SchemaChange::CreateTable { schema, .. } => {
-                self.seen.insert(schema.name.clone(), Arc::new(schema.clone()));
+                self.seen
+                    .insert(schema.name.clone(), Arc::new(schema.clone()));
             }
             SchemaChange::AddColumn { table, column } => {
                 if let Some(s) = self.seen.get_mut(table) {

@@ -102,7 +102,8 @@ pub fn scan<E: From<LogError>>(
                 "the file ends in zero bytes"
             }
             Decoded::BadChecksum { end } => {
-                if !(is_newest && end == bytes.len()) {
+                // The last frame, possibly followed by file-system zero fill.
+                if !(is_newest && bytes[end..].iter().all(|&b| b == 0)) {
                     return Err(corrupt(offset, "frame checksum mismatch").into());
                 }
                 "the last frame fails its checksum"

@@ -1,0 +1,102 @@
+//! Values across the Rust/JavaScript boundary, converted natively (no JSON text).
+
+use rquickjs::{Array, Ctx, IntoJs, Object, Type, Value};
+use serde_json::Value as Json;
+use sluice_engine::Value as DbValue;
+
+/// Nesting depth past which a value is refused (guards the Rust stack).
+pub(crate) const DEPTH_MAX: usize = 64;
+
+pub(crate) fn json_to_js<'js>(ctx: &Ctx<'js>, json: &Json) -> rquickjs::Result<Value<'js>> {
+    Ok(match json {
+        Json::Null => Value::new_null(ctx.clone()),
+        Json::Bool(b) => Value::new_bool(ctx.clone(), *b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) if i32::try_from(i).is_ok() => Value::new_int(ctx.clone(), i as i32),
+            _ => Value::new_float(ctx.clone(), n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => s.as_str().into_js(ctx)?,
+        Json::Array(items) => {
+            let array = Array::new(ctx.clone())?;
+            for (i, item) in items.iter().enumerate() {
+                array.set(i, json_to_js(ctx, item)?)?;
+            }
+            array.into_value()
+        }
+        Json::Object(map) => {
+            let object = Object::new(ctx.clone())?;
+            for (k, v) in map {
+                object.set(k.as_str(), json_to_js(ctx, v)?)?;
+            }
+            object.into_value()
+        }
+    })
+}
+
+/// An engine value as a JS value (INTEGER and TIMESTAMP as numbers; BLOB as base64 text,
+/// JSON as the parsed value — the same shapes the HTTP API uses).
+pub(crate) fn db_to_js<'js>(ctx: &Ctx<'js>, value: &DbValue) -> rquickjs::Result<Value<'js>> {
+    Ok(match value {
+        DbValue::Null => Value::new_null(ctx.clone()),
+        DbValue::Integer(i) | DbValue::Timestamp(i) => match i32::try_from(*i) {
+            Ok(small) => Value::new_int(ctx.clone(), small),
+            Err(_) => Value::new_float(ctx.clone(), *i as f64),
+        },
+        DbValue::Real(r) => Value::new_float(ctx.clone(), *r),
+        DbValue::Boolean(b) => Value::new_bool(ctx.clone(), *b),
+        DbValue::Text(s) => s.as_ref().into_js(ctx)?,
+        other => json_to_js(ctx, &other.to_json())?,
+    })
+}
+
+pub(crate) fn js_to_json(value: &Value<'_>, depth: usize) -> Result<Json, String> {
+    if depth > DEPTH_MAX {
+        return Err(format!("value nested deeper than {DEPTH_MAX} levels"));
+    }
+    Ok(match value.type_of() {
+        Type::Uninitialized | Type::Undefined | Type::Null => Json::Null,
+        Type::Bool => Json::Bool(value.as_bool().unwrap_or(false)),
+        Type::Int => Json::from(value.as_int().unwrap_or(0)),
+        Type::Float => {
+            let f = value.as_float().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 {
+                Json::from(f as i64)
+            } else {
+                serde_json::Number::from_f64(f)
+                    .map(Json::Number)
+                    .ok_or_else(|| format!("{f} is not a finite number"))?
+            }
+        }
+        Type::String => Json::String(
+            value
+                .as_string()
+                .and_then(|s| s.to_string().ok())
+                .unwrap_or_default(),
+        ),
+        Type::Array => {
+            let array = value.as_array().expect("type is array");
+            let mut out = Vec::with_capacity(array.len());
+            for item in array.iter::<Value>() {
+                out.push(js_to_json(&item.map_err(|e| e.to_string())?, depth + 1)?);
+            }
+            Json::Array(out)
+        }
+        Type::Object | Type::Exception => {
+            let object = value.as_object().expect("type is object");
+            let mut map = serde_json::Map::new();
+            for prop in object.props::<String, Value>() {
+                let (k, v) = prop.map_err(|e| e.to_string())?;
+                if v.is_function() || v.type_of() == Type::Undefined {
+                    continue;
+                }
+                map.insert(k, js_to_json(&v, depth + 1)?);
+            }
+            Json::Object(map)
+        }
+        Type::BigInt => {
+            let big = value.as_big_int().expect("type is bigint").clone();
+            Json::from(big.to_i64().map_err(|e| e.to_string())?)
+        }
+        other => return Err(format!("a {other} value cannot be stored")),
+    })
+}
