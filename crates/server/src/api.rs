@@ -114,6 +114,26 @@ impl From<sluice_sql::SqlError> for ApiError {
     }
 }
 
+impl From<sluice_functions::FunctionError> for ApiError {
+    fn from(e: sluice_functions::FunctionError) -> Self {
+        use sluice_functions::FunctionError as F;
+        let message = e.to_string();
+        match e {
+            F::Compile { line, .. } => {
+                let err = ApiError::new(StatusCode::BAD_REQUEST, "compile_error", message);
+                match line {
+                    Some(line) => err.with("line", line),
+                    None => err,
+                }
+            }
+            F::NotFound(_) => ApiError::not_found(message),
+            F::Thrown(_) => ApiError::new(StatusCode::BAD_REQUEST, "function_error", message),
+            F::Timeout(_) | F::OutOfMemory(_) => ApiError::limit(message),
+            F::Value(_) => ApiError::bad_request(message),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = Map::new();
@@ -138,6 +158,8 @@ pub fn router(core: Core) -> Router {
         .route("/v1/tables/{table}/rows/{id}", get(get_row))
         .route("/v1/changes", get(changes))
         .route("/v1/admin/snapshot", post(snapshot))
+        .route("/v1/call/{name}", post(call))
+        .route("/v1/functions", get(list_functions).put(put_functions))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(Arc::new(core))
@@ -520,4 +542,37 @@ async fn changes(
 async fn snapshot(State(core): St) -> ApiResult {
     let seq = core.snapshot().await?;
     Ok(Json(json!({"seq": seq})))
+}
+
+async fn call(
+    State(core): St,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> ApiResult {
+    let Path(name) = path.map_err(path_error)?;
+    let body = json_body(&core, body).await?;
+    let durability = durability_of(&body)?;
+    if let Some(extra) = body.keys().find(|k| !["args", "durability"].contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!("unknown field {extra:?} in a call")));
+    }
+    let args = body.get("args").cloned().unwrap_or(Value::Null);
+    let ok = core.call_function(name, args, durability).await?;
+    Ok(Json(json!({"seq": ok.seq, "result": ok.result})))
+}
+
+async fn put_functions(State(core): St, body: Body) -> ApiResult {
+    let max = core.config().body_bytes_max;
+    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
+        ApiError::limit(format!(
+            "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
+        ))
+    })?;
+    let source = String::from_utf8(bytes.to_vec())
+        .map_err(|_| ApiError::bad_request("the module source must be UTF-8 text"))?;
+    let exports = core.load_functions(source).await?;
+    Ok(Json(json!({"exports": exports})))
+}
+
+async fn list_functions(State(core): St) -> ApiResult {
+    Ok(Json(json!({"exports": core.functions().await?})))
 }

@@ -29,6 +29,10 @@ pub struct Config {
     pub segment_bytes_max: u64,
     /// Requests queued for the writer before callers wait (back-pressure).
     pub writer_queue_max: usize,
+    /// Source of the JavaScript functions module loaded at start (`--functions FILE`).
+    pub functions_source: Option<String>,
+    /// Time and memory of one function call (`--function-time-ms`, `--function-memory-bytes`).
+    pub function_limits: sluice_functions::FunctionLimits,
 }
 
 impl Config {
@@ -44,6 +48,8 @@ impl Config {
             snapshot_log_bytes: 256 << 20,
             segment_bytes_max: 64 << 20,
             writer_queue_max: 65_536,
+            functions_source: None,
+            function_limits: sluice_functions::FunctionLimits::default(),
         }
     }
 }

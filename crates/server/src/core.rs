@@ -1,7 +1,9 @@
 //! [`Core`]: one open database — recovered state, the writer thread, the log.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex};
+
+use parking_lot::{RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use serde_json::{Map, Value as Json};
@@ -48,6 +50,15 @@ pub struct MutateOk {
     pub results: Vec<WriteResult>,
 }
 
+/// A committed (or read-only) function call.
+#[derive(Clone, Debug)]
+pub struct CallOk {
+    /// The call's commit, or for a call that wrote nothing, the seq of the state it read.
+    pub seq: u64,
+    pub wrote: bool,
+    pub result: Json,
+}
+
 /// Counters for `/metrics` kept outside the log.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -56,6 +67,8 @@ pub(crate) struct Counters {
     pub snapshots: AtomicU64,
     pub snapshot_failures: AtomicU64,
     pub writer_batches: AtomicU64,
+    pub calls: AtomicU64,
+    pub call_failures: AtomicU64,
 }
 
 /// Facts from startup, for logs and `/metrics`.
@@ -71,7 +84,8 @@ pub struct RecoveryInfo {
 
 pub(crate) struct Shared {
     pub config: Config,
-    pub db: RwLock<Db>,
+    /// `Arc` so the writer can lend an owned write guard to a JavaScript call.
+    pub db: Arc<RwLock<Db>>,
     pub log: Log<Ack>,
     pub confirm: Arc<Confirmations>,
     pub counters: Counters,
@@ -92,6 +106,8 @@ pub enum OpenError {
     Recovery(#[from] RecoveryError),
     #[error("cannot open the log: {0}")]
     Log(#[from] LogError),
+    #[error("the functions module does not load: {0}")]
+    Functions(#[from] sluice_functions::FunctionError),
     #[error("cannot create the data directory {path}: {source}")]
     DataDir {
         path: std::path::PathBuf,
@@ -134,12 +150,12 @@ impl Core {
         let (tx, rx) = mpsc::channel(config.writer_queue_max);
         let shared = Arc::new(Shared {
             config,
-            db: RwLock::new(recovered.db),
+            db: Arc::new(RwLock::new(recovered.db)),
             log,
             confirm,
             counters: Counters::default(),
         });
-        let writer = Writer::spawn(shared.clone(), rx, log_bytes_since_snapshot);
+        let writer = Writer::spawn(shared.clone(), rx, log_bytes_since_snapshot)?;
         Ok(Core {
             shared,
             requests: tx,
@@ -190,6 +206,40 @@ impl Core {
             reply,
         })
         .await
+    }
+
+    /// Runs exported function `name` as a transaction; returns once its commit reached
+    /// `durability` (a call that wrote nothing returns once the state it read is confirmed).
+    pub async fn call_function(
+        &self,
+        name: String,
+        args: Json,
+        durability: Option<Durability>,
+    ) -> Result<CallOk, ApiError> {
+        let durability = durability.unwrap_or(self.shared.config.durability);
+        let ok = self
+            .call(|reply| Request::Call {
+                name,
+                args,
+                durability,
+                reply,
+            })
+            .await?;
+        if !ok.wrote {
+            self.wait_confirmed(ok.seq).await?;
+        }
+        Ok(ok)
+    }
+
+    /// Replaces the functions module; on a compile error the old module stays.
+    pub async fn load_functions(&self, source: String) -> Result<Vec<String>, ApiError> {
+        self.call(|reply| Request::LoadFunctions { source, reply })
+            .await
+    }
+
+    /// Names the loaded module exports.
+    pub async fn functions(&self) -> Result<Vec<String>, ApiError> {
+        self.call(|reply| Request::ListFunctions { reply }).await
     }
 
     /// Applies schema changes as one transaction. `Ok(None)`: nothing to do (IF [NOT] EXISTS).
@@ -245,7 +295,7 @@ impl Core {
     /// Read access to the state *as applied* (may include unconfirmed commits): for
     /// in-process tools; API reads go through [`Core::read`].
     pub fn db(&self) -> RwLockReadGuard<'_, Db> {
-        self.shared.db.read().unwrap_or_else(|e| e.into_inner())
+        self.shared.db.read()
     }
 
     /// Asks the writer for a snapshot now and waits until it is durable.

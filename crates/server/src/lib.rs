@@ -25,4 +25,4 @@ mod snapshotter;
 mod writer;
 
 pub use crate::config::Config;
-pub use crate::core::{Core, MutateOk, Op};
+pub use crate::core::{CallOk, Core, MutateOk, Op};

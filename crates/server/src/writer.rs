@@ -9,13 +9,39 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::lock_api::ArcRwLockWriteGuard;
+use parking_lot::RawRwLock;
 use sluice_engine::codec::{encode_commit, encode_snapshot};
-use sluice_engine::{Commit, Db, SchemaChange, TxError, WriteResult};
+use sluice_engine::{Commit, Db, SchemaChange, TxError, TxRef, TxState, WriteResult};
+use sluice_functions::{Functions, TxAccess};
 use sluice_log::{frame, Durability, LogError, Waiter};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::ApiError;
-use crate::core::{MutateOk, Op, Shared};
+use crate::core::{CallOk, MutateOk, Op, OpenError, Shared};
+
+type DbGuard = ArcRwLockWriteGuard<RawRwLock, Db>;
+
+/// The transaction lent to a JavaScript call: the writer's own write guard, so no reader
+/// sees the call's uncommitted writes.
+struct Lent {
+    db: DbGuard,
+    st: TxState,
+    now_us: i64,
+}
+
+impl TxAccess for Lent {
+    fn tx(&mut self) -> TxRef<'_> {
+        let db: &mut Db = &mut self.db;
+        db.tx(&mut self.st)
+    }
+    fn now_us(&self) -> i64 {
+        self.now_us
+    }
+    fn seed(&self) -> u64 {
+        self.st.seq().wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
 use crate::snapshotter::{Job, Snapshotter};
 
 /// Most requests applied in one writer round (one write lock, one log submit).
@@ -35,6 +61,19 @@ pub(crate) enum Request {
         durability: Durability,
         reply: Reply<Option<u64>>,
     },
+    Call {
+        name: String,
+        args: serde_json::Value,
+        durability: Durability,
+        reply: Reply<CallOk>,
+    },
+    LoadFunctions {
+        source: String,
+        reply: Reply<Vec<String>>,
+    },
+    ListFunctions {
+        reply: Reply<Vec<String>>,
+    },
     Snapshot {
         reply: Reply<u64>,
     },
@@ -52,6 +91,7 @@ pub(crate) struct Ack {
 enum AckReply {
     Mutate(Reply<MutateOk>, MutateOk),
     Schema(Reply<Option<u64>>, u64),
+    Call(Reply<CallOk>, CallOk),
 }
 
 impl AckReply {
@@ -64,6 +104,9 @@ impl AckReply {
             }
             AckReply::Schema(reply, seq) => {
                 let _ = reply.send(result.map(|_| Some(seq)).map_err(err));
+            }
+            AckReply::Call(reply, ok) => {
+                let _ = reply.send(result.map(|_| ok).map_err(err));
             }
         }
     }
@@ -80,6 +123,7 @@ impl Waiter for Ack {
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
+    functions: Functions,
     snapshotter: Snapshotter,
     log_bytes_since_snapshot: u64,
     frames: Vec<u8>,
@@ -88,18 +132,36 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer; `log_bytes_since_snapshot` is the log a restart replayed, so a
-    /// process that keeps being killed still snapshots on schedule.
+    /// process that keeps being killed still snapshots on schedule. The functions module
+    /// (if configured) is loaded on the writer thread, which owns the JavaScript engine;
+    /// a module that does not load fails startup.
     pub fn spawn(
         shared: Arc<Shared>,
         rx: mpsc::Receiver<Request>,
         log_bytes_since_snapshot: u64,
-    ) -> std::thread::JoinHandle<()> {
-        std::thread::Builder::new()
+    ) -> Result<std::thread::JoinHandle<()>, OpenError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
             .name("sluice-writer".into())
             .spawn(move || {
+                let mut functions = match Functions::new(shared.config.function_limits) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                if let Some(source) = &shared.config.functions_source {
+                    if let Err(e) = functions.load(source) {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                }
+                let _ = ready_tx.send(Ok(()));
                 let snapshotter = Snapshotter::spawn(shared.clone());
                 Writer {
                     shared,
+                    functions,
                     snapshotter,
                     log_bytes_since_snapshot,
                     frames: Vec::new(),
@@ -107,7 +169,14 @@ impl Writer {
                 }
                 .run(rx)
             })
-            .expect("spawn the writer thread")
+            .expect("spawn the writer thread");
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => Err(OpenError::Functions(e)),
+            Err(_) => Err(OpenError::Functions(sluice_functions::FunctionError::Value(
+                "the writer thread stopped during startup".into(),
+            ))),
+        }
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Request>) {
@@ -144,20 +213,23 @@ impl Writer {
         let mut snapshot_replies = Vec::new();
         let mut shutdown = None;
         let applied = {
-            let mut db = shared.db.write().unwrap_or_else(|e| e.into_inner());
+            let mut guard: Option<DbGuard> = Some(shared.db.write_arc());
             for req in batch.drain(..) {
-                if let (Some(reason), Request::Mutate { .. } | Request::Schema { .. }) =
-                    (&poisoned, &req)
+                if let (
+                    Some(reason),
+                    Request::Mutate { .. } | Request::Schema { .. } | Request::Call { .. },
+                ) = (&poisoned, &req)
                 {
                     refuse(req, ApiError::poisoned(reason));
                     continue;
                 }
+                let db: &mut Db = guard.as_mut().expect("the writer holds the lock");
                 match req {
                     Request::Mutate {
                         ops,
                         durability,
                         reply,
-                    } => match apply_ops(&mut db, &ops) {
+                    } => match apply_ops(db, &ops) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
                             let _ = reply.send(Err(e.into()));
@@ -207,11 +279,50 @@ impl Writer {
                             }
                         }
                     },
+                    Request::Call {
+                        name,
+                        args,
+                        durability,
+                        reply,
+                    } => {
+                        let held = guard.take().expect("the writer holds the lock");
+                        let (held, outcome) = self.call(held, &name, &args);
+                        guard = Some(held);
+                        match outcome {
+                            Err(e) => {
+                                shared.counters.call_failures.fetch_add(1, Ordering::Relaxed);
+                                let _ = reply.send(Err(e));
+                            }
+                            Ok((None, ok)) => {
+                                let _ = reply.send(Ok(ok));
+                            }
+                            Ok((Some(commit), ok)) => {
+                                self.log_commit(&commit);
+                                frame_count += 1;
+                                if durability == Durability::Memory {
+                                    immediate.push(AckReply::Call(reply, ok));
+                                } else {
+                                    waiting.push((commit.seq, durability));
+                                    acks.push(Ack {
+                                        durability,
+                                        reply: AckReply::Call(reply, ok),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                    Request::LoadFunctions { source, reply } => {
+                        let loaded = self.functions.load(&source).map(<[String]>::to_vec);
+                        let _ = reply.send(loaded.map_err(ApiError::from));
+                    }
+                    Request::ListFunctions { reply } => {
+                        let _ = reply.send(Ok(self.functions.exports().to_vec()));
+                    }
                     Request::Snapshot { reply } => snapshot_replies.push(reply),
                     Request::Shutdown { reply } => shutdown = Some(reply),
                 }
             }
-            db.seq
+            guard.as_ref().expect("the writer holds the lock").seq
         };
         shared
             .counters
@@ -254,6 +365,38 @@ impl Writer {
         None
     }
 
+    /// Runs one function call as a transaction over the held lock; commits on success.
+    #[allow(clippy::type_complexity)]
+    fn call(
+        &mut self,
+        db: DbGuard,
+        name: &str,
+        args: &serde_json::Value,
+    ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), ApiError>) {
+        self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        let st = db.begin();
+        let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
+        let outcome = match result {
+            Ok(value) => {
+                let commit = lent.db.commit_state(&mut lent.st);
+                let ok = CallOk {
+                    seq: lent.db.seq,
+                    wrote: commit.is_some(),
+                    result: value,
+                };
+                Ok((commit, ok))
+            }
+            Err(e) => {
+                lent.db.rollback_state(&mut lent.st);
+                Err(ApiError::from(e))
+            }
+        };
+        (lent.db, outcome)
+    }
+
     fn log_commit(&mut self, commit: &Commit) {
         self.payload.clear();
         encode_commit(commit, &mut self.payload);
@@ -262,7 +405,7 @@ impl Writer {
     }
 
     fn snapshot_job(&self, replies: Vec<Reply<u64>>) -> Job {
-        let db = self.shared.db.read().unwrap_or_else(|e| e.into_inner());
+        let db = self.shared.db.read();
         Job {
             seq: db.seq,
             horizon: db.changelog.horizon(),
@@ -283,6 +426,12 @@ fn refuse(req: Request, err: ApiError) {
             let _ = reply.send(Err(err));
         }
         Request::Schema { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Call { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::LoadFunctions { reply, .. } | Request::ListFunctions { reply } => {
             let _ = reply.send(Err(err));
         }
         Request::Snapshot { reply } => {

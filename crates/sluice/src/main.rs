@@ -67,6 +67,16 @@ struct ServeArgs {
     /// Size at which a log segment is closed and a new one started.
     #[arg(long, default_value_t = 64 << 20)]
     segment_bytes: u64,
+    /// JavaScript module whose exported functions can be called (`PUT /v1/functions`
+    /// replaces it at run time).
+    #[arg(long)]
+    functions: Option<PathBuf>,
+    /// Wall time one function call may take.
+    #[arg(long, default_value_t = 1000)]
+    function_time_ms: u64,
+    /// Memory the JavaScript heap may use.
+    #[arg(long, default_value_t = 64 << 20)]
+    function_memory_bytes: usize,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -94,6 +104,13 @@ impl ServeArgs {
         config.retention.bytes_max = self.retain_bytes;
         config.snapshot_log_bytes = self.snapshot_log_bytes;
         config.segment_bytes_max = self.segment_bytes;
+        config.function_limits.time_max = std::time::Duration::from_millis(self.function_time_ms);
+        config.function_limits.memory_bytes_max = self.function_memory_bytes;
+        if let Some(path) = &self.functions {
+            let source = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the functions module {}", path.display()))?;
+            config.functions_source = Some(source);
+        }
         Ok(config)
     }
 }
