@@ -159,6 +159,7 @@ pub fn router(core: Core) -> Router {
         .route("/v1/changes", get(changes))
         .route("/v1/admin/snapshot", post(snapshot))
         .route("/v1/call/{name}", post(call))
+        .route("/v1/ws", get(crate::ws::upgrade))
         .route("/v1/functions", get(list_functions).put(put_functions))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
@@ -544,16 +545,17 @@ async fn snapshot(State(core): St) -> ApiResult {
     Ok(Json(json!({"seq": seq})))
 }
 
-async fn call(
-    State(core): St,
-    path: Result<Path<String>, PathRejection>,
-    body: Body,
-) -> ApiResult {
+async fn call(State(core): St, path: Result<Path<String>, PathRejection>, body: Body) -> ApiResult {
     let Path(name) = path.map_err(path_error)?;
     let body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
-    if let Some(extra) = body.keys().find(|k| !["args", "durability"].contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!("unknown field {extra:?} in a call")));
+    if let Some(extra) = body
+        .keys()
+        .find(|k| !["args", "durability"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a call"
+        )));
     }
     let args = body.get("args").cloned().unwrap_or(Value::Null);
     let ok = core.call_function(name, args, durability).await?;

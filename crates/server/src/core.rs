@@ -181,15 +181,25 @@ impl Core {
         self.shared.log.poisoned()
     }
 
-    async fn call<T>(
+    /// Queues a request for the writer (waiting while the queue is full) and returns the
+    /// receiver of its reply. Requests queued in order are applied in that order.
+    pub(crate) async fn enqueue<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Request,
-    ) -> Result<T, ApiError> {
+    ) -> Result<oneshot::Receiver<Result<T, ApiError>>, ApiError> {
         let (reply, rx) = oneshot::channel();
         self.requests
             .send(make(reply))
             .await
             .map_err(|_| ApiError::shutting_down())?;
+        Ok(rx)
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Request,
+    ) -> Result<T, ApiError> {
+        let rx = self.enqueue(make).await?;
         rx.await.map_err(|_| ApiError::shutting_down())?
     }
 

@@ -23,6 +23,7 @@ mod confirm;
 mod metrics;
 mod snapshotter;
 mod writer;
+pub mod ws;
 
 pub use crate::config::Config;
 pub use crate::core::{CallOk, Core, MutateOk, Op};

@@ -173,9 +173,11 @@ impl Writer {
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(handle),
             Ok(Err(e)) => Err(OpenError::Functions(e)),
-            Err(_) => Err(OpenError::Functions(sluice_functions::FunctionError::Value(
-                "the writer thread stopped during startup".into(),
-            ))),
+            Err(_) => Err(OpenError::Functions(
+                sluice_functions::FunctionError::Value(
+                    "the writer thread stopped during startup".into(),
+                ),
+            )),
         }
     }
 
@@ -290,7 +292,10 @@ impl Writer {
                         guard = Some(held);
                         match outcome {
                             Err(e) => {
-                                shared.counters.call_failures.fetch_add(1, Ordering::Relaxed);
+                                shared
+                                    .counters
+                                    .call_failures
+                                    .fetch_add(1, Ordering::Relaxed);
                                 let _ = reply.send(Err(e));
                             }
                             Ok((None, ok)) => {

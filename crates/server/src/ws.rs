@@ -1,0 +1,268 @@
+//! `/v1/ws`: the WebSocket protocol — request ids, many requests in flight per connection,
+//! replies matched by id, JSON or MessagePack. Specified in `docs/protocol.md`.
+//!
+//! The reader queues each request for the writer in the order it arrived (so a client's
+//! pipelined writes apply in its order), then waits for the replies concurrently; a
+//! semaphore bounds the requests in flight per connection, which pushes back on a client
+//! that sends faster than replies drain.
+
+use std::sync::Arc;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Map, Value};
+use sluice_log::Durability;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::api::{parse_ops, ApiError};
+use crate::core::{CallOk, Core, MutateOk};
+use crate::writer::Request;
+
+pub const JSON_PROTOCOL: &str = "sluice.json.v1";
+pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
+
+/// Requests in flight on one connection before the server stops reading from it.
+pub const INFLIGHT_PER_CONNECTION_MAX: usize = 1024;
+/// Replies queued for the socket before request tasks wait.
+const OUTBOUND_QUEUE_MAX: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    Json,
+    Msgpack,
+}
+
+pub(crate) async fn upgrade(State(core): State<Arc<Core>>, ws: WebSocketUpgrade) -> Response {
+    // Frames above the body limit get a structured error; far above it, the frame is a
+    // protocol violation and the connection is closed with a reason.
+    let hard_max = core.config().body_bytes_max.saturating_mul(2).max(1 << 20);
+    let ws = ws
+        .protocols([MSGPACK_PROTOCOL, JSON_PROTOCOL])
+        .max_message_size(hard_max)
+        .max_frame_size(hard_max);
+    let encoding = match ws.selected_protocol() {
+        Some(p) if p.as_bytes() == MSGPACK_PROTOCOL.as_bytes() => Encoding::Msgpack,
+        _ => Encoding::Json,
+    };
+    ws.on_upgrade(move |socket| connection(core, socket, encoding))
+}
+
+fn encode(encoding: Encoding, value: &Value) -> Message {
+    match encoding {
+        Encoding::Json => Message::Text(value.to_string().into()),
+        Encoding::Msgpack => match rmp_serde::to_vec_named(value) {
+            Ok(bytes) => Message::Binary(bytes.into()),
+            Err(e) => Message::Text(
+                json!({"type": "error", "id": null, "error": {"code": "internal", "message": e.to_string()}})
+                    .to_string()
+                    .into(),
+            ),
+        },
+    }
+}
+
+fn error_reply(id: &Value, e: ApiError) -> Value {
+    let mut error = Map::new();
+    error.insert("code".into(), Value::from(e.code));
+    error.insert("message".into(), Value::from(e.message));
+    error.extend(e.details);
+    json!({"id": id, "type": "error", "error": error})
+}
+
+async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
+    let (mut sink, mut stream) = socket.split();
+    let (out, mut out_rx) = mpsc::channel::<Value>(OUTBOUND_QUEUE_MAX);
+    let sender = tokio::spawn(async move {
+        while let Some(first) = out_rx.recv().await {
+            // Write every reply that is ready, then flush once.
+            if sink.feed(encode(encoding, &first)).await.is_err() {
+                return;
+            }
+            while let Ok(next) = out_rx.try_recv() {
+                if sink.feed(encode(encoding, &next)).await.is_err() {
+                    return;
+                }
+            }
+            if sink.flush().await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let inflight = Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION_MAX));
+    let body_max = core.config().body_bytes_max;
+    while let Some(message) = stream.next().await {
+        let parsed = match message {
+            Ok(Message::Text(text)) => {
+                if text.len() > body_max {
+                    Err(too_big(text.len(), body_max))
+                } else {
+                    serde_json::from_str::<Value>(text.as_str())
+                        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+                }
+            }
+            Ok(Message::Binary(bytes)) => {
+                if bytes.len() > body_max {
+                    Err(too_big(bytes.len(), body_max))
+                } else {
+                    rmp_serde::from_slice::<Value>(&bytes)
+                        .map_err(|e| ApiError::bad_request(format!("malformed MessagePack: {e}")))
+                }
+            }
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => continue,
+        };
+        let request = match parsed {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => {
+                let e = ApiError::bad_request("a request must be an object");
+                if out.send(error_reply(&Value::Null, e)).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Err(e) => {
+                if out.send(error_reply(&Value::Null, e)).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            break;
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        match dispatch(&core, &request).await {
+            Ok(Pending::Now(reply)) => {
+                let mut reply = reply;
+                reply["id"] = id;
+                if out.send(reply).await.is_err() {
+                    break;
+                }
+            }
+            Ok(pending) => {
+                let out = out.clone();
+                let core = core.clone();
+                tokio::spawn(async move {
+                    let reply = pending.finish(&core, &id).await;
+                    let _ = out.send(reply).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                if out.send(error_reply(&id, e)).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    drop(out);
+    let _ = sender.await;
+}
+
+fn too_big(len: usize, max: usize) -> ApiError {
+    ApiError::limit(format!(
+        "message of {len} bytes exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
+    ))
+}
+
+/// A queued request whose reply is still to come.
+enum Pending {
+    Now(Value),
+    Call(oneshot::Receiver<Result<CallOk, ApiError>>),
+    Mutate(oneshot::Receiver<Result<MutateOk, ApiError>>),
+}
+
+impl Pending {
+    async fn finish(self, core: &Core, id: &Value) -> Value {
+        let dropped = || ApiError::shutting_down();
+        let result = match self {
+            Pending::Now(v) => Ok(v),
+            Pending::Call(rx) => match rx.await.unwrap_or_else(|_| Err(dropped())) {
+                Ok(ok) => {
+                    let confirmed = if ok.wrote {
+                        Ok(())
+                    } else {
+                        core.wait_confirmed(ok.seq).await
+                    };
+                    confirmed.map(|_| json!({"type": "result", "seq": ok.seq, "result": ok.result}))
+                }
+                Err(e) => Err(e),
+            },
+            Pending::Mutate(rx) => rx.await.unwrap_or_else(|_| Err(dropped())).map(|ok| {
+                let results: Vec<Value> = ok
+                    .results
+                    .iter()
+                    .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
+                    .collect();
+                json!({"type": "result", "seq": ok.seq, "results": results})
+            }),
+        };
+        match result {
+            Ok(mut v) => {
+                v["id"] = id.clone();
+                v
+            }
+            Err(e) => error_reply(id, e),
+        }
+    }
+}
+
+fn durability(request: &Map<String, Value>) -> Result<Option<Durability>, ApiError> {
+    match request.get("durability") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(ApiError::bad_request),
+        Some(_) => Err(ApiError::bad_request(
+            "\"durability\" must be one of \"memory\", \"disk\", \"fsync\"",
+        )),
+    }
+}
+
+async fn dispatch(core: &Core, request: &Map<String, Value>) -> Result<Pending, ApiError> {
+    let kind = request
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("a request needs \"type\""))?;
+    let class = durability(request)?.unwrap_or(core.config().durability);
+    match kind {
+        "ping" => Ok(Pending::Now(json!({"type": "pong", "seq": core.confirmed_seq()}))),
+        "call" => {
+            let name = request
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::bad_request("a call needs \"name\""))?
+                .to_string();
+            let args = request.get("args").cloned().unwrap_or(Value::Null);
+            let rx = core
+                .enqueue(|reply| Request::Call {
+                    name,
+                    args,
+                    durability: class,
+                    reply,
+                })
+                .await?;
+            Ok(Pending::Call(rx))
+        }
+        "mutate" => {
+            let ops = parse_ops(request, core.config().ops_per_mutate_max)?;
+            let rx = core
+                .enqueue(|reply| Request::Mutate {
+                    ops,
+                    durability: class,
+                    reply,
+                })
+                .await?;
+            Ok(Pending::Mutate(rx))
+        }
+        "query" | "subscribe" | "unsubscribe" => Err(ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "unsupported",
+            format!("unsupported: {kind:?} needs the live-query engine, which is not built yet"),
+        )),
+        other => Err(ApiError::bad_request(format!(
+            "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe or ping"
+        ))),
+    }
+}
