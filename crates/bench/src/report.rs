@@ -193,6 +193,9 @@ impl Report {
             self.machine.one_line()
         );
         let _ = writeln!(out, "Command: `{}`\n", command_line());
+        if let Some(warning) = self.busy_warning() {
+            let _ = writeln!(out, "**{warning}**\n");
+        }
         for p in &self.intro {
             let _ = writeln!(out, "{p}\n");
         }
@@ -224,6 +227,26 @@ impl Report {
         out
     }
 
+    /// A warning when other work was running: it takes CPU from both sides of every case.
+    fn busy_warning(&self) -> Option<String> {
+        let load: f64 = self
+            .machine
+            .load_average
+            .as_deref()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        (load >= self.machine.nproc as f64 / 2.0).then(|| {
+            format!(
+                "The machine was busy when this run started (1-minute load average {load:.1} on \
+                 {} CPUs): other processes competed for the CPUs, so the numbers are lower and \
+                 noisier than on an idle machine.",
+                self.machine.nproc
+            )
+        })
+    }
+
     pub fn run_json(&self) -> Value {
         let finished = SystemTime::now();
         let mut v = json!({
@@ -234,6 +257,9 @@ impl Report {
             "finished_at": rfc3339(finished),
             "duration_s": self.started.elapsed().as_secs_f64(),
             "machine": self.machine,
+            "load_average_at_end": std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")),
         });
         if let Value::Object(map) = &mut v {
             map.extend(self.run_extra.clone());
@@ -272,6 +298,9 @@ impl Report {
             self.suite,
             self.machine.one_line()
         );
+        if let Some(warning) = self.busy_warning() {
+            println!("{warning}\n");
+        }
         if !self.targets.is_empty() {
             println!("{}", self.targets_table().text().replace("**", ""));
         }

@@ -9,6 +9,11 @@ use clap::{Args, Parser, Subcommand};
 use sluice_log::Durability;
 use sluice_server::{Config, Core};
 
+/// mimalloc: the write path allocates on tokio threads and frees on the writer thread;
+/// glibc malloc's per-thread arenas handle that pattern poorly.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A single-binary real-time database")]
 struct Cli {
