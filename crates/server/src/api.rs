@@ -253,9 +253,9 @@ async fn sql(State(core): St, body: Body) -> ApiResult {
     }
 }
 
-/// Parses the `ops` array of a mutate.
-pub fn parse_ops(body: &Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, ApiError> {
-    let Some(Value::Array(ops)) = body.get("ops") else {
+/// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.
+pub fn parse_ops(body: &mut Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, ApiError> {
+    let Some(Value::Array(ops)) = body.remove("ops") else {
         return Err(ApiError::bad_request("expected {\"ops\": [ … ]}"));
     };
     if ops.is_empty() {
@@ -269,58 +269,53 @@ pub fn parse_ops(body: &Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, A
             ops.len()
         )));
     }
-    ops.iter()
+    ops.into_iter()
         .enumerate()
         .map(|(i, op)| parse_op(op).map_err(|e| ApiError::bad_request(e).with("op", i)))
         .collect()
 }
 
-fn parse_op(op: &Value) -> Result<Op, String> {
-    let Value::Object(op) = op else {
+fn parse_op(op: Value) -> Result<Op, String> {
+    let Value::Object(mut op) = op else {
         return Err("an op must be a JSON object".into());
     };
-    let kind = op
-        .get("op")
-        .and_then(Value::as_str)
-        .ok_or("an op needs \"op\": \"insert\" | \"upsert\" | \"patch\" | \"delete\"")?;
-    let table = op
-        .get("table")
-        .and_then(Value::as_str)
-        .ok_or("an op needs \"table\": \"name\"")?
-        .to_string();
-    let if_version = match op.get("if_version") {
+    let kind = match op.get("op").and_then(Value::as_str) {
+        Some(k @ ("insert" | "upsert" | "patch" | "delete")) => k.to_string(),
+        Some(other) => {
+            return Err(format!(
+                "unknown op {other:?}: expected insert, upsert, patch or delete"
+            ))
+        }
+        None => {
+            return Err("an op needs \"op\": \"insert\" | \"upsert\" | \"patch\" | \"delete\"".into())
+        }
+    };
+    let allowed: &[&str] = match kind.as_str() {
+        "insert" | "upsert" => &["op", "table", "row", "if_version"],
+        "patch" => &["op", "table", "id", "set", "if_version"],
+        _ => &["op", "table", "id", "if_version"],
+    };
+    if let Some(extra) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!("unknown field {extra:?} in a {kind} op"));
+    }
+    let table = match op.remove("table") {
+        Some(Value::String(t)) => t,
+        _ => return Err("an op needs \"table\": \"name\"".into()),
+    };
+    let if_version = match op.remove("if_version") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             v.as_u64()
                 .ok_or("\"if_version\" must be a non-negative integer")?,
         ),
     };
-    let object = |field: &str| -> Result<Map<String, Value>, String> {
-        match op.get(field) {
-            Some(Value::Object(m)) => Ok(m.clone()),
+    let mut object = |field: &str| -> Result<Map<String, Value>, String> {
+        match op.remove(field) {
+            Some(Value::Object(m)) => Ok(m),
             _ => Err(format!("a {kind} op needs \"{field}\": {{ … }}")),
         }
     };
-    let id = || -> Result<Value, String> {
-        match op.get("id") {
-            None | Some(Value::Null) => Err(format!("a {kind} op needs \"id\"")),
-            Some(v) => Ok(v.clone()),
-        }
-    };
-    let allowed: &[&str] = match kind {
-        "insert" | "upsert" => &["op", "table", "row", "if_version"],
-        "patch" => &["op", "table", "id", "set", "if_version"],
-        "delete" => &["op", "table", "id", "if_version"],
-        other => {
-            return Err(format!(
-                "unknown op {other:?}: expected insert, upsert, patch or delete"
-            ))
-        }
-    };
-    if let Some(extra) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(format!("unknown field {extra:?} in a {kind} op"));
-    }
-    Ok(match kind {
+    Ok(match kind.as_str() {
         "insert" => Op::Insert {
             table,
             row: object("row")?,
@@ -331,22 +326,32 @@ fn parse_op(op: &Value) -> Result<Op, String> {
             row: object("row")?,
             if_version,
         },
-        "patch" => Op::Patch {
-            table,
-            id: id()?,
-            set: object("set")?,
-            if_version,
-        },
+        "patch" => {
+            let set = object("set")?;
+            Op::Patch {
+                table,
+                id: take_id(&mut op, &kind)?,
+                set,
+                if_version,
+            }
+        }
         _ => Op::Delete {
             table,
-            id: id()?,
+            id: take_id(&mut op, &kind)?,
             if_version,
         },
     })
 }
 
+fn take_id(op: &mut Map<String, Value>, kind: &str) -> Result<Value, String> {
+    match op.remove("id") {
+        None | Some(Value::Null) => Err(format!("a {kind} op needs \"id\"")),
+        Some(v) => Ok(v),
+    }
+}
+
 async fn mutate(State(core): St, body: Body) -> ApiResult {
-    let body = json_body(&core, body).await?;
+    let mut body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
     if let Some(extra) = body
         .keys()
@@ -356,7 +361,7 @@ async fn mutate(State(core): St, body: Body) -> ApiResult {
             "unknown field {extra:?} in a mutate"
         )));
     }
-    let ops = parse_ops(&body, core.config().ops_per_mutate_max)?;
+    let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
     let ok = core.mutate(ops, durability).await?;
     let results: Vec<Value> = ok
         .results
@@ -557,7 +562,8 @@ async fn call(State(core): St, path: Result<Path<String>, PathRejection>, body: 
             "unknown field {extra:?} in a call"
         )));
     }
-    let args = body.get("args").cloned().unwrap_or(Value::Null);
+    let mut body = body;
+    let args = body.remove("args").unwrap_or(Value::Null);
     let ok = core.call_function(name, args, durability).await?;
     Ok(Json(json!({"seq": ok.seq, "result": ok.result})))
 }

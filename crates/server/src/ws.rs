@@ -114,7 +114,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             Ok(Message::Close(_)) | Err(_) => break,
             Ok(_) => continue,
         };
-        let request = match parsed {
+        let mut request = match parsed {
             Ok(Value::Object(map)) => map,
             Ok(_) => {
                 let e = ApiError::bad_request("a request must be an object");
@@ -134,7 +134,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             break;
         };
         let id = request.get("id").cloned().unwrap_or(Value::Null);
-        match dispatch(&core, &request).await {
+        match dispatch(&core, &mut request).await {
             Ok(Pending::Now(reply)) => {
                 let mut reply = reply;
                 reply["id"] = id;
@@ -220,7 +220,7 @@ fn durability(request: &Map<String, Value>) -> Result<Option<Durability>, ApiErr
     }
 }
 
-async fn dispatch(core: &Core, request: &Map<String, Value>) -> Result<Pending, ApiError> {
+async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pending, ApiError> {
     let kind = request
         .get("type")
         .and_then(Value::as_str)
@@ -234,7 +234,7 @@ async fn dispatch(core: &Core, request: &Map<String, Value>) -> Result<Pending, 
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::bad_request("a call needs \"name\""))?
                 .to_string();
-            let args = request.get("args").cloned().unwrap_or(Value::Null);
+            let args = request.remove("args").unwrap_or(Value::Null);
             let rx = core
                 .enqueue(|reply| Request::Call {
                     name,
