@@ -449,6 +449,27 @@ fn validate_columns(schema: &TableSchema) -> Result<(), TxError> {
     if schema.columns.is_empty() {
         return Err(TxError::schema("a table needs at least one column"));
     }
+    if schema.pk >= schema.columns.len() {
+        return Err(TxError::schema(format!(
+            "primary key position {} is past the table's {} columns",
+            schema.pk,
+            schema.columns.len()
+        )));
+    }
+    for (i, ix) in schema.indexes.iter().enumerate() {
+        if ix.columns.is_empty() || ix.columns.iter().any(|&c| c >= schema.columns.len()) {
+            return Err(TxError::schema(format!(
+                "index {:?} names a column the table does not have",
+                ix.name
+            )));
+        }
+        if schema.indexes[..i].iter().any(|p| p.name == ix.name) {
+            return Err(TxError::new(
+                ErrorCode::AlreadyExists,
+                format!("index {:?} is declared twice", ix.name),
+            ));
+        }
+    }
     for (i, c) in schema.columns.iter().enumerate() {
         if schema.columns[..i].iter().any(|p| p.name == c.name) {
             return Err(TxError::schema(format!(
