@@ -81,14 +81,12 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     let mut db =
         loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
 
+    // Pass 1: read every segment, check every frame and the seq chain, cut a torn tail.
     let segments = list_segments(dir)?;
+    let mut files: Vec<Vec<u8>> = Vec::with_capacity(segments.len());
+    let mut frames: Vec<FrameRef> = Vec::new();
     let mut prev_seq: Option<u64> = None;
-    let mut replayed = 0u64;
-    let mut replayed_bytes = 0u64;
-    let mut frames_read = 0u64;
     let mut torn_tail = None;
-    let mut changelog_started = false;
-    let mut window = WindowSchemas::default();
     for (i, seg) in segments.iter().enumerate() {
         let bytes = read_file(&seg.path)?;
         let is_newest = i + 1 == segments.len();
@@ -98,8 +96,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                 offset,
                 reason,
             };
-            let (seq, body) = decode_commit(payload).map_err(&corrupt)?;
-            frames_read += 1;
+            let seq = peek_seq(payload).map_err(&corrupt)?;
             match prev_seq {
                 Some(prev) if seq != prev + 1 => {
                     return Err(corrupt(format!("seq {seq} follows seq {prev}")));
@@ -113,18 +110,13 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                 _ => {}
             }
             prev_seq = Some(seq);
-            if !changelog_started {
-                db.changelog.reset_to(seq - 1);
-                changelog_started = true;
-            }
-            if seq <= db.seq {
-                let commit = window.rebuild(&db, seq, body);
-                db.changelog.push(Arc::new(commit));
-            } else {
-                db.replay(seq, body).map_err(&corrupt)?;
-                replayed += 1;
-                replayed_bytes += (payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
-            }
+            let start = offset as usize + sluice_log::frame::FRAME_HEADER_BYTES;
+            frames.push(FrameRef {
+                segment: i,
+                offset,
+                payload: start..start + payload.len(),
+                seq,
+            });
             Ok(())
         })?;
         if let Some(torn) = end.torn {
@@ -134,7 +126,56 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             }
             torn_tail = Some(torn);
         }
+        files.push(bytes);
     }
+
+    // Frames at or before the snapshot only feed the changelog window; skip decoding those
+    // that the window's retention would drop anyway (frame size stands in for entry size).
+    let retention = db.changelog.retention();
+    let mut window_start = db.seq + 1;
+    let (mut count, mut bytes) = (0usize, 0usize);
+    for f in frames.iter().rev().filter(|f| f.seq <= db.seq) {
+        count += 1;
+        bytes += f.payload.len();
+        if count > retention.commits_max || (bytes > retention.bytes_max && count > 1) {
+            break;
+        }
+        window_start = f.seq;
+    }
+
+    // Pass 2: rebuild the window, replay the rest.
+    let mut replayed = 0u64;
+    let mut replayed_bytes = 0u64;
+    let mut frames_read = 0u64;
+    let mut changelog_started = false;
+    let mut window = WindowSchemas::default();
+    for f in &frames {
+        frames_read += 1;
+        if f.seq < window_start {
+            continue;
+        }
+        let corrupt = |reason: String| RecoveryError::Corrupt {
+            path: segments[f.segment].path.clone(),
+            offset: f.offset,
+            reason,
+        };
+        let payload = &files[f.segment][f.payload.clone()];
+        let (seq, body) = decode_commit(payload).map_err(corrupt)?;
+        debug_assert_eq!(seq, f.seq);
+        if !changelog_started {
+            db.changelog.reset_to(seq - 1);
+            changelog_started = true;
+        }
+        if seq <= db.seq {
+            let commit = window.rebuild(&db, seq, body);
+            db.changelog.push(Arc::new(commit));
+        } else {
+            db.replay(seq, body).map_err(corrupt)?;
+            replayed += 1;
+            replayed_bytes += (payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
+        }
+    }
+    drop(files);
     if let Some(last) = prev_seq {
         if last < db.seq {
             return Err(RecoveryError::Inconsistent(format!(
@@ -184,6 +225,29 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     db.seq = file.seq;
     db.changelog.reset_to(file.seq);
     Ok(db)
+}
+
+/// Where a checked frame lies, for the second recovery pass.
+struct FrameRef {
+    segment: usize,
+    offset: u64,
+    payload: std::ops::Range<usize>,
+    seq: u64,
+}
+
+/// The seq of a commit record without decoding the rest (kind byte, then u64 seq).
+fn peek_seq(payload: &[u8]) -> Result<u64, String> {
+    match payload.get(1..9) {
+        Some(b)
+            if matches!(
+                payload[0],
+                crate::codec::RECORD_ROWS | crate::codec::RECORD_SCHEMA
+            ) =>
+        {
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        }
+        _ => Err("not a commit record".into()),
+    }
 }
 
 /// Schemas for commits from before the snapshot, which are rebuilt only for the changelog
