@@ -435,10 +435,16 @@ impl Reader<'_> {
 // ---------------------------------------------------------------------------------------
 // Snapshots
 
-/// Encodes the whole of `db` as snapshot body frames (see `docs/formats.md`).
-pub fn encode_snapshot(db: &Db) -> Vec<u8> {
+/// Encodes the whole of `db` as snapshot body frames (see `docs/formats.md`), one buffer per
+/// frame (~1 MiB each), so a large state is never copied into one ever-growing buffer.
+pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut payload = Vec::new();
+    let frame = |payload: &[u8]| {
+        let mut f = Vec::with_capacity(payload.len() + sluice_log::frame::FRAME_HEADER_BYTES);
+        sluice_log::frame::encode_into(&mut f, payload).expect("snapshot frames are bounded");
+        f
+    };
     {
         let mut w = Writer(&mut payload);
         w.u8(SNAP_SCHEMA);
@@ -447,13 +453,13 @@ pub fn encode_snapshot(db: &Db) -> Vec<u8> {
             w.table_schema(&t.schema);
         }
     }
-    sluice_log::frame::encode_into(&mut out, &payload).expect("schemas fit in a frame");
+    out.push(frame(&payload));
     let mut total_rows = 0u64;
+    let mut body = Vec::with_capacity(SNAP_FRAME_BYTES_TARGET + 4096);
     for t in db.tables.values() {
         let mut rows = t.rows.iter().peekable();
         while rows.peek().is_some() {
-            payload.clear();
-            let mut body = Vec::new();
+            body.clear();
             let mut n = 0u64;
             {
                 let mut w = Writer(&mut body);
@@ -465,12 +471,13 @@ pub fn encode_snapshot(db: &Db) -> Vec<u8> {
                     }
                 }
             }
+            payload.clear();
             let mut w = Writer(&mut payload);
             w.u8(SNAP_ROWS);
             w.str(&t.schema.name);
             w.varint(n);
             payload.extend_from_slice(&body);
-            sluice_log::frame::encode_into(&mut out, &payload).expect("row frames are bounded");
+            out.push(frame(&payload));
             total_rows += n;
         }
     }
@@ -479,7 +486,7 @@ pub fn encode_snapshot(db: &Db) -> Vec<u8> {
     w.u8(SNAP_END);
     w.varint(db.tables.len() as u64);
     w.varint(total_rows);
-    sluice_log::frame::encode_into(&mut out, &payload).expect("small");
+    out.push(frame(&payload));
     out
 }
 

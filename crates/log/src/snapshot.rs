@@ -44,9 +44,13 @@ pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     Ok(out)
 }
 
-/// Writes a snapshot of `seq` whose body is `body_frames` (already framed) atomically.
-/// On success the file **must** be durable under its final name.
-pub fn write_snapshot(dir: &Path, seq: u64, body_frames: &[u8]) -> Result<PathBuf, LogError> {
+/// Writes a snapshot of `seq` whose body is `body_frames` (already framed, in order)
+/// atomically. On success the file **must** be durable under its final name.
+pub fn write_snapshot(
+    dir: &Path,
+    seq: u64,
+    body_frames: &[impl AsRef<[u8]>],
+) -> Result<PathBuf, LogError> {
     let path = snapshot_path(dir, seq);
     let tmp = path.with_extension("snap.tmp");
     let mut header = Vec::with_capacity(12);
@@ -56,10 +60,17 @@ pub fn write_snapshot(dir: &Path, seq: u64, body_frames: &[u8]) -> Result<PathBu
     head.extend_from_slice(SNAPSHOT_MAGIC);
     frame::encode_into(&mut head, &header)?;
     let mut file = std::fs::File::create(&tmp).map_err(|e| LogError::io(&tmp, e))?;
-    file.write_all(&head)
-        .and_then(|_| file.write_all(body_frames))
-        .and_then(|_| file.sync_all())
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut file);
+    out.write_all(&head)
+        .and_then(|_| {
+            body_frames
+                .iter()
+                .try_for_each(|f| out.write_all(f.as_ref()))
+        })
+        .and_then(|_| out.flush())
         .map_err(|e| LogError::io(&tmp, e))?;
+    drop(out);
+    file.sync_all().map_err(|e| LogError::io(&tmp, e))?;
     drop(file);
     std::fs::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))?;
     sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
@@ -145,7 +156,7 @@ mod tests {
         let mut body = Vec::new();
         frame::encode_into(&mut body, b"table a").unwrap();
         frame::encode_into(&mut body, b"rows").unwrap();
-        let path = write_snapshot(&dir, 42, &body).unwrap();
+        let path = write_snapshot(&dir, 42, &[body]).unwrap();
         let snap = SnapshotFile::read(&path).unwrap();
         assert_eq!(snap.seq, 42);
         let payloads: Vec<&[u8]> = snap.frames().map(|(_, p)| p).collect();

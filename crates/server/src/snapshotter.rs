@@ -22,7 +22,7 @@ pub(crate) struct Job {
     pub seq: u64,
     /// The changelog horizon when the snapshot was taken; segments after it stay.
     pub horizon: u64,
-    pub frames: Vec<u8>,
+    pub frames: Vec<Vec<u8>>,
     pub replies: Vec<oneshot::Sender<Result<u64, ApiError>>>,
 }
 
@@ -91,7 +91,11 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, ApiError> {
     match &result {
         Ok(seq) => {
             shared.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(seq, bytes = job.frames.len(), "snapshot written");
+            tracing::info!(
+                seq,
+                bytes = job.frames.iter().map(Vec::len).sum::<usize>(),
+                "snapshot written"
+            );
         }
         Err(e) => {
             shared
