@@ -377,6 +377,31 @@ impl Api {
         resp
     }
 
+    /// `POST /v1/call/{name}` with `{"args": args}`; `Err` if no response arrived.
+    pub async fn try_call(&self, name: &str, args: &Value) -> Result<(u16, Value), NoResponse> {
+        self.try_post(&format!("/v1/call/{name}"), &json!({ "args": args }))
+            .await
+    }
+
+    /// `POST /v1/call/{name}`; panics if no response arrived.
+    pub async fn call(&self, name: &str, args: &Value) -> (u16, Value) {
+        self.try_call(name, args)
+            .await
+            .unwrap_or_else(|e| panic!("call {name}({args}): no response: {e:?}"))
+    }
+
+    /// `PUT /v1/functions` with the module source as the raw body.
+    pub async fn put_functions(&self, source: &str) -> (u16, Value) {
+        Self::finish(
+            self.client
+                .put(self.url("/v1/functions"))
+                .header("content-type", "text/javascript")
+                .body(source.to_string()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("PUT /v1/functions: no response: {e:?}"))
+    }
+
     pub async fn health_seq(&self) -> u64 {
         let body = self.get_ok("/health").await;
         body["seq"]
@@ -428,6 +453,13 @@ impl Api {
         }
         panic!("scan of {table} did not end");
     }
+}
+
+/// A file of this repository, by its path from the workspace root (e.g. `examples/bank.js`).
+pub fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
 }
 
 // ---------------------------------------------------------------------------------------
