@@ -114,6 +114,20 @@ impl From<sluice_sql::SqlError> for ApiError {
     }
 }
 
+impl From<sluice_query::QueryError> for ApiError {
+    fn from(e: sluice_query::QueryError) -> Self {
+        use sluice_query::QueryError as Q;
+        let message = e.to_string();
+        match e {
+            Q::Unsupported(_) => ApiError::new(StatusCode::BAD_REQUEST, "unsupported", message),
+            Q::Schema(_) => ApiError::new(StatusCode::BAD_REQUEST, "schema", message),
+            Q::NotFound(_) => ApiError::not_found(message),
+            Q::Limit(_) => ApiError::limit(message),
+            _ => ApiError::bad_request(message),
+        }
+    }
+}
+
 impl From<sluice_functions::FunctionError> for ApiError {
     fn from(e: sluice_functions::FunctionError) -> Self {
         use sluice_functions::FunctionError as F;
@@ -153,6 +167,7 @@ pub fn router(core: Core) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/sql", post(sql))
         .route("/v1/mutate", post(mutate))
+        .route("/v1/query", post(query))
         .route("/v1/tables", get(tables))
         .route("/v1/tables/{table}/rows", get(scan))
         .route("/v1/tables/{table}/rows/{id}", get(get_row))
@@ -253,6 +268,41 @@ async fn sql(State(core): St, body: Body) -> ApiResult {
     }
 }
 
+/// `POST /v1/query` `{"sql", "params"}`: one `SELECT` over one confirmed seq.
+async fn query(State(core): St, body: Body) -> ApiResult {
+    let body = json_body(&core, body).await?;
+    if let Some(extra) = body
+        .keys()
+        .find(|k| !["sql", "params"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a query"
+        )));
+    }
+    let Some(Value::String(sql)) = body.get("sql") else {
+        return Err(ApiError::bad_request("expected {\"sql\": \"SELECT …\"}"));
+    };
+    let params = sluice_query::Params::from_json(body.get("params"))?;
+    let (result, seq) = core
+        .read(|db| Ok(sluice_query::query(sql, db, &params)))
+        .await?;
+    let result = result?;
+    let rows: Vec<Value> = result
+        .rows
+        .iter()
+        .map(|row| {
+            let mut object = Map::with_capacity(row.len());
+            for (name, value) in result.columns.iter().zip(row) {
+                object.insert(name.clone(), value.to_json());
+            }
+            Value::Object(object)
+        })
+        .collect();
+    Ok(Json(
+        json!({"seq": seq, "columns": result.columns, "rows": rows}),
+    ))
+}
+
 /// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.
 pub fn parse_ops(body: &mut Map<String, Value>, ops_max: usize) -> Result<Vec<Op>, ApiError> {
     let Some(Value::Array(ops)) = body.remove("ops") else {
@@ -287,7 +337,9 @@ fn parse_op(op: Value) -> Result<Op, String> {
             ))
         }
         None => {
-            return Err("an op needs \"op\": \"insert\" | \"upsert\" | \"patch\" | \"delete\"".into())
+            return Err(
+                "an op needs \"op\": \"insert\" | \"upsert\" | \"patch\" | \"delete\"".into(),
+            )
         }
     };
     let allowed: &[&str] = match kind.as_str() {

@@ -1,0 +1,495 @@
+//! Executing a [`Select`] against one consistent [`Db`] state.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use sluice_engine::table::Table;
+use sluice_engine::{ColumnType, Db, Key, Value};
+
+use crate::expr::{Env, Expr, SubqueryValues};
+use crate::plan::{Access, AggFunc, AggSpec, JoinKind, Probe, Select, SortExpr, SortKey};
+use crate::{QueryError, JOINED_ROWS_MAX, ROWS_MAX};
+
+type Row = Vec<Value>;
+
+pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>, QueryError> {
+    let mut subqueries = Vec::with_capacity(select.subqueries.len());
+    for s in &select.subqueries {
+        let mut values = SubqueryValues::default();
+        for mut row in run(s, db, params)? {
+            let v = row.swap_remove(0);
+            if v.is_null() {
+                values.has_null = true;
+            } else {
+                values.values.insert(v);
+            }
+        }
+        subqueries.push(values);
+    }
+    let cx = Cx {
+        params,
+        subqueries: &subqueries,
+    };
+
+    // Tables, checked against the schema the plan was made for.
+    let tables: Vec<&Table> = select
+        .sources
+        .iter()
+        .map(|s| {
+            let t = db.tables.get(&s.schema.name).ok_or_else(|| {
+                QueryError::NotFound(format!("no table named {:?}", s.schema.name))
+            })?;
+            if *t.schema != *s.schema {
+                return Err(QueryError::Schema(format!(
+                    "table {:?} changed since the query was planned; prepare it again",
+                    s.schema.name
+                )));
+            }
+            Ok(t)
+        })
+        .collect::<Result<_, _>>()?;
+
+    // The first table, narrowed by its access path and its own WHERE conjuncts.
+    let mut rows: Vec<Row> = Vec::new();
+    let mut push_base = |values: &Arc<[Value]>| -> Result<(), QueryError> {
+        if select
+            .base_filter
+            .as_ref()
+            .is_none_or(|f| f.is_true(&cx.env(values)))
+        {
+            if rows.len() >= JOINED_ROWS_MAX {
+                return Err(joined_limit());
+            }
+            rows.push(values.to_vec());
+        }
+        Ok(())
+    };
+    let base = tables[0];
+    let constant = |e: &Expr| e.eval(&cx.env(&[]));
+    match &select.access {
+        Access::Scan => {
+            for r in base.rows.values() {
+                push_base(&r.values)?;
+            }
+        }
+        Access::Key(e) => {
+            if let Some(key) = to_key(&constant(e), base.schema.pk_column().ty) {
+                if let Some(r) = base.rows.get(&key) {
+                    push_base(&r.values)?;
+                }
+            }
+        }
+        Access::KeyRange { low, high } => {
+            let ty = base.schema.pk_column().ty;
+            let bound = |e: &Option<Expr>| -> Option<Option<Key>> {
+                match e {
+                    None => Some(None),
+                    Some(e) => to_key(&constant(e), ty).map(Some),
+                }
+            };
+            match (bound(low), bound(high)) {
+                (Some(lo), Some(hi)) if lo.is_some() || hi.is_some() => {
+                    let lo = lo.map_or(Bound::Unbounded, Bound::Included);
+                    let hi = hi.map_or(Bound::Unbounded, Bound::Included);
+                    if !matches!((&lo, &hi), (Bound::Included(a), Bound::Included(b)) if a > b) {
+                        for (_, r) in base.rows.range((lo, hi)) {
+                            push_base(&r.values)?;
+                        }
+                    }
+                }
+                // A bound of another type (or NULL): scan; the filter decides.
+                _ => {
+                    for r in base.rows.values() {
+                        push_base(&r.values)?;
+                    }
+                }
+            }
+        }
+        Access::IndexEq { index, value } => {
+            let v = constant(value);
+            if !v.is_null() {
+                for key in index_range(base, *index, Some(&v), Some(&v)) {
+                    push_base(&base.rows[key].values)?;
+                }
+            }
+        }
+        Access::IndexRange { index, low, high } => {
+            let lo = low.as_ref().map(constant);
+            let hi = high.as_ref().map(constant);
+            if !lo.as_ref().is_some_and(Value::is_null) && !hi.as_ref().is_some_and(Value::is_null)
+            {
+                for key in index_range(base, *index, lo.as_ref(), hi.as_ref()) {
+                    push_base(&base.rows[key].values)?;
+                }
+            }
+        }
+    }
+
+    // Joins, left to right.
+    for join in &select.joins {
+        let right = tables[join.source];
+        let width = right.schema.columns.len();
+        let hashed: BTreeMap<Value, Vec<&Arc<[Value]>>> = if join.probe == Probe::Hashed {
+            let mut map: BTreeMap<Value, Vec<&Arc<[Value]>>> = BTreeMap::new();
+            for r in right.rows.values() {
+                let v = &r.values[join.right_column];
+                if !v.is_null() {
+                    map.entry(v.clone()).or_default().push(&r.values);
+                }
+            }
+            map
+        } else {
+            BTreeMap::new()
+        };
+        let mut out = Vec::new();
+        for left in rows {
+            let k = join.left_key.eval(&cx.env(&left));
+            let mut matches: Vec<&Arc<[Value]>> = Vec::new();
+            if !k.is_null() {
+                match join.probe {
+                    Probe::PrimaryKey => {
+                        if let Some(key) = to_key(&k, right.schema.pk_column().ty) {
+                            if let Some(r) = right.rows.get(&key) {
+                                matches.push(&r.values);
+                            }
+                        }
+                    }
+                    Probe::Index(ix) => {
+                        for key in index_range(right, ix, Some(&k), Some(&k)) {
+                            matches.push(&right.rows[key].values);
+                        }
+                    }
+                    Probe::Hashed => {
+                        if let Some(rs) = hashed.get(&k) {
+                            matches.extend(rs.iter().copied());
+                        }
+                    }
+                }
+            }
+            let mut matched = false;
+            for m in matches {
+                let mut row = left.clone();
+                row.extend(m.iter().cloned());
+                if join
+                    .residual
+                    .as_ref()
+                    .is_none_or(|f| f.is_true(&cx.env(&row)))
+                {
+                    matched = true;
+                    if out.len() >= JOINED_ROWS_MAX {
+                        return Err(joined_limit());
+                    }
+                    out.push(row);
+                }
+            }
+            if !matched && join.kind == JoinKind::Left {
+                let mut row = left;
+                row.extend(std::iter::repeat_n(Value::Null, width));
+                out.push(row);
+            }
+        }
+        rows = out;
+    }
+
+    if let Some(f) = &select.filter {
+        rows.retain(|r| f.is_true(&cx.env(r)));
+    }
+
+    // Projection (after grouping, if any), with the sort keys of each output row.
+    let mut output: Vec<(Row, Row)> = Vec::new();
+    let mut emit = |e: Env<'_>| {
+        let projected: Row = select.projection.iter().map(|p| p.eval(&e)).collect();
+        let keys: Row = select
+            .order_by
+            .iter()
+            .map(|k| match &k.expr {
+                SortExpr::Output(i) => projected[*i].clone(),
+                SortExpr::Expr(x) => x.eval(&e),
+            })
+            .collect();
+        output.push((keys, projected));
+    };
+    match &select.aggregate {
+        None => {
+            for r in &rows {
+                emit(cx.env(r));
+            }
+        }
+        Some(agg) => {
+            let mut groups: BTreeMap<Row, Vec<AggState>> = BTreeMap::new();
+            if agg.keys.is_empty() {
+                groups.insert(Vec::new(), agg.aggs.iter().map(AggState::new).collect());
+            }
+            for r in &rows {
+                let e = cx.env(r);
+                let key: Row = agg.keys.iter().map(|k| k.eval(&e)).collect();
+                let states = groups
+                    .entry(key)
+                    .or_insert_with(|| agg.aggs.iter().map(AggState::new).collect());
+                for (state, spec) in states.iter_mut().zip(&agg.aggs) {
+                    state.add(spec.arg.as_ref().map(|a| a.eval(&e)));
+                }
+            }
+            for (key, states) in groups {
+                let aggs: Row = states.into_iter().map(AggState::finish).collect();
+                let e = Env {
+                    row: &key,
+                    params,
+                    aggs: &aggs,
+                    subqueries: &subqueries,
+                };
+                if agg.having.as_ref().is_none_or(|h| h.is_true(&e)) {
+                    emit(e);
+                }
+            }
+        }
+    }
+
+    if !select.order_by.is_empty() {
+        output.sort_by(|a, b| sort_cmp(&select.order_by, &a.0, &b.0));
+    }
+    let offset = match &select.offset {
+        Some(e) => count(&constant(e), "OFFSET")?.unwrap_or(0),
+        None => 0,
+    };
+    let limit = match &select.limit {
+        Some(e) => count(&constant(e), "LIMIT")?,
+        None => None,
+    };
+    let rows: Vec<Row> = output
+        .into_iter()
+        .skip(offset)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|(_, r)| r)
+        .collect();
+    if rows.len() > ROWS_MAX {
+        return Err(QueryError::Limit(format!(
+            "the result has {} rows; rows_per_query_max is {ROWS_MAX} (add a LIMIT)",
+            rows.len()
+        )));
+    }
+    Ok(rows)
+}
+
+struct Cx<'a> {
+    params: &'a [Value],
+    subqueries: &'a [SubqueryValues],
+}
+
+impl<'a> Cx<'a> {
+    fn env<'r>(&self, row: &'r [Value]) -> Env<'r>
+    where
+        'a: 'r,
+    {
+        Env {
+            row,
+            params: self.params,
+            aggs: &[],
+            subqueries: self.subqueries,
+        }
+    }
+}
+
+fn joined_limit() -> QueryError {
+    QueryError::Limit(format!(
+        "the query reads more than joined_rows_max ({JOINED_ROWS_MAX}) rows before grouping and LIMIT; narrow it with WHERE"
+    ))
+}
+
+/// LIMIT / OFFSET value: a negative LIMIT means none (as in SQLite).
+fn count(v: &Value, what: &str) -> Result<Option<usize>, QueryError> {
+    match v {
+        Value::Integer(i) if *i < 0 => Ok(None),
+        Value::Integer(i) => Ok(Some(*i as usize)),
+        other => Err(QueryError::BadRequest(format!(
+            "{what} must be an integer, got {}",
+            other.to_json()
+        ))),
+    }
+}
+
+fn sort_cmp(keys: &[SortKey], a: &[Value], b: &[Value]) -> Ordering {
+    for (k, (x, y)) in keys.iter().zip(a.iter().zip(b)) {
+        let o = match (k.nulls_first, x.is_null(), y.is_null()) {
+            (Some(first), true, false) => {
+                if first {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+            }
+            (Some(first), false, true) => {
+                if first {
+                    Ordering::Greater
+                } else {
+                    Ordering::Less
+                }
+            }
+            (Some(_), true, true) => Ordering::Equal,
+            _ => {
+                let o = x.cmp(y);
+                if k.desc {
+                    o.reverse()
+                } else {
+                    o
+                }
+            }
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    Ordering::Equal
+}
+
+/// The key a value would have in a primary key of type `ty`, if it can equal one.
+fn to_key(v: &Value, ty: ColumnType) -> Option<Key> {
+    match (v, ty) {
+        (Value::Integer(i), ColumnType::Integer) => Some(Key::Int(*i)),
+        (Value::Boolean(b), ColumnType::Integer) => Some(Key::Int(*b as i64)),
+        (Value::Real(r), ColumnType::Integer)
+            if r.fract() == 0.0 && *r >= i64::MIN as f64 && *r < i64::MAX as f64 =>
+        {
+            Some(Key::Int(*r as i64))
+        }
+        (Value::Text(s), ColumnType::Text) => Some(Key::Text(s.clone())),
+        _ => None,
+    }
+}
+
+/// Keys of rows whose first indexed value lies in `[low, high]` (open where `None`).
+fn index_range<'t>(
+    table: &'t Table,
+    index: usize,
+    low: Option<&Value>,
+    high: Option<&Value>,
+) -> impl Iterator<Item = &'t Key> + 't {
+    let start = match low {
+        Some(v) => Bound::Included((vec![v.clone()].into_boxed_slice(), Key::Int(i64::MIN))),
+        None => Bound::Unbounded,
+    };
+    let high = high.cloned();
+    table.indexes[index]
+        .range((start, Bound::Unbounded))
+        .take_while(move |(vals, _)| high.as_ref().is_none_or(|h| vals[0] <= *h))
+        .map(|(_, k)| k)
+}
+
+/// The running state of one aggregate over a group.
+enum AggState {
+    Count(i64),
+    Sum {
+        int: i64,
+        real: f64,
+        is_real: bool,
+        any: bool,
+    },
+    Min(Option<Value>),
+    Max(Option<Value>),
+    Avg {
+        sum: f64,
+        n: i64,
+    },
+}
+
+impl AggState {
+    fn new(spec: &AggSpec) -> AggState {
+        match spec.func {
+            AggFunc::CountStar | AggFunc::Count => AggState::Count(0),
+            AggFunc::Sum => AggState::Sum {
+                int: 0,
+                real: 0.0,
+                is_real: false,
+                any: false,
+            },
+            AggFunc::Min => AggState::Min(None),
+            AggFunc::Max => AggState::Max(None),
+            AggFunc::Avg => AggState::Avg { sum: 0.0, n: 0 },
+        }
+    }
+
+    /// `v` is `None` for `COUNT(*)`.
+    fn add(&mut self, v: Option<Value>) {
+        let Some(v) = v else {
+            if let AggState::Count(n) = self {
+                *n += 1;
+            }
+            return;
+        };
+        if v.is_null() {
+            return;
+        }
+        match self {
+            AggState::Count(n) => *n += 1,
+            AggState::Sum {
+                int,
+                real,
+                is_real,
+                any,
+            } => {
+                *any = true;
+                let as_int = match v {
+                    Value::Integer(i) | Value::Timestamp(i) => Some(i),
+                    Value::Boolean(b) => Some(b as i64),
+                    _ => None,
+                };
+                match as_int {
+                    Some(i) if !*is_real => match int.checked_add(i) {
+                        Some(s) => *int = s,
+                        None => {
+                            // Integer overflow: continue in REAL.
+                            *is_real = true;
+                            *real = *int as f64 + i as f64;
+                        }
+                    },
+                    _ => {
+                        if !*is_real {
+                            *is_real = true;
+                            *real = *int as f64;
+                        }
+                        *real += as_f64(&v);
+                    }
+                }
+            }
+            AggState::Min(m) => {
+                if m.as_ref().is_none_or(|cur| v < *cur) {
+                    *m = Some(v);
+                }
+            }
+            AggState::Max(m) => {
+                if m.as_ref().is_none_or(|cur| v > *cur) {
+                    *m = Some(v);
+                }
+            }
+            AggState::Avg { sum, n } => {
+                *sum += as_f64(&v);
+                *n += 1;
+            }
+        }
+    }
+
+    fn finish(self) -> Value {
+        match self {
+            AggState::Count(n) => Value::Integer(n),
+            AggState::Sum { any: false, .. } => Value::Null,
+            AggState::Sum {
+                is_real: true,
+                real,
+                ..
+            } => Value::Real(real),
+            AggState::Sum { int, .. } => Value::Integer(int),
+            AggState::Min(m) | AggState::Max(m) => m.unwrap_or(Value::Null),
+            AggState::Avg { n: 0, .. } => Value::Null,
+            AggState::Avg { sum, n } => Value::Real(sum / n as f64),
+        }
+    }
+}
+
+fn as_f64(v: &Value) -> f64 {
+    match crate::expr::binary(crate::expr::BinOp::Add, v, &Value::Real(0.0)) {
+        Value::Real(r) => r,
+        _ => 0.0,
+    }
+}

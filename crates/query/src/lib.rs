@@ -1,0 +1,190 @@
+//! `sluice-query`: one-shot SQL `SELECT`s over the in-memory [`Db`].
+//!
+//! Responsible for: parsing a query (sqlparser), refusing what is outside the supported
+//! subset with a message naming the construct, planning it once ([`prepare`] → [`Plan`]:
+//! column positions, index and primary-key access paths, join probes), and executing a plan
+//! against one consistent `Db` state ([`Plan::execute`]) with SQLite's NULL, comparison and
+//! ordering rules. Not responsible for: waiting for confirmation or HTTP (the server runs a
+//! plan under `Core::read`), and not (yet) for live, incremental maintenance — that engine
+//! is meant to reuse [`Expr`] evaluation and the planner's [`Select`] unchanged.
+//!
+//! Supported: `SELECT` columns, `*`, `t.*`, expressions (`+ - * / % ||`, comparisons,
+//! `AND/OR/NOT`, `IN (…)`, `BETWEEN`, `LIKE`, `IS [NOT] NULL`), aliases, parameters `$n` or
+//! `:name`; `[INNER|LEFT] JOIN … ON a = b [AND …]` several tables deep; uncorrelated
+//! `IN (SELECT …)` nested up to [`SUBQUERY_DEPTH_MAX`]; `GROUP BY` with `COUNT(*)`,
+//! `COUNT`, `SUM`, `MIN`, `MAX`, `AVG` and `HAVING`; `ORDER BY … [ASC|DESC] [NULLS
+//! FIRST|LAST]`, `LIMIT n [OFFSET m]`. Unquoted identifiers are folded to lower case.
+//!
+//! # Layout
+//! - [`expr`]: compiled expressions ([`Expr`]) and their evaluation (SQLite semantics).
+//! - [`plan`]: the plan types ([`Plan`], [`Select`], [`Access`], [`Join`], [`Aggregate`])
+//!   and the planner from the sqlparser AST.
+//! - `exec`: running a [`Select`]: access path, joins, filter, grouping, sort, limit.
+//! - [`error`]: the [`QueryError`] type.
+
+pub mod error;
+mod exec;
+pub mod expr;
+pub mod plan;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value as Json;
+use sluice_engine::{Db, Value};
+use sqlparser::dialect::GenericDialect;
+use sqlparser::parser::Parser;
+
+pub use error::QueryError;
+pub use expr::Expr;
+pub use plan::{Access, Aggregate, Join, Plan, Select, SUBQUERY_DEPTH_MAX};
+
+/// Longest query text accepted, in bytes.
+pub const SQL_BYTES_MAX: usize = 64 * 1024;
+/// Most rows one result may have (after `LIMIT`).
+pub const ROWS_MAX: usize = 100_000;
+/// Most rows a query may hold between its scan/joins and grouping (bounds memory).
+pub const JOINED_ROWS_MAX: usize = 1_000_000;
+
+/// The rows of a query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueryResult {
+    /// Output column names, unique within the result.
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// Parameter values for one execution.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Params {
+    #[default]
+    None,
+    /// `$1` is `[0]`.
+    Positional(Vec<Value>),
+    /// By name, without the `:`.
+    Named(BTreeMap<String, Value>),
+}
+
+impl Params {
+    /// From the JSON of a request: absent/`null`, an array (positional) or an object (named).
+    pub fn from_json(json: Option<&Json>) -> Result<Params, QueryError> {
+        let value = |j: &Json| -> Result<Value, QueryError> {
+            Ok(match j {
+                Json::Null => Value::Null,
+                Json::Bool(b) => Value::Boolean(*b),
+                Json::Number(n) => match n.as_i64() {
+                    Some(i) => Value::Integer(i),
+                    None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+                },
+                Json::String(s) => Value::Text(s.as_str().into()),
+                _ => {
+                    return Err(QueryError::BadRequest(
+                        "a parameter must be null, a boolean, a number or a string".into(),
+                    ))
+                }
+            })
+        };
+        match json {
+            None | Some(Json::Null) => Ok(Params::None),
+            Some(Json::Array(a)) => Ok(Params::Positional(
+                a.iter().map(value).collect::<Result<_, _>>()?,
+            )),
+            Some(Json::Object(m)) => Ok(Params::Named(
+                m.iter()
+                    .map(|(k, v)| Ok((k.strip_prefix(':').unwrap_or(k).to_string(), value(v)?)))
+                    .collect::<Result<_, QueryError>>()?,
+            )),
+            Some(_) => Err(QueryError::BadRequest(
+                "\"params\" must be an array ($1, $2, …) or an object (:name)".into(),
+            )),
+        }
+    }
+}
+
+/// Parses and plans one `SELECT` against the current schema of `db`.
+pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
+    if sql.len() > SQL_BYTES_MAX {
+        return Err(QueryError::Limit(format!(
+            "the query text is {} bytes; sql_bytes_max is {SQL_BYTES_MAX}",
+            sql.len()
+        )));
+    }
+    let statements = Parser::parse_sql(&GenericDialect {}, sql)
+        .map_err(|e| QueryError::Syntax(e.to_string()))?;
+    let statement = match statements.as_slice() {
+        [] => return Err(QueryError::Syntax("no SQL statement given".into())),
+        [one] => one,
+        _ => return Err(QueryError::unsupported("several statements in one query")),
+    };
+    let mut planner = plan::Planner::new(db);
+    let select = planner.statement(statement)?;
+    Ok(Plan {
+        select,
+        params: planner.params,
+    })
+}
+
+impl Plan {
+    /// Runs the plan against `db` (which **must** not change during the call).
+    pub fn execute(&self, db: &Db, params: &Params) -> Result<QueryResult, QueryError> {
+        let values = self.resolve(params)?;
+        let rows = exec::run(&self.select, db, &values)?;
+        Ok(QueryResult {
+            columns: self.select.columns.clone(),
+            rows,
+        })
+    }
+
+    /// The parameter values in the order [`Expr::Param`] indexes them.
+    pub fn resolve(&self, params: &Params) -> Result<Vec<Value>, QueryError> {
+        let spec = &self.params;
+        match params {
+            Params::None | Params::Positional(_) if !spec.names.is_empty() => {
+                Err(QueryError::BadRequest(format!(
+                    "the query uses named parameters (:{}); pass \"params\" as an object",
+                    spec.names.join(", :")
+                )))
+            }
+            Params::None if spec.positional > 0 => Err(QueryError::BadRequest(format!(
+                "the query uses {} parameter(s) ($1…${}); none given",
+                spec.positional, spec.positional
+            ))),
+            Params::None => Ok(Vec::new()),
+            Params::Positional(v) => {
+                if v.len() != spec.positional {
+                    return Err(QueryError::BadRequest(format!(
+                        "the query uses {} positional parameter(s); {} given",
+                        spec.positional,
+                        v.len()
+                    )));
+                }
+                Ok(v.clone())
+            }
+            Params::Named(m) => {
+                if spec.positional > 0 {
+                    return Err(QueryError::BadRequest(format!(
+                        "the query uses positional parameters ($1…${}); pass \"params\" as an array",
+                        spec.positional
+                    )));
+                }
+                if let Some(extra) = m.keys().find(|k| !spec.names.contains(k)) {
+                    return Err(QueryError::BadRequest(format!(
+                        "unknown parameter :{extra}"
+                    )));
+                }
+                spec.names
+                    .iter()
+                    .map(|n| {
+                        m.get(n).cloned().ok_or_else(|| {
+                            QueryError::BadRequest(format!("missing parameter :{n}"))
+                        })
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Prepares and executes in one step.
+pub fn query(sql: &str, db: &Db, params: &Params) -> Result<QueryResult, QueryError> {
+    prepare(sql, db)?.execute(db, params)
+}
