@@ -15,7 +15,7 @@ use sluice_log::snapshot::{list_snapshots, SnapshotFile};
 use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
-use crate::codec::{decode_commit, SnapshotLoader};
+use crate::codec::{decode_commit, DecodeResult, SnapshotLoader};
 use std::collections::HashMap;
 
 use crate::db::{Change, Commit, CommitBody, Db, Limits, ReplayBody};
@@ -143,38 +143,60 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         window_start = f.seq;
     }
 
-    // Pass 2: rebuild the window, replay the rest.
+    // Pass 2: rebuild the window, replay the rest. Decoding runs on a second thread, a
+    // batch of frames ahead of applying (replay is single-threaded by nature; decoding
+    // is not), joined through a bounded channel.
     let mut replayed = 0u64;
     let mut replayed_bytes = 0u64;
-    let mut frames_read = 0u64;
+    let frames_read = frames.len() as u64;
     let mut changelog_started = false;
     let mut window = WindowSchemas::default();
-    for f in &frames {
-        frames_read += 1;
-        if f.seq < window_start {
-            continue;
+    let wanted: Vec<&FrameRef> = frames.iter().filter(|f| f.seq >= window_start).collect();
+    let corrupt = |f: &FrameRef, reason: String| RecoveryError::Corrupt {
+        path: segments[f.segment].path.clone(),
+        offset: f.offset,
+        reason,
+    };
+    std::thread::scope(|scope| -> Result<(), RecoveryError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<DecodeResult<(u64, ReplayBody)>>>(
+            REPLAY_DECODE_BATCHES_AHEAD,
+        );
+        let files = &files;
+        let wanted_ref = &wanted;
+        scope.spawn(move || {
+            for chunk in wanted_ref.chunks(REPLAY_DECODE_BATCH_FRAMES) {
+                let decoded = chunk
+                    .iter()
+                    .map(|f| decode_commit(&files[f.segment][f.payload.clone()]))
+                    .collect();
+                if tx.send(decoded).is_err() {
+                    return; // the applier stopped on an error
+                }
+            }
+        });
+        let mut next = wanted.iter();
+        for batch in rx {
+            for decoded in batch {
+                let f = next.next().expect("one decoded frame per wanted frame");
+                let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
+                debug_assert_eq!(seq, f.seq);
+                if !changelog_started {
+                    db.changelog.reset_to(seq - 1);
+                    changelog_started = true;
+                }
+                if seq <= db.seq {
+                    let commit = window.rebuild(&db, seq, body);
+                    db.changelog.push(Arc::new(commit));
+                } else {
+                    db.replay(seq, body).map_err(|r| corrupt(f, r))?;
+                    replayed += 1;
+                    replayed_bytes +=
+                        (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
+                }
+            }
         }
-        let corrupt = |reason: String| RecoveryError::Corrupt {
-            path: segments[f.segment].path.clone(),
-            offset: f.offset,
-            reason,
-        };
-        let payload = &files[f.segment][f.payload.clone()];
-        let (seq, body) = decode_commit(payload).map_err(corrupt)?;
-        debug_assert_eq!(seq, f.seq);
-        if !changelog_started {
-            db.changelog.reset_to(seq - 1);
-            changelog_started = true;
-        }
-        if seq <= db.seq {
-            let commit = window.rebuild(&db, seq, body);
-            db.changelog.push(Arc::new(commit));
-        } else {
-            db.replay(seq, body).map_err(corrupt)?;
-            replayed += 1;
-            replayed_bytes += (payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
-        }
-    }
+        Ok(())
+    })?;
     drop(files);
     if let Some(last) = prev_seq {
         if last < db.seq {
@@ -226,6 +248,11 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     db.changelog.reset_to(file.seq);
     Ok(db)
 }
+
+/// Frames decoded per batch handed from the decoding thread to the applying one.
+const REPLAY_DECODE_BATCH_FRAMES: usize = 64;
+/// Batches the decoding thread may run ahead (bounds the memory of decoded commits).
+const REPLAY_DECODE_BATCHES_AHEAD: usize = 8;
 
 /// Where a checked frame lies, for the second recovery pass.
 struct FrameRef {
