@@ -500,83 +500,128 @@ fn encode_snapshot_row(w: &mut Writer<'_>, key: &Key, row: &RowEntry) {
     }
 }
 
-/// Decoded pieces of a snapshot, fed in frame order to [`SnapshotLoader`].
+/// One decoded snapshot body frame. Decoding needs nothing but the bytes, so it can run on
+/// another thread than [`SnapshotLoader::apply`].
+pub enum SnapFrame {
+    Schemas(Vec<TableSchema>),
+    Rows {
+        table: String,
+        rows: Vec<(Key, RowEntry)>,
+    },
+    End {
+        tables: u64,
+        rows: u64,
+    },
+}
+
+/// Decodes one snapshot body frame.
+pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
+    let mut r = Reader::new(payload);
+    let frame = match r.u8()? {
+        SNAP_SCHEMA => {
+            let n = r.len()?;
+            SnapFrame::Schemas(
+                (0..n)
+                    .map(|_| r.table_schema())
+                    .collect::<DecodeResult<_>>()?,
+            )
+        }
+        SNAP_ROWS => {
+            let table = r.string()?;
+            let n = r.len()?;
+            let mut rows = Vec::with_capacity(n);
+            for _ in 0..n {
+                let key = r.key()?;
+                let version = r.varint()?;
+                let seq = r.varint()?;
+                let nv = r.len()?;
+                let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
+                rows.push((
+                    key,
+                    RowEntry {
+                        values: values.into(),
+                        version,
+                        seq,
+                    },
+                ));
+            }
+            SnapFrame::Rows { table, rows }
+        }
+        SNAP_END => SnapFrame::End {
+            tables: r.varint()?,
+            rows: r.varint()?,
+        },
+        k => return Err(format!("unknown snapshot frame kind {k}")),
+    };
+    if !r.is_empty() {
+        return Err("trailing bytes in snapshot frame".into());
+    }
+    Ok(frame)
+}
+
+/// Builds a [`Db`] from snapshot frames, fed in file order.
+///
+/// Rows arrive in key order, table by table, so each table's rows are collected and its
+/// B-tree and indexes built in bulk when the next table (or the end) begins.
+#[derive(Default)]
 pub struct SnapshotLoader {
     tables_expected: Option<u64>,
     rows: u64,
     done: bool,
-}
-
-impl Default for SnapshotLoader {
-    fn default() -> Self {
-        Self::new()
-    }
+    pending: Option<(String, Vec<(Key, RowEntry)>)>,
 }
 
 impl SnapshotLoader {
     pub fn new() -> Self {
-        SnapshotLoader {
-            tables_expected: None,
-            rows: 0,
-            done: false,
-        }
+        Self::default()
     }
 
-    /// Applies one body frame to `db` (which must start empty).
+    /// Decodes and applies one body frame to `db` (which must start empty).
     pub fn frame(&mut self, db: &mut Db, payload: &[u8]) -> DecodeResult<()> {
+        self.apply(db, decode_snapshot_frame(payload)?)
+    }
+
+    /// Applies one decoded frame to `db` (which must start empty).
+    pub fn apply(&mut self, db: &mut Db, frame: SnapFrame) -> DecodeResult<()> {
         if self.done {
             return Err("frame after the end frame".into());
         }
-        let mut r = Reader::new(payload);
-        match r.u8()? {
-            SNAP_SCHEMA => {
+        match frame {
+            SnapFrame::Schemas(schemas) => {
                 if self.tables_expected.is_some() {
                     return Err("second schema frame".into());
                 }
-                let n = r.len()?;
-                for _ in 0..n {
-                    let schema = r.table_schema()?;
+                self.tables_expected = Some(schemas.len() as u64);
+                for schema in schemas {
                     db.tables.insert(
                         schema.name.clone(),
                         crate::table::Table::new(std::sync::Arc::new(schema)),
                     );
                 }
-                self.tables_expected = Some(n as u64);
             }
-            SNAP_ROWS => {
-                let name = r.string()?;
-                let table = db
+            SnapFrame::Rows { table, rows } => {
+                let t = db
                     .tables
-                    .get_mut(&name)
-                    .ok_or_else(|| format!("rows for unknown table {name:?}"))?;
-                let n = r.varint()?;
-                let columns = table.schema.columns.len();
-                for _ in 0..n {
-                    let key = r.key()?;
-                    let version = r.varint()?;
-                    let seq = r.varint()?;
-                    let nv = r.len()?;
-                    if nv != columns {
-                        return Err(format!(
-                            "row of {nv} values in table {name:?} of {columns} columns"
-                        ));
-                    }
-                    let values: Vec<Value> =
-                        (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
-                    table.put(
-                        key,
-                        RowEntry {
-                            values: values.into(),
-                            version,
-                            seq,
-                        },
-                    );
+                    .get(&table)
+                    .ok_or_else(|| format!("rows for unknown table {table:?}"))?;
+                let columns = t.schema.columns.len();
+                if let Some((_, row)) = rows.iter().find(|(_, r)| r.values.len() != columns) {
+                    return Err(format!(
+                        "row of {} values in table {table:?} of {columns} columns",
+                        row.values.len()
+                    ));
                 }
-                self.rows += n;
+                self.rows += rows.len() as u64;
+                match &mut self.pending {
+                    Some((name, pending)) if *name == table => pending.extend(rows),
+                    _ => {
+                        self.flush(db)?;
+                        self.pending = Some((table, rows));
+                    }
+                }
             }
-            SNAP_END => {
-                let tables = r.varint()?;
-                let rows = r.varint()?;
+            SnapFrame::End { tables, rows } => {
+                self.flush(db)?;
                 if Some(tables) != self.tables_expected || rows != self.rows {
                     return Err(format!(
                         "end frame counts {tables} tables / {rows} rows, found {:?} / {}",
@@ -585,11 +630,25 @@ impl SnapshotLoader {
                 }
                 self.done = true;
             }
-            k => return Err(format!("unknown snapshot frame kind {k}")),
         }
-        if !r.is_empty() {
-            return Err("trailing bytes in snapshot frame".into());
+        Ok(())
+    }
+
+    fn flush(&mut self, db: &mut Db) -> DecodeResult<()> {
+        let Some((name, rows)) = self.pending.take() else {
+            return Ok(());
+        };
+        let table = db
+            .tables
+            .get_mut(&name)
+            .expect("checked when the rows came");
+        if !table.rows.is_empty() {
+            return Err(format!("rows for table {name:?} come in two separate runs"));
         }
+        if rows.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(format!("rows of table {name:?} are not in key order"));
+        }
+        table.load_sorted(rows);
         Ok(())
     }
 

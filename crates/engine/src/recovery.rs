@@ -15,7 +15,7 @@ use sluice_log::snapshot::{list_snapshots, SnapshotFile};
 use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
-use crate::codec::{decode_commit, DecodeResult, SnapshotLoader};
+use crate::codec::{decode_commit, decode_snapshot_frame, DecodeResult, SnapshotLoader};
 use std::collections::HashMap;
 
 use crate::db::{Change, Commit, CommitBody, Db, Limits, ReplayBody};
@@ -227,16 +227,32 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     let mut db = Db::new(opts.limits.clone(), Changelog::new(opts.retention));
     let mut loader = SnapshotLoader::new();
     let mut last_offset = 0;
-    for (offset, payload) in file.frames() {
-        last_offset = offset;
-        loader
-            .frame(&mut db, payload)
-            .map_err(|reason| RecoveryError::Corrupt {
-                path: path.to_path_buf(),
-                offset,
-                reason,
-            })?;
-    }
+    let corrupt = |offset: u64, reason: String| RecoveryError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    // Frames (~1 MiB of rows each) are decoded on a second thread while this one builds
+    // the tables.
+    let frames: Vec<(u64, &[u8])> = file.frames().collect();
+    std::thread::scope(|scope| -> Result<(), RecoveryError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(REPLAY_DECODE_BATCHES_AHEAD);
+        scope.spawn(move || {
+            for (offset, payload) in frames {
+                if tx.send((offset, decode_snapshot_frame(payload))).is_err() {
+                    return;
+                }
+            }
+        });
+        for (offset, decoded) in rx {
+            last_offset = offset;
+            let frame = decoded.map_err(|r| corrupt(offset, r))?;
+            loader
+                .apply(&mut db, frame)
+                .map_err(|r| corrupt(offset, r))?;
+        }
+        Ok(())
+    })?;
     if !loader.finished() {
         return Err(RecoveryError::Corrupt {
             path: path.to_path_buf(),

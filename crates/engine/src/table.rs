@@ -77,6 +77,21 @@ impl Table {
         Some(old)
     }
 
+    /// Fills an empty table from rows in strictly ascending key order (snapshot loading):
+    /// the B-tree and every index are built in bulk.
+    pub fn load_sorted(&mut self, rows: Vec<(Key, RowEntry)>) {
+        assert!(self.rows.is_empty(), "load_sorted fills an empty table");
+        self.rows = rows.into_iter().collect();
+        for i in 0..self.indexes.len() {
+            let entries: IndexEntries = self
+                .rows
+                .iter()
+                .map(|(key, row)| (self.index_key(i, &row.values), key.clone()))
+                .collect();
+            self.indexes[i] = entries;
+        }
+    }
+
     /// Adds an index over existing rows.
     pub fn add_index(&mut self, schema: Arc<TableSchema>) {
         self.schema = schema;
