@@ -2,19 +2,24 @@
 //! replies matched by id, JSON or MessagePack. Specified in `docs/protocol.md`.
 //!
 //! The reader queues each request for the writer in the order it arrived (so a client's
-//! pipelined writes apply in its order), then waits for the replies concurrently; a
-//! semaphore bounds the requests in flight per connection, which pushes back on a client
-//! that sends faster than replies drain.
+//! pipelined writes apply in its order) and hands the reply-to-be to the connection's sender,
+//! which holds at most [`INFLIGHT_PER_CONNECTION_MAX`] of them and writes replies in request
+//! order as they complete; when it is full the reader stops reading, which pushes back on a
+//! client that sends faster than replies drain.
 
 use std::sync::Arc;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
-use futures_util::{SinkExt, StreamExt};
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use sluice_log::Durability;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{parse_ops, ApiError};
 use crate::core::{CallOk, Core, MutateOk};
@@ -25,8 +30,8 @@ pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
 /// Requests in flight on one connection before the server stops reading from it.
 pub const INFLIGHT_PER_CONNECTION_MAX: usize = 1024;
-/// Replies queued for the socket before request tasks wait.
-const OUTBOUND_QUEUE_MAX: usize = 4096;
+/// Requests handed from the reader to the sender beyond those in flight.
+const OUTBOUND_QUEUE_MAX: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Encoding {
@@ -71,28 +76,48 @@ fn error_reply(id: &Value, e: ApiError) -> Value {
     json!({"id": id, "type": "error", "error": error})
 }
 
+/// A reply still to come, or already there.
+type ReplyFuture = Pin<Box<dyn Future<Output = Value> + Send>>;
+
 async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let (mut sink, mut stream) = socket.split();
-    let (out, mut out_rx) = mpsc::channel::<Value>(OUTBOUND_QUEUE_MAX);
+    // The reader hands each request's reply-to-be to the sender in arrival order; the sender
+    // keeps at most INFLIGHT_PER_CONNECTION_MAX of them and writes replies in that order
+    // (the writer applies a connection's requests in that order anyway), flushing once per
+    // batch of ready replies. No task per request.
+    let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(OUTBOUND_QUEUE_MAX);
     let sender = tokio::spawn(async move {
-        while let Some(first) = out_rx.recv().await {
-            // Write every reply that is ready, then flush once.
-            if sink.feed(encode(encoding, &first)).await.is_err() {
-                return;
-            }
-            while let Ok(next) = out_rx.try_recv() {
-                if sink.feed(encode(encoding, &next)).await.is_err() {
-                    return;
+        let mut inflight: FuturesOrdered<ReplyFuture> = FuturesOrdered::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                biased;
+                Some(reply) = inflight.next(), if !inflight.is_empty() => {
+                    if sink.feed(encode(encoding, &reply)).await.is_err() {
+                        return;
+                    }
+                    while let Some(Some(reply)) = inflight.next().now_or_never() {
+                        if sink.feed(encode(encoding, &reply)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if sink.flush().await.is_err() {
+                        return;
+                    }
                 }
-            }
-            if sink.flush().await.is_err() {
-                return;
+                next = pending_rx.recv(), if open && inflight.len() < INFLIGHT_PER_CONNECTION_MAX => {
+                    match next {
+                        Some(reply) => inflight.push_back(reply),
+                        None => open = false,
+                    }
+                }
+                else => break,
             }
         }
         let _ = sink.close().await;
     });
-    let inflight = Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION_MAX));
     let body_max = core.config().body_bytes_max;
+    let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(v)) };
     while let Some(message) = stream.next().await {
         let parsed = match message {
             Ok(Message::Text(text)) => {
@@ -114,51 +139,32 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             Ok(Message::Close(_)) | Err(_) => break,
             Ok(_) => continue,
         };
-        let mut request = match parsed {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => {
-                let e = ApiError::bad_request("a request must be an object");
-                if out.send(error_reply(&Value::Null, e)).await.is_err() {
-                    break;
+        let reply = match parsed {
+            Ok(Value::Object(mut request)) => {
+                let id = request.get("id").cloned().unwrap_or(Value::Null);
+                match dispatch(&core, &mut request).await {
+                    Ok(Pending::Now(mut reply)) => {
+                        reply["id"] = id;
+                        ready(reply)
+                    }
+                    Ok(pending) => {
+                        let core = core.clone();
+                        Box::pin(async move { pending.finish(&core, &id).await })
+                    }
+                    Err(e) => ready(error_reply(&id, e)),
                 }
-                continue;
             }
-            Err(e) => {
-                if out.send(error_reply(&Value::Null, e)).await.is_err() {
-                    break;
-                }
-                continue;
-            }
+            Ok(_) => ready(error_reply(
+                &Value::Null,
+                ApiError::bad_request("a request must be an object"),
+            )),
+            Err(e) => ready(error_reply(&Value::Null, e)),
         };
-        let Ok(permit) = inflight.clone().acquire_owned().await else {
+        if pending_tx.send(reply).await.is_err() {
             break;
-        };
-        let id = request.get("id").cloned().unwrap_or(Value::Null);
-        match dispatch(&core, &mut request).await {
-            Ok(Pending::Now(reply)) => {
-                let mut reply = reply;
-                reply["id"] = id;
-                if out.send(reply).await.is_err() {
-                    break;
-                }
-            }
-            Ok(pending) => {
-                let out = out.clone();
-                let core = core.clone();
-                tokio::spawn(async move {
-                    let reply = pending.finish(&core, &id).await;
-                    let _ = out.send(reply).await;
-                    drop(permit);
-                });
-            }
-            Err(e) => {
-                if out.send(error_reply(&id, e)).await.is_err() {
-                    break;
-                }
-            }
         }
     }
-    drop(out);
+    drop(pending_tx);
     let _ = sender.await;
 }
 
