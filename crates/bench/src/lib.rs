@@ -2,8 +2,9 @@
 //! next to real peers started in the same run (SPEC §11).
 //!
 //! Responsible for: driving load against Sluice (in-process through
-//! [`sluice_server::Core`], and over HTTP against the real `sluice serve` binary), starting
-//! and stopping peers (PostgreSQL), measuring throughput and latency, and writing
+//! [`sluice_server::Core`], and over HTTP and WebSocket against the real `sluice serve`
+//! binary), starting and stopping peers (PostgreSQL; SQLite and the peers' HTTP RPC server
+//! run inside the bench), measuring throughput and latency, and writing
 //! `bench-results/<suite>/{summary.md, samples.json, run.json, *.svg}`.
 //! Not responsible for: asserting behaviour (tests do that; a suite only checks what it
 //! needs to trust its own numbers, such as "the restart came back at the acked seq"), or
@@ -16,10 +17,13 @@
 //! - [`ingest`]: `sluice bench ingest` — write throughput and ack latency per durability
 //!   class, in-process and over HTTP, against PostgreSQL.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
+//! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
+//!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
 //! - [`workload`]: the `events` rows every path writes.
 //! - [`server`]: the real `sluice serve` binary as a child process; `/metrics` parsing.
-//! - [`peers`]: real peers for the run ([`peers::postgres`]).
+//! - [`peers`]: real peers for the run ([`peers::postgres`]; SQLite is linked in, see
+//!   [`transfer::rpc`]).
 //! - [`report`]: result tables, targets, and the files a suite writes.
 //! - [`svg`]: a dependency-free SVG bar and line chart writer.
 //! - [`hist`]: latency histograms (p50/p95/p99) and number formatting.
@@ -39,6 +43,7 @@ pub mod report;
 pub mod server;
 pub mod svg;
 pub mod sys;
+pub mod transfer;
 pub mod workload;
 
 /// `sluice bench <suite> [options]`.
@@ -55,6 +60,9 @@ pub enum Suite {
     Ingest(ingest::IngestArgs),
     /// Time-to-ready after kill -9, by records in the log, with and without a snapshot.
     Recovery(recovery::RecoveryArgs),
+    /// The SpacetimeDB keynote-2 transfer workload: TPS and p50/p99 of durable transfers
+    /// under Zipf(α) contention, Sluice vs PostgreSQL and SQLite behind HTTP RPC servers.
+    Transfer(transfer::TransferArgs),
 }
 
 /// Options every suite takes.
@@ -79,6 +87,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
     match suite {
         "ingest" => ingest::verify_samples(&samples),
         "recovery" => recovery::verify_samples(&samples),
+        "transfer" => transfer::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -88,6 +97,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let ok = match args.suite {
         Suite::Ingest(a) => ingest::run(a)?,
         Suite::Recovery(a) => recovery::run(a)?,
+        Suite::Transfer(a) => transfer::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

@@ -57,6 +57,11 @@ impl Meter {
         self.stop.load(Ordering::Relaxed)
     }
 
+    /// Whether the measured window is running (not the warm-up, not the drain after it).
+    pub fn measuring(&self) -> bool {
+        self.measuring.load(Ordering::Relaxed)
+    }
+
     /// Reserves `batch` consecutive ids and returns the first.
     pub fn take_ids(&self, batch: u64) -> u64 {
         self.next_id.fetch_add(batch, Ordering::Relaxed)

@@ -559,8 +559,15 @@ mod tests {
             assert_eq!(rx.recv().unwrap(), (seq, true));
         }
         let stats = log.stats();
-        assert!(stats.syncs >= 2, "{} syncs for {seq} disk commits", stats.syncs);
-        assert!(stats.syncs < seq, "disk commits do not each wait for a sync");
+        assert!(
+            stats.syncs >= 2,
+            "{} syncs for {seq} disk commits",
+            stats.syncs
+        );
+        assert!(
+            stats.syncs < seq,
+            "disk commits do not each wait for a sync"
+        );
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -95,6 +95,13 @@ pub struct Postgres {
 impl Postgres {
     /// Creates a cluster with `initdb` and starts it; returns once it accepts connections.
     pub async fn start(bin_dir: &Path) -> anyhow::Result<Postgres> {
+        Postgres::start_with(bin_dir, &[]).await
+    }
+
+    /// [`Postgres::start`] with extra `-c name=value` settings (for example
+    /// `default_transaction_isolation=serializable`), each checked with `SHOW` once the
+    /// server is up.
+    pub async fn start_with(bin_dir: &Path, settings: &[(&str, &str)]) -> anyhow::Result<Postgres> {
         let dir = TempDir::new("postgres")?;
         let data = dir.path().join("data");
         let as_user = if running_as_root() {
@@ -160,6 +167,11 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "synchronous_commit=on", "-c", "fsync=on"])
             .args(["-c", &format!("max_connections={MAX_CONNECTIONS}")])
+            .args(
+                settings
+                    .iter()
+                    .flat_map(|(name, value)| ["-c".to_string(), format!("{name}={value}")]),
+            )
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -192,12 +204,16 @@ impl Postgres {
         };
         let row = client.query_one("SHOW server_version", &[]).await?;
         pg.version = row.get::<_, String>(0);
-        for setting in ["synchronous_commit", "fsync"] {
+        let expected = [("synchronous_commit", "on"), ("fsync", "on")];
+        for (setting, want) in expected.iter().chain(settings) {
             let v: String = client
                 .query_one(&format!("SHOW {setting}"), &[])
                 .await?
                 .get(0);
-            anyhow::ensure!(v == "on", "postgres runs with {setting}={v}, expected on");
+            anyhow::ensure!(
+                v == *want,
+                "postgres runs with {setting}={v}, expected {want}"
+            );
         }
         Ok(pg)
     }

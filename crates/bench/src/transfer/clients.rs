@@ -1,0 +1,423 @@
+//! The load clients: closed-loop workers that send transfers and count what comes back.
+//!
+//! - [`ws_worker`]: one WebSocket connection speaking the binary MessagePack protocol
+//!   (`sluice.msgpack.v1`, `docs/protocol.md`) with `pipeline` calls in flight. Each
+//!   in-flight slot is a request id: when the reply for id `s` arrives, the next transfer
+//!   goes out with id `s`, so at most `pipeline` ids exist and lookups are an index.
+//!   Replies that are ready together are answered together and flushed once.
+//! - [`http_worker`]: one task doing request/response over a keep-alive HTTP/1.1
+//!   connection (`POST /v1/call/transfer`): the same for `sluice-http` and the RPC servers
+//!   in front of PostgreSQL and SQLite. HTTP/1.1 cannot pipeline in practice, so "N in
+//!   flight per client" means N such tasks, each on its own connection.
+//!
+//! Both count a transfer once its success reply arrives ([`Meter::acked`]), and a refused
+//! transfer by the kind of failure ([`Failures`]). A transport error stops the run.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use sluice_log::Durability;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::workload::{Pairs, AMOUNT};
+use crate::hist::Latency;
+use crate::load::{Meter, Worker};
+
+/// The subprotocol of binary MessagePack frames.
+pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
+/// How long one HTTP request may take before the client gives up (and the run fails).
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Refused transfers by kind, counted during the measured window only.
+#[derive(Debug, Default)]
+pub struct Failures {
+    // A std mutex: failures are rare (none at all in the standard workload) and the
+    // critical section is one map update.
+    counts: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Failures {
+    pub fn record(&self, kind: &str) {
+        let mut counts = self.counts.lock().expect("failure counts poisoned");
+        *counts.entry(kind.to_string()).or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.counts.lock().expect("failure counts poisoned").clone()
+    }
+}
+
+/// The kind of a refused transfer: the bank module's `same_account`, `missing_account` or
+/// `insufficient_funds` when the message names one, else the error code (for example
+/// `serialization_failure` from the PostgreSQL RPC server after its retries, or `busy`).
+pub fn failure_kind(code: &str, message: &str) -> String {
+    for kind in ["same_account", "missing_account", "insufficient_funds"] {
+        if message.contains(kind) {
+            return kind.to_string();
+        }
+    }
+    code.to_string()
+}
+
+/// What every worker of one case shares.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub meter: Arc<Meter>,
+    pub failures: Arc<Failures>,
+    pub pairs: Arc<Pairs>,
+    pub durability: Durability,
+}
+
+impl Shared {
+    fn refused(&self, kind: &str) {
+        if self.meter.measuring() {
+            self.failures.record(kind);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// WebSocket, MessagePack, pipelined.
+
+pub type WsStream = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+#[derive(Serialize)]
+struct CallFrame<'a> {
+    id: u32,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'static str,
+    args: TransferArgs,
+    durability: &'a str,
+}
+
+#[derive(Serialize)]
+struct TransferArgs {
+    from: u32,
+    to: u32,
+    amount: i64,
+}
+
+#[derive(Deserialize)]
+struct ReplyFrame<'a> {
+    id: Option<u32>,
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    error: Option<ErrorBody<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody<'a> {
+    #[serde(borrow)]
+    code: Cow<'a, str>,
+    #[serde(borrow, default)]
+    message: Cow<'a, str>,
+}
+
+/// Opens `/v1/ws` at `url` (`ws://host:port/v1/ws`) asking for MessagePack frames, with
+/// Nagle off, and checks that the server agreed to MessagePack.
+pub async fn connect_ws(url: &str) -> anyhow::Result<WsStream> {
+    let mut request = url.into_client_request()?;
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(MSGPACK_PROTOCOL),
+    );
+    let (ws, response) = tokio_tungstenite::connect_async_with_config(request, None, true)
+        .await
+        .with_context(|| format!("cannot open a WebSocket to {url}"))?;
+    let agreed = response
+        .headers()
+        .get("Sec-WebSocket-Protocol")
+        .and_then(|v| v.to_str().ok());
+    anyhow::ensure!(
+        agreed == Some(MSGPACK_PROTOCOL),
+        "the server answered subprotocol {agreed:?}, not {MSGPACK_PROTOCOL}"
+    );
+    Ok(ws)
+}
+
+/// One pipelined WebSocket client: starts at pair `start`, keeps `pipeline` calls in
+/// flight until the meter stops, then waits for the last replies.
+pub fn ws_worker(ws: WsStream, shared: Shared, start: usize, pipeline: usize) -> Worker {
+    assert!(
+        (1..=u32::MAX as usize).contains(&pipeline),
+        "pipeline out of range"
+    );
+    tokio::spawn(async move {
+        let meter = shared.meter.clone();
+        let mut client = WsClient {
+            ws,
+            durability: shared.durability.as_str(),
+            shared,
+            next_pair: start,
+            sent_at: vec![None; pipeline],
+            in_flight: 0,
+            latency: Latency::new(),
+            frame: Vec::with_capacity(96),
+        };
+        let result = client.run().await;
+        if result.is_err() {
+            meter.stop();
+        }
+        result.map(|()| client.latency)
+    })
+}
+
+struct WsClient {
+    ws: WsStream,
+    shared: Shared,
+    durability: &'static str,
+    next_pair: usize,
+    /// When the request in each slot (= request id) was sent; `None`: slot free.
+    sent_at: Vec<Option<Instant>>,
+    in_flight: usize,
+    latency: Latency,
+    frame: Vec<u8>,
+}
+
+impl WsClient {
+    async fn run(&mut self) -> anyhow::Result<()> {
+        for slot in 0..self.sent_at.len() {
+            self.send(slot).await?;
+        }
+        self.ws.flush().await?;
+        while self.in_flight > 0 {
+            let message = self.ws.next().await;
+            self.on_message(message).await?;
+            // Answer every reply that is already here before flushing once.
+            while let Some(message) = self.ws.next().now_or_never() {
+                self.on_message(message).await?;
+            }
+            self.ws.flush().await?;
+        }
+        let _ = self.ws.close(None).await;
+        Ok(())
+    }
+
+    /// Queues the next transfer in `slot` (not flushed).
+    async fn send(&mut self, slot: usize) -> anyhow::Result<()> {
+        let (from, to) = self.shared.pairs.get(self.next_pair);
+        self.next_pair = self.next_pair.wrapping_add(1);
+        self.frame.clear();
+        rmp_serde::encode::write_named(
+            &mut self.frame,
+            &CallFrame {
+                id: slot as u32,
+                kind: "call",
+                name: "transfer",
+                args: TransferArgs {
+                    from,
+                    to,
+                    amount: AMOUNT,
+                },
+                durability: self.durability,
+            },
+        )?;
+        self.sent_at[slot] = Some(Instant::now());
+        self.in_flight += 1;
+        self.ws
+            .feed(Message::binary(self.frame.clone()))
+            .await
+            .context("cannot send on the WebSocket")?;
+        Ok(())
+    }
+
+    async fn on_message(
+        &mut self,
+        message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    ) -> anyhow::Result<()> {
+        let bytes = match message {
+            None => anyhow::bail!("the server closed the WebSocket"),
+            Some(Err(e)) => return Err(anyhow::Error::new(e).context("WebSocket read failed")),
+            Some(Ok(Message::Binary(bytes))) => bytes,
+            Some(Ok(Message::Text(text))) => {
+                anyhow::bail!("unexpected text frame on a MessagePack connection: {text}")
+            }
+            Some(Ok(Message::Close(frame))) => {
+                anyhow::bail!("the server closed the WebSocket: {frame:?}")
+            }
+            Some(Ok(_)) => return Ok(()), // ping, pong: tungstenite answers pings itself
+        };
+        let reply: ReplyFrame<'_> =
+            rmp_serde::from_slice(&bytes).context("undecodable MessagePack reply")?;
+        let slot = match reply.id {
+            Some(id) if (id as usize) < self.sent_at.len() => id as usize,
+            _ => anyhow::bail!(
+                "a reply without a request of ours (id {:?}): {:?}",
+                reply.id,
+                reply.error.map(|e| format!("{}: {}", e.code, e.message))
+            ),
+        };
+        let sent = self.sent_at[slot]
+            .take()
+            .with_context(|| format!("a second reply for request id {slot}"))?;
+        self.in_flight -= 1;
+        match (reply.kind.as_ref(), reply.error) {
+            ("result", _) => self
+                .shared
+                .meter
+                .acked(1, sent.elapsed(), &mut self.latency),
+            ("error", Some(e)) => self.shared.refused(&failure_kind(&e.code, &e.message)),
+            (other, _) => anyhow::bail!("unexpected reply type {other:?}"),
+        }
+        if !self.shared.meter.stopped() {
+            self.send(slot).await?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP request/response.
+
+/// A keep-alive client for `in_flight` concurrent requests (one connection each).
+pub fn http_client(in_flight: usize) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(in_flight)
+        .timeout(HTTP_TIMEOUT)
+        .build()?)
+}
+
+/// The body of `POST /v1/call/transfer`, written directly.
+pub fn call_body(from: u32, to: u32, durability: Durability) -> String {
+    format!(
+        r#"{{"args":{{"from":{from},"to":{to},"amount":{AMOUNT}}},"durability":"{}"}}"#,
+        durability.as_str()
+    )
+}
+
+/// One request/response task: takes the next pair from its client's `cursor`, posts it,
+/// waits for the answer, until the meter stops.
+pub fn http_worker(
+    client: reqwest::Client,
+    url: Arc<str>,
+    shared: Shared,
+    cursor: Arc<AtomicUsize>,
+) -> Worker {
+    tokio::spawn(async move {
+        let mut latency = Latency::new();
+        while !shared.meter.stopped() {
+            let (from, to) = shared.pairs.get(cursor.fetch_add(1, Ordering::Relaxed));
+            let body = call_body(from, to, shared.durability);
+            let t = Instant::now();
+            let answer = async {
+                let resp = client
+                    .post(&*url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let bytes = resp.bytes().await?;
+                anyhow::Ok((status, bytes))
+            }
+            .await;
+            let (status, bytes) = match answer {
+                Ok(a) => a,
+                Err(e) => {
+                    shared.meter.stop();
+                    return Err(e.context(format!("POST {url}")));
+                }
+            };
+            if status.is_success() {
+                shared.meter.acked(1, t.elapsed(), &mut latency);
+                continue;
+            }
+            #[derive(Deserialize)]
+            struct ErrorReply<'a> {
+                #[serde(borrow)]
+                error: ErrorBody<'a>,
+            }
+            match serde_json::from_slice::<ErrorReply<'_>>(&bytes) {
+                Ok(r) => shared.refused(&failure_kind(&r.error.code, &r.error.message)),
+                Err(_) => shared.refused(&format!("http_{}", status.as_u16())),
+            }
+        }
+        Ok(latency)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_classified_by_the_thrown_message() {
+        assert_eq!(
+            failure_kind(
+                "function_error",
+                "Error: insufficient_funds: account 3 has 0"
+            ),
+            "insufficient_funds"
+        );
+        assert_eq!(
+            failure_kind("function_error", "same_account: cannot transfer"),
+            "same_account"
+        );
+        assert_eq!(failure_kind("busy", "try again"), "busy");
+    }
+
+    #[test]
+    fn call_frames_round_trip_through_messagepack() {
+        let bytes = rmp_serde::to_vec_named(&CallFrame {
+            id: 7,
+            kind: "call",
+            name: "transfer",
+            args: TransferArgs {
+                from: 1,
+                to: 2,
+                amount: 1,
+            },
+            durability: "fsync",
+        })
+        .unwrap();
+        // The server decodes frames as generic values: the same shapes as JSON.
+        let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": 7, "type": "call", "name": "transfer",
+                "args": {"from": 1, "to": 2, "amount": 1}, "durability": "fsync"})
+        );
+        let reply = rmp_serde::to_vec_named(&serde_json::json!({
+            "id": 7, "type": "error",
+            "error": {"code": "function_error", "message": "missing_account: no account 9"}
+        }))
+        .unwrap();
+        let r: ReplyFrame<'_> = rmp_serde::from_slice(&reply).unwrap();
+        assert_eq!((r.id, r.kind.as_ref()), (Some(7), "error"));
+        let e = r.error.unwrap();
+        assert_eq!(failure_kind(&e.code, &e.message), "missing_account");
+        let ok = rmp_serde::to_vec_named(
+            &serde_json::json!({"id": 3, "type": "result", "seq": 12, "result": null}),
+        )
+        .unwrap();
+        let r: ReplyFrame<'_> = rmp_serde::from_slice(&ok).unwrap();
+        assert_eq!(
+            (r.id, r.kind.as_ref(), r.error.is_none()),
+            (Some(3), "result", true)
+        );
+    }
+
+    #[test]
+    fn call_bodies_are_json() {
+        let v: serde_json::Value =
+            serde_json::from_str(&call_body(4, 5, Durability::Fsync)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"args": {"from": 4, "to": 5, "amount": 1}, "durability": "fsync"})
+        );
+    }
+}

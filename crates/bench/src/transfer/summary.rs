@@ -1,0 +1,530 @@
+//! What `sluice bench transfer` reports: the keynote-shaped table per α with each system's
+//! ratio to PostgreSQL, the goals, failures and balance checks, charts and raw samples.
+
+use serde_json::json;
+
+use super::{Case, Params, Target};
+use crate::hist::{fmt_ratio, fmt_si};
+use crate::report::{Report, Table, Target as Goal};
+use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
+
+/// Goal: `sluice-ws` transactions per second, durable, at every α.
+const GOAL_TPS: f64 = 150_000.0;
+/// Goal: `sluice-ws` over `postgres`, at α = 0 and at α = 1.5.
+const GOAL_RATIO_UNIFORM: f64 = 40.0;
+const GOAL_RATIO_SKEWED: f64 = 300.0;
+/// Goal: `sluice-ws` p99 latency, in µs.
+const GOAL_P99_US: u64 = 15_000;
+
+/// The keynote's published rows (its README; a different, larger machine), for context:
+/// (system, clients, pipelining, TPS at α = 0, TPS at α = 1.5).
+const KEYNOTE_ROWS: [(&str, u32, &str, f64, f64); 3] = [
+    ("SpacetimeDB", 64, "40", 279_024.0, 303_919.0),
+    ("Node.js + Postgres", 64, "off", 9_904.0, 961.0),
+    ("Node.js + SQLite", 64, "off", 3_121.0, 3_188.0),
+];
+
+fn ms(us: u64) -> String {
+    let ms = us as f64 / 1e3;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else if ms >= 10.0 {
+        format!("{ms:.1}")
+    } else {
+        format!("{ms:.2}")
+    }
+}
+
+fn tps(v: f64) -> String {
+    // Thousands separators, as the keynote prints them.
+    let digits = (v.max(0.0).round() as u64).to_string();
+    let head = digits.len() % 3;
+    let mut groups: Vec<&str> = Vec::with_capacity(digits.len() / 3 + 1);
+    if head > 0 {
+        groups.push(&digits[..head]);
+    }
+    groups.extend(
+        digits.as_bytes()[head..]
+            .chunks(3)
+            .map(|g| std::str::from_utf8(g).expect("ASCII digits")),
+    );
+    groups.join(",")
+}
+
+fn alpha_label(alpha: f64) -> String {
+    if alpha <= 0.0 {
+        format!("α = {alpha} (uniform)")
+    } else {
+        format!("α = {alpha}")
+    }
+}
+
+fn find(cases: &[Case], target: Target, alpha: f64) -> Option<&Case> {
+    cases
+        .iter()
+        .find(|c| c.target == target && c.alpha == alpha)
+}
+
+fn ok_tps(cases: &[Case], target: Target, alpha: f64) -> Option<f64> {
+    find(cases, target, alpha)
+        .filter(|c| c.ok().is_some())
+        .map(|c| c.tps_mean)
+}
+
+fn pipelining(params: &Params, target: Target) -> String {
+    match (target, params.in_flight(target)) {
+        (Target::SluiceWs, n) => n.to_string(),
+        (_, 1) => "off".into(),
+        (_, n) => format!("{n} (concurrent requests)"),
+    }
+}
+
+pub fn write(report: &mut Report, params: &Params, cases: &[Case]) {
+    intro(report, params);
+    goals(report, params, cases);
+    for &alpha in &params.alphas {
+        report.tables.push(keynote_table(params, cases, alpha));
+    }
+    report.tables.push(checks_table(params, cases));
+    if let Some(t) = threads_table(cases) {
+        report.tables.push(t);
+    }
+    let mut reference = Table::new(
+        "For context: the keynote's published numbers (their machine, not this one)",
+        &[
+            "system",
+            "clients",
+            "pipelining",
+            "TPS α = 0",
+            "TPS α = 1.5",
+        ],
+    );
+    for (system, clients, pipe, uniform, skewed) in KEYNOTE_ROWS {
+        reference.row(vec![
+            system.into(),
+            clients.to_string(),
+            pipe.into(),
+            tps(uniform),
+            tps(skewed),
+        ]);
+    }
+    reference.note = Some(
+        "From templates/keynote-2/README.md in the SpacetimeDB repository: 300-second runs, \
+         30-second warm-up, client, server and database on one large cloud machine. Compare \
+         ratios, not absolute numbers."
+            .into(),
+    );
+    report.tables.push(reference);
+    charts(report, params, cases);
+    notes(report, params, cases);
+    report.samples = json!({ "suite": "transfer", "params": params, "cases": cases });
+}
+
+fn intro(report: &mut Report, params: &Params) {
+    report.intro.push(format!(
+        "The SpacetimeDB keynote-2 workload: {} accounts with balance {}, each transaction \
+         moves 1 between two distinct accounts drawn by Zipf(α) (mulberry32, seed 0x12345678, \
+         {} precomputed pairs; worker w starts at w × pairs / clients). A transfer fails on \
+         the same account, a missing account or insufficient funds. Every system commits \
+         durably: Sluice with the `{}` class, PostgreSQL with synchronous_commit=on and fsync=on \
+         at serializable isolation, SQLite in WAL mode with synchronous=FULL.",
+        params.accounts,
+        tps(params.initial_balance as f64),
+        params.pairs,
+        params.durability
+    ));
+    report.intro.push(format!(
+        "Every system sits behind a network API on loopback, started by the bench on this \
+         machine: Sluice runs the transfer as a server function (`examples/bank.js`), called \
+         over the binary WebSocket protocol with {} calls in flight per connection \
+         (`sluice-ws`) or by `POST /v1/call/transfer` (`sluice-http`); PostgreSQL and SQLite \
+         sit behind an HTTP RPC server with the same API (Rust, axum; PostgreSQL through a \
+         pool of {} connections, SQLite through one connection). {} clients; HTTP clients \
+         keep {} request(s) in flight each, every one on its own keep-alive connection \
+         (HTTP/1.1 has no usable pipelining). Each case: {:.0}s warm-up, then {:.0}s \
+         measured; TPS counts transfers whose success reply arrived in the window; TPS \
+         stddev is the sample standard deviation of the per-second series.",
+        params.pipeline,
+        params.pg_pool,
+        params.concurrency,
+        params.http_inflight,
+        params.warmup_seconds,
+        params.seconds
+    ));
+}
+
+fn goals(report: &mut Report, params: &Params, cases: &[Case]) {
+    if !params.targets.contains(&Target::SluiceWs) {
+        return;
+    }
+    for &alpha in &params.alphas {
+        let ws = find(cases, Target::SluiceWs, alpha).filter(|c| c.ok().is_some());
+        report.targets.push(Goal {
+            what: format!(
+                "sluice-ws TPS, {} durable, {}",
+                params.durability,
+                alpha_label(alpha)
+            ),
+            goal: format!("≥ {}", fmt_si(GOAL_TPS)),
+            measured: ws.map_or("not measured".into(), |c| tps(c.tps_mean)),
+            met: ws.map(|c| c.tps_mean >= GOAL_TPS),
+        });
+        let goal_ratio = if alpha <= 0.0 {
+            Some(GOAL_RATIO_UNIFORM)
+        } else if (alpha - 1.5).abs() < 1e-9 {
+            Some(GOAL_RATIO_SKEWED)
+        } else {
+            None
+        };
+        let ratio = ok_tps(cases, Target::SluiceWs, alpha)
+            .zip(ok_tps(cases, Target::Postgres, alpha))
+            .map(|(s, p)| s / p);
+        report.targets.push(Goal {
+            what: format!("sluice-ws / postgres TPS, {}", alpha_label(alpha)),
+            goal: goal_ratio.map_or("reported".into(), |g| format!("≥ {g:.0}×")),
+            measured: ratio.map_or("not measured".into(), fmt_ratio),
+            met: goal_ratio.zip(ratio).map(|(g, r)| r >= g),
+        });
+        let p99 = ws.and_then(|c| c.ok()).map(|m| m.latency.p99_us);
+        report.targets.push(Goal {
+            what: format!("sluice-ws p99 latency, {}", alpha_label(alpha)),
+            goal: format!("< {} ms", GOAL_P99_US / 1000),
+            measured: p99.map_or("not measured".into(), |us| format!("{} ms", ms(us))),
+            met: p99.map(|us| us < GOAL_P99_US),
+        });
+    }
+}
+
+fn keynote_table(params: &Params, cases: &[Case], alpha: f64) -> Table {
+    let mut t = Table::new(
+        format!("Transfers, {}", alpha_label(alpha)),
+        &[
+            "system",
+            "clients",
+            "pipelining",
+            "TPS",
+            "TPS stddev",
+            "p50 ms",
+            "p99 ms",
+            "vs postgres",
+        ],
+    );
+    let pg = ok_tps(cases, Target::Postgres, alpha);
+    for &target in &params.targets {
+        let Some(c) = find(cases, target, alpha) else {
+            continue;
+        };
+        let mut row = vec![
+            format!("{} (`{}`)", target.system(), target.name()),
+            c.clients.to_string(),
+            pipelining(params, target),
+        ];
+        match c.ok() {
+            Some(m) => row.extend([
+                tps(c.tps_mean),
+                tps(c.tps_stddev),
+                ms(m.latency.p50_us),
+                ms(m.latency.p99_us),
+                pg.map_or("—".into(), |p| fmt_ratio(c.tps_mean / p)),
+            ]),
+            None => {
+                row.push("failed".into());
+                row.extend(std::iter::repeat_n("—".to_string(), 4));
+            }
+        }
+        t.row(row);
+    }
+    t.note = Some(
+        "Latency is from sending a call to its success reply, as the client sees it; with \
+         pipelining it includes the time a call waits behind the others in flight on its \
+         connection."
+            .into(),
+    );
+    t
+}
+
+fn checks_table(params: &Params, cases: &[Case]) -> Table {
+    let mut t = Table::new(
+        "Refusals, balance checks and CPU",
+        &[
+            "system",
+            "α",
+            "committed in window",
+            "refused (by kind)",
+            "retries",
+            "balance sum after",
+            "server CPU (cores)",
+            "bench CPU (cores)",
+            "CPU per transfer",
+            "commits/sync",
+        ],
+    );
+    for c in cases {
+        let refused = if c.failures.is_empty() {
+            "none".to_string()
+        } else {
+            c.failures
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let balance = match &c.balance {
+            Some(b) if b.verified => {
+                format!("{} over {} accounts ✓", tps(b.sum as f64), b.accounts)
+            }
+            Some(b) => format!(
+                "**{} over {} accounts, expected {}**",
+                tps(b.sum as f64),
+                b.accounts,
+                tps(b.sum_expected as f64)
+            ),
+            None => "not checked".into(),
+        };
+        let m = c.result.as_ref();
+        t.row(vec![
+            c.target.name().into(),
+            c.alpha.to_string(),
+            m.map_or("—".into(), |m| m.requests.to_string()),
+            refused,
+            c.retries.map_or("—".into(), |r| r.to_string()),
+            balance,
+            c.server_cpu_cores.map_or("—".into(), |x| format!("{x:.2}")),
+            c.bench_cpu_cores.map_or("—".into(), |x| format!("{x:.2}")),
+            cpu_per_transfer(c),
+            m.and_then(|m| m.commits_per_sync)
+                .map_or("—".into(), |x| format!("{x:.0}")),
+        ]);
+    }
+    t.note = Some(format!(
+        "Balances are read after the load stopped (Sluice: paging GET /v1/tables/accounts/rows; \
+         the peers: SELECT SUM(balance)); the sum must stay {} × {}. Retries: PostgreSQL \
+         transactions retried after 40001/40P01/55P03. Server CPU: the Sluice process, or \
+         PostgreSQL's postmaster and backends; bench CPU: this process (clients, plus the RPC \
+         server and SQLite for the peers); both averaged over warm-up and window on {} \
+         CPU(s). CPU per transfer: server plus bench CPU time over transfers per second (an \
+         upper bound: the warm-up and drain are in the CPU, not in the count). commits/sync: \
+         fsync-class commits per log sync (group commit).",
+        params.accounts,
+        tps(params.initial_balance as f64),
+        report_nproc()
+    ));
+    t
+}
+
+/// Server plus bench CPU time per committed transfer, in µs.
+fn cpu_per_transfer(c: &Case) -> String {
+    let cores = c.server_cpu_cores.unwrap_or(0.0) + c.bench_cpu_cores.unwrap_or(0.0);
+    if c.ok().is_none() || c.tps_mean <= 0.0 || cores <= 0.0 {
+        return "—".into();
+    }
+    format!("{:.1} µs", cores * 1e6 / c.tps_mean)
+}
+
+/// Sluice's CPU by thread: the single writer against the network threads and the log.
+fn threads_table(cases: &[Case]) -> Option<Table> {
+    let mut t = Table::new(
+        "Where Sluice's CPU went, by server thread",
+        &[
+            "system",
+            "α",
+            "TPS",
+            "server threads (cores)",
+            "writer µs per transfer",
+        ],
+    );
+    for c in cases.iter().filter(|c| !c.server_threads_cores.is_empty()) {
+        let threads = c
+            .server_threads_cores
+            .iter()
+            .map(|(name, cores)| format!("{name} {cores:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let writer = c
+            .server_threads_cores
+            .get("sluice-writer")
+            .filter(|_| c.tps_mean > 0.0)
+            .map_or("—".into(), |w| format!("{:.1} µs", w * 1e6 / c.tps_mean));
+        t.row(vec![
+            c.target.name().into(),
+            c.alpha.to_string(),
+            tps(c.tps_mean),
+            threads,
+            writer,
+        ]);
+    }
+    t.note = Some(
+        "Averaged over warm-up and window. The writer applies every transaction one at a time \
+         (the function runs there); if it nears 1.00 core, it is the bottleneck; otherwise the \
+         CPUs shared by the network threads, the log and the clients are."
+            .into(),
+    );
+    (!t.rows.is_empty()).then_some(t)
+}
+
+fn report_nproc() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn charts(report: &mut Report, params: &Params, cases: &[Case]) {
+    let categories: Vec<String> = params.alphas.iter().map(|&a| alpha_label(a)).collect();
+    let series_for =
+        |targets: &[Target], metric: &dyn Fn(&Case) -> Option<f64>| -> Vec<BarSeries> {
+            targets
+                .iter()
+                .filter(|t| params.targets.contains(t))
+                .map(|&t| BarSeries {
+                    name: t.name().into(),
+                    values: params
+                        .alphas
+                        .iter()
+                        .map(|&a| {
+                            find(cases, t, a)
+                                .filter(|c| c.ok().is_some())
+                                .and_then(metric)
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+    let all = series_for(&params.targets, &|c| Some(c.tps_mean));
+    report.chart(
+        "tps.svg",
+        "transactions per second by system and α",
+        BarChart {
+            title: format!(
+                "Transfers per second ({} clients, durable)",
+                params.concurrency
+            ),
+            x_label: "Zipf α".into(),
+            y_label: "transactions/s".into(),
+            categories: categories.clone(),
+            series: all,
+        }
+        .render(),
+    );
+    // The request/response systems on their own scale: next to sluice-ws their bars are
+    // too short to compare on a linear axis.
+    let rr: Vec<Target> = params
+        .targets
+        .iter()
+        .copied()
+        .filter(|t| *t != Target::SluiceWs)
+        .collect();
+    if rr.len() >= 2 {
+        report.chart(
+            "tps_request_response.svg",
+            "transactions per second, request/response systems only",
+            BarChart {
+                title: "Transfers per second, HTTP request/response".into(),
+                x_label: "Zipf α".into(),
+                y_label: "transactions/s".into(),
+                categories: categories.clone(),
+                series: series_for(&rr, &|c| Some(c.tps_mean)),
+            }
+            .render(),
+        );
+    }
+    report.chart(
+        "p99.svg",
+        "p99 latency by system and α",
+        BarChart {
+            title: "p99 latency (ms)".into(),
+            x_label: "Zipf α".into(),
+            y_label: "p99 latency, ms".into(),
+            categories,
+            series: series_for(&params.targets, &|c| {
+                c.ok().map(|m| m.latency.p99_us as f64 / 1e3)
+            }),
+        }
+        .render(),
+    );
+    for (i, &alpha) in params.alphas.iter().enumerate() {
+        let series: Vec<LineSeries> = params
+            .targets
+            .iter()
+            .filter_map(|&t| {
+                let m = find(cases, t, alpha)?.ok()?;
+                Some(LineSeries {
+                    name: t.name().into(),
+                    points: m
+                        .per_second
+                        .iter()
+                        .map(|s| (s.t, s.requests_per_sec))
+                        .collect(),
+                })
+            })
+            .collect();
+        if !series.is_empty() {
+            report.chart(
+                &format!("timeline_{i}.svg"),
+                &format!("per-second TPS, {}", alpha_label(alpha)),
+                LineChart {
+                    title: format!(
+                        "Transfers per second over the window, {}",
+                        alpha_label(alpha)
+                    ),
+                    x_label: "seconds into the measured window".into(),
+                    y_label: "transactions/s".into(),
+                    series,
+                }
+                .render(),
+            );
+        }
+    }
+}
+
+fn notes(report: &mut Report, params: &Params, cases: &[Case]) {
+    let in_flight = params.concurrency * params.pipeline;
+    if params.targets.contains(&Target::SluiceWs) {
+        report.notes.push(format!(
+            "sluice-ws keeps {} × {} = {in_flight} calls in flight, so by Little's law its mean \
+             latency is {in_flight} / TPS: {:.1} ms at {} TPS. The p99 goal can only be met at \
+             well above that rate, or with fewer calls in flight.",
+            params.concurrency,
+            params.pipeline,
+            in_flight as f64 / GOAL_TPS * 1e3,
+            fmt_si(GOAL_TPS)
+        ));
+    }
+    if params.durability != "fsync" {
+        report.notes.push(format!(
+            "Sluice ran with the {} durability class; PostgreSQL and SQLite still fsync every \
+             commit, so the comparison is not like for like.",
+            params.durability
+        ));
+    }
+    for c in cases.iter().filter(|c| c.error.is_some()) {
+        report.notes.push(format!(
+            "FAILED: {} at α = {}: {}",
+            c.target,
+            c.alpha,
+            c.error.as_deref().unwrap_or_default()
+        ));
+    }
+    if params.quick {
+        report
+            .notes
+            .push("--quick: a smoke run; these numbers are not meaningful.".into());
+    }
+    if cfg!(debug_assertions) {
+        report
+            .notes
+            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_print_like_the_keynote() {
+        assert_eq!(tps(279_024.4), "279,024");
+        assert_eq!(tps(961.0), "961");
+        assert_eq!(tps(1_000_000_000.0), "1,000,000,000");
+        assert_eq!(ms(8_123), "8.12");
+        assert_eq!(ms(12_345), "12.3");
+        assert_eq!(ms(250_100), "250");
+    }
+}
