@@ -169,6 +169,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        // Replies are small and written in batches that are flushed explicitly; Nagle's
+        // algorithm would only hold them back (up to a delayed-ACK timeout).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on http://{addr}");
         axum::serve(listener, sluice_server::api::router(core.clone()))
             .with_graceful_shutdown(shutdown_signal())
