@@ -25,4 +25,13 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --workspace --locked -- --test-threads 2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# No doc tests: the crates have none, and their empty "0 passed" lines would close the run.
+cargo test --workspace --locked --lib --bins --tests -- --test-threads 2 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '; ([0-9]+) failed' "$log" | grep -Eo '[0-9]+' | awk '{s+=$1} END {print s+0}')
+echo
+echo "tests: $passed passed, $failed failed"
+exit "$status"
