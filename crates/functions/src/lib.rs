@@ -132,11 +132,6 @@ impl Functions {
         })
     }
 
-    fn heap_nearly_full(&self) -> bool {
-        let used = self.runtime.memory_usage().malloc_size.max(0) as u64;
-        used * 4 >= self.limits.memory_bytes_max as u64 * 3
-    }
-
     /// Names of the exported functions of the loaded module.
     pub fn exports(&self) -> &[String] {
         &self.exports
@@ -227,15 +222,6 @@ impl Functions {
             convert::js_to_json(&out, 0).map_err(|e| FunctionError::Value(format!("result: {e}")))
         });
         self.deadline.set(None);
-        // When the heap is exhausted QuickJS may not even manage to allocate its error
-        // object and throws a bare uninitialized value (surfacing as null); a bare throw
-        // while the heap is nearly full is taken for that.
-        let result = match result {
-            Err(FunctionError::Thrown(m)) if m == BARE_THROW && self.heap_nearly_full() => {
-                Err(FunctionError::OutOfMemory(self.limits.memory_bytes_max))
-            }
-            other => other,
-        };
         let lent: Box<dyn std::any::Any> = self
             .slot
             .borrow_mut()
@@ -298,9 +284,12 @@ fn compile_error(e: CaughtError<'_>) -> FunctionError {
     FunctionError::Compile { message, line }
 }
 
-/// Classifies a failed call. A bare `null`/`undefined` thrown is reported as
-/// `Thrown("null")` here; [`Functions::call`] re-reads it as out-of-memory when the heap is
-/// nearly full (it cannot ask the runtime from inside the context).
+/// Classifies a failed call.
+///
+/// Known gap: when the heap is exhausted by many small allocations, QuickJS cannot even
+/// allocate its "out of memory" error and throws a bare `null`, which is indistinguishable
+/// here from a script's `throw null` (and the heap is freed again by the time the runtime
+/// could be asked), so that case reads as `Thrown("null")`.
 fn call_error(e: CaughtError<'_>, started: Instant, limits: FunctionLimits) -> FunctionError {
     let message = caught_message(&e);
     if started.elapsed() >= limits.time_max && message.contains("interrupted") {
@@ -311,18 +300,5 @@ fn call_error(e: CaughtError<'_>, started: Instant, limits: FunctionLimits) -> F
     {
         return FunctionError::OutOfMemory(limits.memory_bytes_max);
     }
-    let bare = matches!(
-        &e,
-        CaughtError::Value(v) if matches!(
-            v.type_of(),
-            rquickjs::Type::Uninitialized | rquickjs::Type::Null | rquickjs::Type::Undefined
-        )
-    );
-    if bare {
-        return FunctionError::Thrown(BARE_THROW.to_string());
-    }
     FunctionError::Thrown(message)
 }
-
-/// What a thrown `null` / `undefined` reads as.
-const BARE_THROW: &str = "null";

@@ -195,14 +195,19 @@ async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
-/// Reads the whole body as JSON, enforcing `body_bytes_max`.
-async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
+/// Reads the whole body, enforcing `body_bytes_max`.
+async fn read_body(core: &Core, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let max = core.config().body_bytes_max;
-    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
+    axum::body::to_bytes(body, max).await.map_err(|_| {
         ApiError::limit(format!(
             "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
         ))
-    })?;
+    })
+}
+
+/// Reads the whole body as a JSON object, enforcing `body_bytes_max`.
+async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
+    let bytes = read_body(core, body).await?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match value {
@@ -213,7 +218,8 @@ async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiErr
     }
 }
 
-fn durability_of(body: &Map<String, Value>) -> Result<Option<Durability>, ApiError> {
+/// The optional `"durability"` of a request (HTTP body or WebSocket message).
+pub(crate) fn durability_of(body: &Map<String, Value>) -> Result<Option<Durability>, ApiError> {
     match body.get("durability") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => s.parse().map(Some).map_err(ApiError::bad_request),
@@ -415,12 +421,15 @@ async fn mutate(State(core): St, body: Body) -> ApiResult {
     }
     let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
     let ok = core.mutate(ops, durability).await?;
-    let results: Vec<Value> = ok
-        .results
+    Ok(Json(json!({"seq": ok.seq, "results": results_json(&ok)})))
+}
+
+/// The `results` of a committed mutate, as HTTP and WebSocket replies carry them.
+pub(crate) fn results_json(ok: &crate::core::MutateOk) -> Vec<Value> {
+    ok.results
         .iter()
         .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
-        .collect();
-    Ok(Json(json!({"seq": ok.seq, "results": results})))
+        .collect()
 }
 
 async fn tables(State(core): St) -> ApiResult {
@@ -621,12 +630,7 @@ async fn call(State(core): St, path: Result<Path<String>, PathRejection>, body: 
 }
 
 async fn put_functions(State(core): St, body: Body) -> ApiResult {
-    let max = core.config().body_bytes_max;
-    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
-        ApiError::limit(format!(
-            "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
-        ))
-    })?;
+    let bytes = read_body(&core, body).await?;
     let source = String::from_utf8(bytes.to_vec())
         .map_err(|_| ApiError::bad_request("the module source must be UTF-8 text"))?;
     let exports = core.load_functions(source).await?;

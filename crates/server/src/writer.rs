@@ -121,6 +121,31 @@ impl Waiter for Ack {
     }
 }
 
+/// The commits of one writer round and how each is to be acknowledged.
+#[derive(Default)]
+struct Committed {
+    /// Frames (= commits) encoded this round.
+    frames: u64,
+    /// `memory` commits: acknowledged once the round is applied.
+    immediate: Vec<AckReply>,
+    /// `(seq, class)` of commits that wait for the log.
+    waiting: Vec<(u64, Durability)>,
+    /// Their acknowledgements, completed by the log thread.
+    acks: Vec<Ack>,
+}
+
+impl Committed {
+    fn add(&mut self, seq: u64, durability: Durability, reply: AckReply) {
+        self.frames += 1;
+        if durability == Durability::Memory {
+            self.immediate.push(reply);
+        } else {
+            self.waiting.push((seq, durability));
+            self.acks.push(Ack { durability, reply });
+        }
+    }
+}
+
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     functions: Functions,
@@ -208,10 +233,7 @@ impl Writer {
     fn round(&mut self, batch: &mut Vec<Request>) -> Option<Reply<()>> {
         let shared = self.shared.clone();
         let poisoned = shared.log.poisoned();
-        let mut acks = Vec::new();
-        let mut waiting = Vec::new();
-        let mut immediate = Vec::new();
-        let mut frame_count = 0u64;
+        let mut done = Committed::default();
         let mut snapshot_replies = Vec::new();
         let mut shutdown = None;
         let applied = {
@@ -238,20 +260,11 @@ impl Writer {
                         }
                         Ok((commit, results)) => {
                             self.log_commit(&commit);
-                            frame_count += 1;
                             let ok = MutateOk {
                                 seq: commit.seq,
                                 results,
                             };
-                            if durability == Durability::Memory {
-                                immediate.push(AckReply::Mutate(reply, ok));
-                            } else {
-                                waiting.push((commit.seq, durability));
-                                acks.push(Ack {
-                                    durability,
-                                    reply: AckReply::Mutate(reply, ok),
-                                });
-                            }
+                            done.add(commit.seq, durability, AckReply::Mutate(reply, ok));
                         }
                     },
                     Request::Schema {
@@ -269,16 +282,8 @@ impl Writer {
                         }
                         Ok(Some(commit)) => {
                             self.log_commit(&commit);
-                            frame_count += 1;
-                            if durability == Durability::Memory {
-                                immediate.push(AckReply::Schema(reply, commit.seq));
-                            } else {
-                                waiting.push((commit.seq, durability));
-                                acks.push(Ack {
-                                    durability,
-                                    reply: AckReply::Schema(reply, commit.seq),
-                                });
-                            }
+                            let reply = AckReply::Schema(reply, commit.seq);
+                            done.add(commit.seq, durability, reply);
                         }
                     },
                     Request::Call {
@@ -303,16 +308,7 @@ impl Writer {
                             }
                             Ok((Some(commit), ok)) => {
                                 self.log_commit(&commit);
-                                frame_count += 1;
-                                if durability == Durability::Memory {
-                                    immediate.push(AckReply::Call(reply, ok));
-                                } else {
-                                    waiting.push((commit.seq, durability));
-                                    acks.push(Ack {
-                                        durability,
-                                        reply: AckReply::Call(reply, ok),
-                                    });
-                                }
+                                done.add(commit.seq, durability, AckReply::Call(reply, ok));
                             }
                         }
                     }
@@ -332,19 +328,21 @@ impl Writer {
         shared
             .counters
             .commits
-            .fetch_add(frame_count, Ordering::Relaxed);
+            .fetch_add(done.frames, Ordering::Relaxed);
         shared
             .counters
             .writer_batches
             .fetch_add(1, Ordering::Relaxed);
-        shared.confirm.applied(applied, &waiting);
+        shared.confirm.applied(applied, &done.waiting);
         if !self.frames.is_empty() {
             self.log_bytes_since_snapshot += self.frames.len() as u64;
             // On failure the log has already failed the acks with the reason.
-            let _ = shared.log.submit(&self.frames, frame_count, applied, acks);
+            let _ = shared
+                .log
+                .submit(&self.frames, done.frames, applied, done.acks);
             self.frames.clear();
         }
-        for reply in immediate {
+        for reply in done.immediate {
             reply.send(Ok(()));
         }
         if shutdown.is_some() {

@@ -18,10 +18,9 @@ use std::pin::Pin;
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
-use sluice_log::Durability;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::{parse_ops, ApiError};
+use crate::api::{durability_of, parse_ops, results_json, ApiError};
 use crate::core::{CallOk, Core, MutateOk};
 use crate::writer::Request;
 
@@ -197,14 +196,10 @@ impl Pending {
                 }
                 Err(e) => Err(e),
             },
-            Pending::Mutate(rx) => rx.await.unwrap_or_else(|_| Err(dropped())).map(|ok| {
-                let results: Vec<Value> = ok
-                    .results
-                    .iter()
-                    .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
-                    .collect();
-                json!({"type": "result", "seq": ok.seq, "results": results})
-            }),
+            Pending::Mutate(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(dropped()))
+                .map(|ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok)})),
         };
         match result {
             Ok(mut v) => {
@@ -216,22 +211,12 @@ impl Pending {
     }
 }
 
-fn durability(request: &Map<String, Value>) -> Result<Option<Durability>, ApiError> {
-    match request.get("durability") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => s.parse().map(Some).map_err(ApiError::bad_request),
-        Some(_) => Err(ApiError::bad_request(
-            "\"durability\" must be one of \"memory\", \"disk\", \"fsync\"",
-        )),
-    }
-}
-
 async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pending, ApiError> {
     let kind = request
         .get("type")
         .and_then(Value::as_str)
         .ok_or_else(|| ApiError::bad_request("a request needs \"type\""))?;
-    let class = durability(request)?.unwrap_or(core.config().durability);
+    let class = durability_of(request)?.unwrap_or(core.config().durability);
     match kind {
         "ping" => Ok(Pending::Now(json!({"type": "pong", "seq": core.confirmed_seq()}))),
         "call" => {
