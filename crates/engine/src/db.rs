@@ -60,6 +60,9 @@ pub struct Change {
     pub key: Key,
     /// The row after the change; `None` for deletes.
     pub row: Option<Arc<[Value]>>,
+    /// The row before the change; `None` for inserts. Kept in memory only (the log holds
+    /// after-images): live views use it to retract what the row contributed before.
+    pub old: Option<Arc<[Value]>>,
     /// The row's version after the change (for deletes: the version that was deleted).
     pub version: u64,
 }
@@ -376,7 +379,7 @@ impl Db {
                         .get_mut(&r.table)
                         .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
                     let row: Option<Arc<[Value]>> = r.values.map(Into::into);
-                    match &row {
+                    let old = match &row {
                         Some(values) => {
                             if values.len() != table.schema.columns.len() {
                                 return Err(format!(
@@ -393,17 +396,16 @@ impl Db {
                                     version: r.version,
                                     seq,
                                 },
-                            );
+                            )
                         }
-                        None => {
-                            table.remove(&r.key);
-                        }
-                    }
+                        None => table.remove(&r.key),
+                    };
                     changes.push(Change {
                         table: table.schema.clone(),
                         op: r.op,
                         key: r.key,
                         row,
+                        old: old.map(|e| e.values),
                         version: r.version,
                     });
                 }
@@ -827,6 +829,7 @@ impl TxRef<'_> {
             ),
             None => table.remove(&key),
         };
+        let before = old.as_ref().map(|e| e.values.clone());
         self.st.undo.push(Undo::Restore {
             table: table_name.to_string(),
             key: key.clone(),
@@ -837,6 +840,7 @@ impl TxRef<'_> {
             op,
             key: key.clone(),
             row,
+            old: before,
             version,
         });
         WriteResult {

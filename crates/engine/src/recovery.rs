@@ -362,6 +362,7 @@ impl WindowSchemas {
                         op: r.op,
                         key: r.key,
                         row: r.values.map(Into::into),
+                        old: None,
                         version: r.version,
                     })
                     .collect(),

@@ -14,7 +14,63 @@ use crate::{QueryError, JOINED_ROWS_MAX, ROWS_MAX};
 
 type Row = Vec<Value>;
 
+/// One output row before sorting and windowing, with its identity in the result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Keyed {
+    /// Identity in the result: the primary key of every source in order (`NULL` for the
+    /// missing side of a `LEFT JOIN`), or the group's key values for a grouped query.
+    pub key: Vec<Value>,
+    /// The `ORDER BY` values, in order.
+    pub sort: Vec<Value>,
+    pub row: Vec<Value>,
+}
+
 pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>, QueryError> {
+    let mut output = evaluate(select, db, params)?;
+    if !select.order_by.is_empty() {
+        output.sort_by(|a, b| sort_cmp(&select.order_by, &a.sort, &b.sort));
+    }
+    let (offset, limit) = window(select, params)?;
+    let rows: Vec<Row> = output
+        .into_iter()
+        .skip(offset)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|k| k.row)
+        .collect();
+    if rows.len() > ROWS_MAX {
+        return Err(QueryError::Limit(format!(
+            "the result has {} rows; rows_per_query_max is {ROWS_MAX} (add a LIMIT)",
+            rows.len()
+        )));
+    }
+    Ok(rows)
+}
+
+/// `OFFSET` and `LIMIT` of `select` (`None`: no limit).
+pub fn window(select: &Select, params: &[Value]) -> Result<(usize, Option<usize>), QueryError> {
+    let env = Env {
+        row: &[],
+        params,
+        aggs: &[],
+        subqueries: &[],
+    };
+    let offset = match &select.offset {
+        Some(e) => count(&e.eval(&env), "OFFSET")?.unwrap_or(0),
+        None => 0,
+    };
+    let limit = match &select.limit {
+        Some(e) => count(&e.eval(&env), "LIMIT")?,
+        None => None,
+    };
+    Ok((offset, limit))
+}
+
+/// The values of each `IN (SELECT …)` subquery of `select`.
+pub fn subquery_values(
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+) -> Result<Vec<SubqueryValues>, QueryError> {
     let mut subqueries = Vec::with_capacity(select.subqueries.len());
     for s in &select.subqueries {
         let mut values = SubqueryValues::default();
@@ -28,6 +84,13 @@ pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>
         }
         subqueries.push(values);
     }
+    Ok(subqueries)
+}
+
+/// Every output row of `select` (unsorted, before `OFFSET`/`LIMIT`), with its key and sort
+/// values.
+pub fn evaluate(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Keyed>, QueryError> {
+    let subqueries = subquery_values(select, db, params)?;
     let cx = Cx {
         params,
         subqueries: &subqueries,
@@ -198,8 +261,13 @@ pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>
     }
 
     // Projection (after grouping, if any), with the sort keys of each output row.
-    let mut output: Vec<(Row, Row)> = Vec::new();
-    let mut emit = |e: Env<'_>| {
+    let mut output: Vec<Keyed> = Vec::new();
+    let pk_positions: Vec<usize> = select
+        .sources
+        .iter()
+        .map(|s| s.offset + s.schema.pk)
+        .collect();
+    let mut emit = |key: Row, e: Env<'_>| {
         let projected: Row = select.projection.iter().map(|p| p.eval(&e)).collect();
         let keys: Row = select
             .order_by
@@ -209,12 +277,17 @@ pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>
                 SortExpr::Expr(x) => x.eval(&e),
             })
             .collect();
-        output.push((keys, projected));
+        output.push(Keyed {
+            key,
+            sort: keys,
+            row: projected,
+        });
     };
     match &select.aggregate {
         None => {
             for r in &rows {
-                emit(cx.env(r));
+                let key = pk_positions.iter().map(|&i| r[i].clone()).collect();
+                emit(key, cx.env(r));
             }
         }
         Some(agg) => {
@@ -241,36 +314,13 @@ pub(crate) fn run(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Row>
                     subqueries: &subqueries,
                 };
                 if agg.having.as_ref().is_none_or(|h| h.is_true(&e)) {
-                    emit(e);
+                    emit(key.clone(), e);
                 }
             }
         }
     }
 
-    if !select.order_by.is_empty() {
-        output.sort_by(|a, b| sort_cmp(&select.order_by, &a.0, &b.0));
-    }
-    let offset = match &select.offset {
-        Some(e) => count(&constant(e), "OFFSET")?.unwrap_or(0),
-        None => 0,
-    };
-    let limit = match &select.limit {
-        Some(e) => count(&constant(e), "LIMIT")?,
-        None => None,
-    };
-    let rows: Vec<Row> = output
-        .into_iter()
-        .skip(offset)
-        .take(limit.unwrap_or(usize::MAX))
-        .map(|(_, r)| r)
-        .collect();
-    if rows.len() > ROWS_MAX {
-        return Err(QueryError::Limit(format!(
-            "the result has {} rows; rows_per_query_max is {ROWS_MAX} (add a LIMIT)",
-            rows.len()
-        )));
-    }
-    Ok(rows)
+    Ok(output)
 }
 
 struct Cx<'a> {
@@ -310,7 +360,8 @@ fn count(v: &Value, what: &str) -> Result<Option<usize>, QueryError> {
     }
 }
 
-fn sort_cmp(keys: &[SortKey], a: &[Value], b: &[Value]) -> Ordering {
+/// Compares two rows of `ORDER BY` values under `keys`.
+pub fn sort_cmp(keys: &[SortKey], a: &[Value], b: &[Value]) -> Ordering {
     for (k, (x, y)) in keys.iter().zip(a.iter().zip(b)) {
         let o = match (k.nulls_first, x.is_null(), y.is_null()) {
             (Some(first), true, false) => {

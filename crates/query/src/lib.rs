@@ -35,6 +35,7 @@ use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
 
 pub use error::QueryError;
+pub use exec::{evaluate, sort_cmp, subquery_values, window, Keyed};
 pub use expr::Expr;
 pub use plan::{Access, Aggregate, Join, Plan, Select, SUBQUERY_DEPTH_MAX};
 
@@ -120,6 +121,7 @@ pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
     Ok(Plan {
         select,
         params: planner.params,
+        text: statement.to_string(),
     })
 }
 

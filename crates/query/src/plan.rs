@@ -161,6 +161,9 @@ pub struct ParamSpec {
 pub struct Plan {
     pub select: Select,
     pub params: ParamSpec,
+    /// The statement as sqlparser prints it back: the same for texts that differ only in
+    /// whitespace or keyword case (live views are shared by it).
+    pub text: String,
 }
 
 pub(crate) fn ident(id: &ast::Ident) -> String {

@@ -1,0 +1,585 @@
+//! [`Live`]: the registry of views — sharing, routing, subscribing, resuming, following
+//! commits, expiring idle views. Single-threaded by design (it runs on the live thread, see
+//! [`crate::thread`]); tests drive it directly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_engine::{Change, Commit, CommitBody, Db, Value};
+use sluice_query::expr::BinOp;
+use sluice_query::{Expr, Params, Plan, QueryError, Select};
+
+use crate::operator::Operator;
+use crate::sink::{Event, EventKind, Pushed, Sink};
+use crate::view::Materialized;
+use crate::Limits;
+
+pub type SubId = u64;
+type ViewId = u64;
+
+/// A subscription request.
+#[derive(Clone, Debug)]
+pub struct Subscribe {
+    pub sql: String,
+    pub params: Params,
+    /// Resume after this seq (the last event the client saw).
+    pub since: Option<u64>,
+}
+
+struct View {
+    sql: String,
+    plan: Arc<Plan>,
+    params: Vec<Value>,
+    op: Operator,
+    mat: Materialized,
+    /// The seq the materialisation reflects.
+    seq: u64,
+    /// Diff events after `history_from`, for resuming subscribers.
+    history: VecDeque<Arc<Event>>,
+    history_bytes: usize,
+    history_from: u64,
+    subs: BTreeSet<SubId>,
+    idle_since: Option<Instant>,
+    /// Tables read (with subqueries'), and the routes this view is registered under.
+    tables: BTreeSet<String>,
+    route: Route,
+}
+
+/// How commits find a view.
+#[derive(Clone, Debug, PartialEq)]
+enum Route {
+    /// Every change to the view's tables.
+    Tables,
+    /// Changes to `table` whose old or new row has `value` at `column` (a `column = value`
+    /// conjunct of the view's `WHERE`).
+    Equal {
+        table: String,
+        column: usize,
+        value: Value,
+    },
+}
+
+#[derive(Default)]
+struct TableRoutes {
+    all: BTreeSet<ViewId>,
+    equal: BTreeMap<usize, BTreeMap<Value, BTreeSet<ViewId>>>,
+}
+
+/// Counters for `/metrics` and the bench.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveStats {
+    pub views: usize,
+    pub subscribers: usize,
+    pub commits: u64,
+    /// View updates (one per view a commit reached).
+    pub view_updates: u64,
+    pub diffs: u64,
+    pub resets: u64,
+    pub slow_closed: u64,
+}
+
+pub struct Live {
+    limits: Limits,
+    views: HashMap<ViewId, View>,
+    /// By normalised text and the canonical bytes of the parameters (so `1` and `1.0` differ).
+    by_query: HashMap<(String, Vec<u8>), ViewId>,
+    plans: HashMap<String, Arc<Plan>>,
+    routes: HashMap<String, TableRoutes>,
+    subs: HashMap<SubId, (ViewId, Arc<Sink>)>,
+    next_id: u64,
+    stats: LiveStats,
+}
+
+fn equality_route(select: &Select, params: &[Value]) -> Option<(usize, Value)> {
+    if select.sources.len() != 1 {
+        return None;
+    }
+    let conj = select.base_filter.iter().chain(select.filter.iter());
+    for f in conj {
+        for c in sluice_query::plan::conjuncts(f.clone()) {
+            if let Expr::Binary(BinOp::Eq, a, b) = &c {
+                let (col, val) = match (&**a, &**b) {
+                    (Expr::Column(i), v) | (v, Expr::Column(i)) => (*i, v),
+                    _ => continue,
+                };
+                let value = match val {
+                    Expr::Literal(v) => v.clone(),
+                    Expr::Param(p) => params[*p].clone(),
+                    _ => continue,
+                };
+                return Some((col, value));
+            }
+        }
+    }
+    None
+}
+
+fn tables_of(select: &Select, out: &mut BTreeSet<String>) {
+    for s in &select.sources {
+        out.insert(s.schema.name.clone());
+    }
+    for s in &select.subqueries {
+        tables_of(s, out);
+    }
+}
+
+fn complexity(select: &Select) -> usize {
+    select.sources.len() + select.subqueries.iter().map(complexity).sum::<usize>()
+}
+
+impl Live {
+    pub fn new(limits: Limits) -> Live {
+        Live {
+            limits,
+            views: HashMap::new(),
+            by_query: HashMap::new(),
+            plans: HashMap::new(),
+            routes: HashMap::new(),
+            subs: HashMap::new(),
+            next_id: 1,
+            stats: LiveStats::default(),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn stats(&self) -> LiveStats {
+        LiveStats {
+            views: self.views.len(),
+            subscribers: self.subs.len(),
+            ..self.stats
+        }
+    }
+
+    /// Subscribes `sink` to the query, creating (from `db`) or sharing its view, and queues
+    /// the snapshot — or, when `since` is within the view's history, exactly the diffs after
+    /// it. `db` must be the state every commit up to `db.seq` was or will be applied from.
+    pub fn subscribe(
+        &mut self,
+        db: &Db,
+        req: &Subscribe,
+        sink: Arc<Sink>,
+    ) -> Result<SubId, QueryError> {
+        let plan = match self.plans.get(&req.sql) {
+            Some(p) => p.clone(),
+            None => {
+                let p = Arc::new(sluice_query::prepare(&req.sql, db)?);
+                let n = complexity(&p.select);
+                if n > self.limits.view_tables_max {
+                    return Err(QueryError::Limit(format!(
+                        "the query reads {n} tables (joins and subqueries); view_tables_max is {}",
+                        self.limits.view_tables_max
+                    )));
+                }
+                if self.plans.len() >= self.limits.plans_max {
+                    self.plans.clear();
+                }
+                self.plans.insert(req.sql.clone(), p.clone());
+                p
+            }
+        };
+        let params = plan.resolve(&req.params)?;
+        let qkey = query_key(&plan, &params);
+        let id = match self.by_query.get(&qkey) {
+            Some(&id) => id,
+            None => {
+                if self.views.len() >= self.limits.views_max {
+                    self.expire(Instant::now(), true);
+                    if self.views.len() >= self.limits.views_max {
+                        return Err(QueryError::Limit(format!(
+                            "the server holds {} live views; views_max (--live-views-max) is {}",
+                            self.views.len(),
+                            self.limits.views_max
+                        )));
+                    }
+                }
+                let view = self.build(db, req.sql.clone(), plan, params)?;
+                let id = self.next_id;
+                self.next_id += 1;
+                self.add_routes(id, &view);
+                self.views.insert(id, view);
+                self.by_query.insert(qkey, id);
+                id
+            }
+        };
+        let sub = self.next_id;
+        self.next_id += 1;
+        let view = self.views.get_mut(&id).expect("registered");
+        view.subs.insert(sub);
+        view.idle_since = None;
+        let resumable = req
+            .since
+            .filter(|&s| s >= view.history_from && s <= view.seq);
+        match resumable {
+            Some(since) => {
+                for e in view.history.iter().filter(|e| e.seq > since) {
+                    sink.push_reset(e.clone());
+                }
+            }
+            None => {
+                let json = view.mat.snapshot_json(view.seq, req.since.is_some());
+                sink.push_reset(Arc::new(Event {
+                    seq: view.seq,
+                    kind: EventKind::Snapshot,
+                    json,
+                }));
+            }
+        }
+        self.subs.insert(sub, (id, sink));
+        Ok(sub)
+    }
+
+    fn build(
+        &self,
+        db: &Db,
+        sql: String,
+        plan: Arc<Plan>,
+        params: Vec<Value>,
+    ) -> Result<View, QueryError> {
+        let select = &plan.select;
+        let mut op = Operator::for_select(select);
+        let rows = op.load(select, db, &params, self.limits.view_rows_max)?;
+        let (offset, limit) = sluice_query::window(select, &params)?;
+        let mut mat = Materialized::new(
+            select.columns.clone().into(),
+            select.order_by.clone(),
+            offset,
+            limit,
+        );
+        mat.load(rows);
+        let mut tables = BTreeSet::new();
+        tables_of(select, &mut tables);
+        let route = match (&op, equality_route(select, &params)) {
+            (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {
+                Route::Equal {
+                    table: select.sources[0].schema.name.clone(),
+                    column,
+                    value,
+                }
+            }
+            _ => Route::Tables,
+        };
+        Ok(View {
+            sql,
+            plan,
+            params,
+            op,
+            mat,
+            seq: db.seq,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            history_from: db.seq,
+            subs: BTreeSet::new(),
+            idle_since: Some(Instant::now()),
+            tables,
+            route,
+        })
+    }
+
+    fn add_routes(&mut self, id: ViewId, view: &View) {
+        match &view.route {
+            Route::Tables => {
+                for t in &view.tables {
+                    self.routes.entry(t.clone()).or_default().all.insert(id);
+                }
+            }
+            Route::Equal {
+                table,
+                column,
+                value,
+            } => {
+                self.routes
+                    .entry(table.clone())
+                    .or_default()
+                    .equal
+                    .entry(*column)
+                    .or_default()
+                    .entry(value.clone())
+                    .or_default()
+                    .insert(id);
+            }
+        }
+    }
+
+    fn remove_routes(&mut self, id: ViewId, view: &View) {
+        match &view.route {
+            Route::Tables => {
+                for t in &view.tables {
+                    if let Some(r) = self.routes.get_mut(t) {
+                        r.all.remove(&id);
+                    }
+                }
+            }
+            Route::Equal {
+                table,
+                column,
+                value,
+            } => {
+                if let Some(r) = self.routes.get_mut(table) {
+                    if let Some(by_value) = r.equal.get_mut(column) {
+                        if let Some(ids) = by_value.get_mut(value) {
+                            ids.remove(&id);
+                            if ids.is_empty() {
+                                by_value.remove(value);
+                            }
+                        }
+                        if by_value.is_empty() {
+                            r.equal.remove(column);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn unsubscribe(&mut self, sub: SubId) {
+        if let Some((view_id, sink)) = self.subs.remove(&sub) {
+            sink.close();
+            if let Some(view) = self.views.get_mut(&view_id) {
+                view.subs.remove(&sub);
+                if view.subs.is_empty() {
+                    view.idle_since = Some(Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Drops views idle for longer than the TTL (all idle views if `all_idle`).
+    pub fn expire(&mut self, now: Instant, all_idle: bool) -> usize {
+        let ttl = self.limits.idle_ttl;
+        let dead: Vec<ViewId> = self
+            .views
+            .iter()
+            .filter(|(_, v)| {
+                v.idle_since
+                    .is_some_and(|t| all_idle || now.saturating_duration_since(t) >= ttl)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &dead {
+            self.drop_view(*id);
+        }
+        dead.len()
+    }
+
+    fn drop_view(&mut self, id: ViewId) {
+        if let Some(view) = self.views.remove(&id) {
+            self.remove_routes(id, &view);
+            self.by_query.remove(&query_key(&view.plan, &view.params));
+            for s in &view.subs {
+                self.subs.remove(s);
+            }
+        }
+    }
+
+    /// Follows one commit. `db` gives the current state (at or after `commit.seq`), read
+    /// only when a view must be rebuilt or re-evaluated.
+    pub fn apply<D>(&mut self, commit: &Commit, db: impl Fn() -> D)
+    where
+        D: std::ops::Deref<Target = Db>,
+    {
+        self.stats.commits += 1;
+        match &commit.body {
+            CommitBody::Schema { changes, .. } => {
+                let touched: BTreeSet<String> =
+                    changes.iter().map(|c| c.table().to_string()).collect();
+                self.plans.clear();
+                let ids: Vec<ViewId> = self
+                    .views
+                    .iter()
+                    .filter(|(_, v)| v.seq < commit.seq && !v.tables.is_disjoint(&touched))
+                    .map(|(id, _)| *id)
+                    .collect();
+                if !ids.is_empty() {
+                    let db = db();
+                    for id in ids {
+                        self.rebuild(id, &db);
+                    }
+                }
+            }
+            CommitBody::Rows(changes) => {
+                let mut reached: BTreeMap<ViewId, Vec<&Change>> = BTreeMap::new();
+                for c in changes {
+                    let Some(r) = self.routes.get(&c.table.name) else {
+                        continue;
+                    };
+                    for id in &r.all {
+                        push_unique(reached.entry(*id).or_default(), c);
+                    }
+                    for (column, by_value) in &r.equal {
+                        for image in [&c.old, &c.row].into_iter().flatten() {
+                            if let Some(ids) = by_value.get(&image[*column]) {
+                                for id in ids {
+                                    push_unique(reached.entry(*id).or_default(), c);
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut state: Option<D> = None;
+                for (id, changes) in reached {
+                    let Some(view) = self.views.get_mut(&id) else {
+                        continue;
+                    };
+                    if view.seq >= commit.seq {
+                        continue; // built from a state that already has this commit
+                    }
+                    self.stats.view_updates += 1;
+                    let (seq, deltas) = match view.op {
+                        Operator::Reeval => {
+                            let db = state.get_or_insert_with(&db);
+                            let select = &view.plan.select;
+                            match view.op.load(select, db, &view.params, self.limits.view_rows_max)
+                            {
+                                Ok(rows) => {
+                                    let mut deltas: BTreeMap<_, _> = view
+                                        .mat
+                                        .all()
+                                        .map(|(k, _)| (k.clone(), None))
+                                        .collect();
+                                    for (k, o) in rows {
+                                        deltas.insert(k, Some(o));
+                                    }
+                                    (db.seq, deltas)
+                                }
+                                Err(e) => {
+                                    self.fail_view(id, &e);
+                                    continue;
+                                }
+                            }
+                        }
+                        _ => {
+                            let select = &view.plan.select;
+                            let d = view.op.deltas(select, &view.params, &changes);
+                            (commit.seq, d)
+                        }
+                    };
+                    self.publish(id, seq, deltas);
+                }
+            }
+        }
+    }
+
+    fn publish(
+        &mut self,
+        id: ViewId,
+        seq: u64,
+        deltas: BTreeMap<crate::view::RKey, Option<crate::view::Out>>,
+    ) {
+        let view = self.views.get_mut(&id).expect("present");
+        let ops = view.mat.apply(deltas);
+        view.seq = seq;
+        if view.mat.len() > self.limits.view_rows_max {
+            let e = QueryError::Limit(format!(
+                "the view grew to {} rows; view_rows_max (--live-view-rows-max) is {}",
+                view.mat.len(),
+                self.limits.view_rows_max
+            ));
+            self.fail_view(id, &e);
+            return;
+        }
+        if ops.is_empty() {
+            return;
+        }
+        self.stats.diffs += 1;
+        let event = Arc::new(Event {
+            seq,
+            kind: EventKind::Diff,
+            json: view.mat.diff_json(seq, &ops),
+        });
+        view.history_bytes += event.json.len();
+        view.history.push_back(event.clone());
+        while view.history.len() > self.limits.history_diffs_max
+            || view.history_bytes > self.limits.history_bytes_max
+        {
+            let old = view.history.pop_front().expect("non-empty");
+            view.history_bytes -= old.json.len();
+            view.history_from = old.seq;
+        }
+        let mut gone = Vec::new();
+        for sub in &view.subs {
+            let sink = &self.subs[sub].1;
+            match sink.push(event.clone()) {
+                Pushed::Queued => {}
+                Pushed::Overflow => {
+                    self.stats.resets += 1;
+                    sink.push_reset(Arc::new(Event {
+                        seq,
+                        kind: EventKind::Snapshot,
+                        json: view.mat.snapshot_json(seq, true),
+                    }));
+                }
+                Pushed::Gone => gone.push(*sub),
+            }
+        }
+        for sub in gone {
+            self.stats.slow_closed += 1;
+            self.unsubscribe(sub);
+        }
+    }
+
+    /// Re-plans a view after DDL on a table it reads and sends its subscribers a reset
+    /// snapshot — or, if the query no longer plans, an error, and drops the view.
+    fn rebuild(&mut self, id: ViewId, db: &Db) {
+        let view = self.views.get(&id).expect("present");
+        let rebuilt = sluice_query::prepare(&view.sql, db).and_then(|plan| {
+            self.build(db, view.sql.clone(), Arc::new(plan), view.params.clone())
+        });
+        match rebuilt {
+            Err(e) => self.fail_view(id, &e),
+            Ok(mut fresh) => {
+                let old = self.views.remove(&id).expect("present");
+                self.remove_routes(id, &old);
+                fresh.subs = old.subs;
+                fresh.idle_since = old.idle_since;
+                self.add_routes(id, &fresh);
+                let event = Arc::new(Event {
+                    seq: fresh.seq,
+                    kind: EventKind::Snapshot,
+                    json: fresh.mat.snapshot_json(fresh.seq, true),
+                });
+                for sub in &fresh.subs {
+                    let sink = &self.subs[sub].1;
+                    if sink.push(event.clone()) == Pushed::Overflow {
+                        sink.push_reset(event.clone());
+                    }
+                }
+                self.views.insert(id, fresh);
+            }
+        }
+    }
+
+    /// Ends a view with an error to each subscriber.
+    fn fail_view(&mut self, id: ViewId, e: &QueryError) {
+        if let Some(view) = self.views.get(&id) {
+            let code = crate::error_code(e);
+            for sub in &view.subs {
+                self.subs[sub].1.fail(code, &e.to_string());
+            }
+        }
+        self.drop_view(id);
+    }
+
+    /// Which operator follows the view of this query (for tests, the bench and docs).
+    pub fn operator_of(&self, sql: &str) -> Option<&'static str> {
+        self.views
+            .values()
+            .find(|v| v.sql == sql)
+            .map(|v| v.op.name())
+    }
+}
+
+fn query_key(plan: &Plan, params: &[Value]) -> (String, Vec<u8>) {
+    let mut bytes = Vec::new();
+    crate::checksum::canonical_bytes(params, &mut bytes);
+    (plan.text.clone(), bytes)
+}
+
+fn push_unique<'a>(v: &mut Vec<&'a Change>, c: &'a Change) {
+    if !v.last().is_some_and(|l| std::ptr::eq(*l, c)) {
+        v.push(c);
+    }
+}

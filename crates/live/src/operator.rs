@@ -1,0 +1,399 @@
+//! How a view follows commits. Three operators, chosen from the plan's shape:
+//!
+//! - [`Operator::Filter`] — one table, no grouping, no subquery: a changed row is tested
+//!   against the `WHERE` clause and projected, alone; its result key is its primary key.
+//!   O(1) per changed row, whatever the size of the view or the table.
+//! - [`Operator::Aggregate`] — one table with `GROUP BY` / aggregates: the changed row's old
+//!   image is retracted from its group and the new image added, with invertible aggregate
+//!   states (counts, exact integer sums, value multisets for `MIN`/`MAX`); only the touched
+//!   groups are re-projected and re-tested against `HAVING`. O(changed rows × log group).
+//! - [`Operator::Reeval`] — joins and `IN (SELECT …)`: the query is re-run (with its index
+//!   access paths and join probes) when a commit touches one of the tables it reads, and the
+//!   result compared with the view by key. Correct for every shape, but O(view) per
+//!   relevant commit: the join and subquery operators that make these O(change) are the
+//!   next step (see ARCHITECTURE.md).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sluice_engine::{Change, Db, Value};
+use sluice_query::expr::{binary, BinOp, Env};
+use sluice_query::plan::{AggFunc, AggSpec, SortExpr};
+use sluice_query::{Expr, QueryError, Select};
+
+use crate::view::{Out, RKey};
+
+pub(crate) enum Operator {
+    Filter { identity: bool },
+    Aggregate { groups: BTreeMap<RKey, Group> },
+    Reeval,
+}
+
+impl Operator {
+    pub(crate) fn for_select(select: &Select) -> Operator {
+        if select.sources.len() != 1 || !select.subqueries.is_empty() {
+            return Operator::Reeval;
+        }
+        if select.aggregate.is_some() {
+            return Operator::Aggregate {
+                groups: BTreeMap::new(),
+            };
+        }
+        let width = select.sources[0].schema.columns.len();
+        let identity = select.projection.len() == width
+            && select
+                .projection
+                .iter()
+                .enumerate()
+                .all(|(i, e)| *e == Expr::Column(i));
+        Operator::Filter { identity }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Operator::Filter { .. } => "filter",
+            Operator::Aggregate { .. } => "aggregate",
+            Operator::Reeval => "reevaluate",
+        }
+    }
+
+    /// The full result at `db`'s current state; also primes the operator's own state.
+    pub(crate) fn load(
+        &mut self,
+        select: &Select,
+        db: &Db,
+        params: &[Value],
+        rows_max: usize,
+    ) -> Result<Vec<(RKey, Out)>, QueryError> {
+        let too_many = |n: usize| {
+            QueryError::Limit(format!(
+                "the view has {n} rows or more; view_rows_max (--live-view-rows-max) is {rows_max}"
+            ))
+        };
+        match self {
+            Operator::Aggregate { groups } => {
+                let agg = select.aggregate.as_ref().expect("an aggregate plan");
+                groups.clear();
+                if agg.keys.is_empty() {
+                    groups.insert(Vec::new(), Group::new(&agg.aggs));
+                }
+                let table = db
+                    .tables
+                    .get(&select.sources[0].schema.name)
+                    .ok_or_else(|| QueryError::NotFound("the view's table is gone".into()))?;
+                for r in table.rows.values() {
+                    if passes(select, params, &r.values) {
+                        let env = env(&r.values, params, &[]);
+                        let key: RKey = agg.keys.iter().map(|k| k.eval(&env)).collect();
+                        groups
+                            .entry(key)
+                            .or_insert_with(|| Group::new(&agg.aggs))
+                            .add(&agg.aggs, &env, 1);
+                        if groups.len() > rows_max {
+                            return Err(too_many(groups.len()));
+                        }
+                    }
+                }
+                Ok(groups
+                    .iter()
+                    .filter_map(|(k, g)| group_out(select, params, k, g).map(|o| (k.clone(), o)))
+                    .collect())
+            }
+            Operator::Filter { identity } => {
+                let rows = evaluate(select, db, params, rows_max)?;
+                if !*identity {
+                    return Ok(rows);
+                }
+                // `SELECT *`: share the table's row instead of holding a copy.
+                let table = &db.tables[&select.sources[0].schema.name];
+                Ok(rows
+                    .into_iter()
+                    .map(|(k, mut out)| {
+                        let key = sluice_engine::Key::from_value(&k[0]).expect("a primary key");
+                        out.row = table.rows[&key].values.clone();
+                        (k, out)
+                    })
+                    .collect())
+            }
+            Operator::Reeval => evaluate(select, db, params, rows_max),
+        }
+    }
+
+    /// What the changes of one commit (all to this view's single table) make of the result.
+    /// Reeval views are refreshed with [`Operator::load`] instead.
+    pub(crate) fn deltas(
+        &mut self,
+        select: &Select,
+        params: &[Value],
+        changes: &[&Change],
+    ) -> BTreeMap<RKey, Option<Out>> {
+        let mut deltas = BTreeMap::new();
+        match self {
+            Operator::Filter { identity } => {
+                for c in changes {
+                    let key = vec![c.key.to_value()];
+                    let out = c
+                        .row
+                        .as_ref()
+                        .filter(|r| passes(select, params, r))
+                        .map(|r| project(select, params, r, &[], identity.then_some(r)));
+                    deltas.insert(key, out);
+                }
+            }
+            Operator::Aggregate { groups } => {
+                let agg = select.aggregate.as_ref().expect("an aggregate plan");
+                let mut touched = Vec::new();
+                for c in changes {
+                    for (image, sign) in [(&c.old, -1), (&c.row, 1)] {
+                        let Some(r) = image else { continue };
+                        if !passes(select, params, r) {
+                            continue;
+                        }
+                        let env = env(r, params, &[]);
+                        let key: RKey = agg.keys.iter().map(|k| k.eval(&env)).collect();
+                        let group = groups
+                            .entry(key.clone())
+                            .or_insert_with(|| Group::new(&agg.aggs));
+                        group.add(&agg.aggs, &env, sign);
+                        touched.push(key);
+                    }
+                }
+                for key in touched {
+                    if deltas.contains_key(&key) {
+                        continue;
+                    }
+                    let group = &groups[&key];
+                    if group.rows == 0 && !key.is_empty() {
+                        groups.remove(&key);
+                        deltas.insert(key, None);
+                    } else {
+                        let out = group_out(select, params, &key, group);
+                        deltas.insert(key, out);
+                    }
+                }
+            }
+            Operator::Reeval => unreachable!("reevaluated views are reloaded"),
+        }
+        deltas
+    }
+}
+
+fn env<'a>(row: &'a [Value], params: &'a [Value], aggs: &'a [Value]) -> Env<'a> {
+    Env {
+        row,
+        params,
+        aggs,
+        subqueries: &[],
+    }
+}
+
+fn passes(select: &Select, params: &[Value], row: &[Value]) -> bool {
+    let e = env(row, params, &[]);
+    select.base_filter.as_ref().is_none_or(|f| f.is_true(&e))
+        && select.filter.as_ref().is_none_or(|f| f.is_true(&e))
+}
+
+/// Projects one input row (or group) into an output row with its sort values.
+fn project(
+    select: &Select,
+    params: &[Value],
+    row: &[Value],
+    aggs: &[Value],
+    shared: Option<&Arc<[Value]>>,
+) -> Out {
+    let e = env(row, params, aggs);
+    let projected: Arc<[Value]> = match shared {
+        Some(r) => r.clone(),
+        None => select.projection.iter().map(|p| p.eval(&e)).collect(),
+    };
+    let sort = select
+        .order_by
+        .iter()
+        .map(|k| match &k.expr {
+            SortExpr::Output(i) => projected[*i].clone(),
+            SortExpr::Expr(x) => x.eval(&e),
+        })
+        .collect();
+    Out {
+        sort,
+        row: projected,
+    }
+}
+
+fn evaluate(
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+    rows_max: usize,
+) -> Result<Vec<(RKey, Out)>, QueryError> {
+    let rows = sluice_query::evaluate(select, db, params)?;
+    if rows.len() > rows_max {
+        return Err(QueryError::Limit(format!(
+            "the view has {} rows; view_rows_max (--live-view-rows-max) is {rows_max}",
+            rows.len()
+        )));
+    }
+    Ok(rows
+        .into_iter()
+        .map(|k| {
+            (
+                k.key,
+                Out {
+                    sort: k.sort,
+                    row: k.row.into(),
+                },
+            )
+        })
+        .collect())
+}
+
+fn group_out(select: &Select, params: &[Value], key: &RKey, group: &Group) -> Option<Out> {
+    let aggs: Vec<Value> = group.states.iter().map(Inv::finish).collect();
+    let agg = select.aggregate.as_ref().expect("an aggregate plan");
+    let e = env(key, params, &aggs);
+    if agg.having.as_ref().is_some_and(|h| !h.is_true(&e)) {
+        return None;
+    }
+    Some(project(select, params, key, &aggs, None))
+}
+
+/// One group of an aggregate view: how many input rows it has and its aggregates' states.
+pub(crate) struct Group {
+    rows: i64,
+    states: Vec<Inv>,
+}
+
+impl Group {
+    fn new(specs: &[AggSpec]) -> Group {
+        Group {
+            rows: 0,
+            states: specs.iter().map(|s| Inv::new(s.func)).collect(),
+        }
+    }
+
+    /// Adds (`sign` 1) or retracts (`sign` -1) one input row.
+    fn add(&mut self, specs: &[AggSpec], env: &Env<'_>, sign: i64) {
+        self.rows += sign;
+        for (state, spec) in self.states.iter_mut().zip(specs) {
+            state.add(spec.arg.as_ref().map(|a| a.eval(env)), sign);
+        }
+    }
+}
+
+/// An invertible aggregate state.
+enum Inv {
+    Count(i64),
+    /// Integers summed exactly; other values as REAL, with how many there were.
+    Sum {
+        int: i128,
+        real: f64,
+        reals: i64,
+        n: i64,
+        avg: bool,
+    },
+    /// The multiset of non-NULL values.
+    Extreme {
+        values: BTreeMap<Value, i64>,
+        max: bool,
+    },
+}
+
+impl Inv {
+    fn new(func: AggFunc) -> Inv {
+        match func {
+            AggFunc::CountStar | AggFunc::Count => Inv::Count(0),
+            AggFunc::Sum | AggFunc::Avg => Inv::Sum {
+                int: 0,
+                real: 0.0,
+                reals: 0,
+                n: 0,
+                avg: func == AggFunc::Avg,
+            },
+            AggFunc::Min | AggFunc::Max => Inv::Extreme {
+                values: BTreeMap::new(),
+                max: func == AggFunc::Max,
+            },
+        }
+    }
+
+    /// `v` is `None` for `COUNT(*)`.
+    fn add(&mut self, v: Option<Value>, sign: i64) {
+        let Some(v) = v else {
+            if let Inv::Count(n) = self {
+                *n += sign;
+            }
+            return;
+        };
+        if v.is_null() {
+            return;
+        }
+        match self {
+            Inv::Count(n) => *n += sign,
+            Inv::Sum {
+                int,
+                real,
+                reals,
+                n,
+                ..
+            } => {
+                *n += sign;
+                match v {
+                    Value::Integer(i) | Value::Timestamp(i) => *int += (i as i128) * sign as i128,
+                    Value::Boolean(b) => *int += (b as i128) * sign as i128,
+                    other => {
+                        *reals += sign;
+                        *real += as_f64(&other) * sign as f64;
+                        if *reals == 0 {
+                            // No REAL left: drop the rounding residue of the retractions.
+                            *real = 0.0;
+                        }
+                    }
+                }
+            }
+            Inv::Extreme { values, .. } => {
+                let count = values.entry(v.clone()).or_insert(0);
+                *count += sign;
+                if *count == 0 {
+                    values.remove(&v);
+                }
+            }
+        }
+    }
+
+    fn finish(&self) -> Value {
+        match self {
+            Inv::Count(n) => Value::Integer(*n),
+            Inv::Sum { n: 0, .. } => Value::Null,
+            Inv::Sum {
+                int,
+                real,
+                reals,
+                n,
+                avg,
+            } => {
+                if *avg {
+                    Value::Real((*int as f64 + real) / *n as f64)
+                } else if *reals == 0 {
+                    i64::try_from(*int).map_or(Value::Real(*int as f64), Value::Integer)
+                } else {
+                    Value::Real(*int as f64 + real)
+                }
+            }
+            Inv::Extreme { values, max } => {
+                let v = if *max {
+                    values.keys().next_back()
+                } else {
+                    values.keys().next()
+                };
+                v.cloned().unwrap_or(Value::Null)
+            }
+        }
+    }
+}
+
+fn as_f64(v: &Value) -> f64 {
+    match binary(BinOp::Add, v, &Value::Real(0.0)) {
+        Value::Real(r) => r,
+        _ => 0.0,
+    }
+}

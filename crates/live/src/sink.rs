@@ -1,0 +1,205 @@
+//! Events and the bounded per-subscriber queue ([`Sink`]) between the live thread and a
+//! subscriber's connection.
+//!
+//! The live thread pushes; the connection's task pops with [`Sink::recv`]. A push never
+//! blocks: when a subscriber falls [`Limits::subscriber_queue_max`] events (or
+//! [`Limits::subscriber_queue_bytes_max`] bytes) behind, its pending diffs are dropped and
+//! replaced by one `reset` snapshot (they are coalesced into it); if it is still that far
+//! behind while that reset is undelivered, it is closed with a `slow_subscriber` error.
+//! Either way the writer and every other subscriber carry on untouched.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::Limits;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Snapshot,
+    Diff,
+    Error,
+}
+
+impl EventKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Snapshot => "snapshot",
+            EventKind::Diff => "diff",
+            EventKind::Error => "error",
+        }
+    }
+}
+
+/// One message for subscribers of a view: rendered once, shared by all of them.
+#[derive(Debug)]
+pub struct Event {
+    /// The seq the view reflects after this event: deliver once it is confirmed.
+    pub seq: u64,
+    pub kind: EventKind,
+    /// The message body: a JSON object (see `docs/protocol.md`).
+    pub json: String,
+}
+
+impl Event {
+    /// The body with `"type"` and `"qid"` members first (the WebSocket form).
+    pub fn with_qid(&self, qid: &serde_json::Value) -> String {
+        let rest = self.json.strip_prefix('{').unwrap_or(&self.json);
+        let sep = if rest.starts_with('}') { "" } else { "," };
+        format!(
+            "{{\"type\":\"{}\",\"qid\":{}{sep}{rest}",
+            self.kind.as_str(),
+            qid
+        )
+    }
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Arc<Event>>,
+    bytes: usize,
+    /// A reset snapshot replaced this subscriber's backlog and is not delivered yet.
+    resetting: bool,
+    closed: bool,
+    /// Diffs dropped into reset snapshots, over the sink's life.
+    coalesced: u64,
+}
+
+/// What became of a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pushed {
+    Queued,
+    /// The backlog was over its limit: the caller must push a reset snapshot next.
+    Overflow,
+    /// The sink is closed (the subscriber left, or was too slow): forget it.
+    Gone,
+}
+
+/// One subscriber's bounded queue of events.
+pub struct Sink {
+    state: Mutex<State>,
+    notify: Notify,
+    queue_max: usize,
+    bytes_max: usize,
+}
+
+impl Sink {
+    pub fn new(limits: &Limits) -> Arc<Sink> {
+        Arc::new(Sink {
+            state: Mutex::new(State::default()),
+            notify: Notify::new(),
+            queue_max: limits.subscriber_queue_max,
+            bytes_max: limits.subscriber_queue_bytes_max,
+        })
+    }
+
+    /// Queues `event` unless that would exceed the sink's limits (then nothing is queued
+    /// and the backlog is dropped: see [`Pushed::Overflow`]).
+    pub(crate) fn push(&self, event: Arc<Event>) -> Pushed {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Pushed::Gone;
+        }
+        if s.queue.len() >= self.queue_max || s.bytes + event.json.len() > self.bytes_max {
+            if s.resetting {
+                drop(s);
+                self.fail(
+                    "slow_subscriber",
+                    &format!(
+                        "the subscriber fell behind again before its reset snapshot was delivered (subscriber_queue_max {} events, subscriber_queue_bytes_max {} bytes)",
+                        self.queue_max, self.bytes_max
+                    ),
+                );
+                return Pushed::Gone;
+            }
+            s.coalesced += s.queue.len() as u64;
+            s.queue.clear();
+            s.bytes = 0;
+            s.resetting = true;
+            return Pushed::Overflow;
+        }
+        s.bytes += event.json.len();
+        s.queue.push_back(event);
+        drop(s);
+        self.notify.notify_one();
+        Pushed::Queued
+    }
+
+    /// Queues a reset snapshot after an [`Pushed::Overflow`], whatever its size.
+    pub(crate) fn push_reset(&self, event: Arc<Event>) {
+        let mut s = self.state.lock();
+        if s.closed {
+            return;
+        }
+        s.bytes += event.json.len();
+        s.queue.push_back(event);
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// Replaces the backlog with one error event and closes the sink.
+    pub fn fail(&self, code: &str, message: &str) {
+        let mut s = self.state.lock();
+        if s.closed {
+            return;
+        }
+        s.queue.clear();
+        s.bytes = 0;
+        let json = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+        s.queue.push_back(Arc::new(Event {
+            seq: 0,
+            kind: EventKind::Error,
+            json,
+        }));
+        s.closed = true;
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// The subscriber is gone: the live thread forgets the sink at its next event.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Events queued and not yet taken.
+    pub fn pending(&self) -> usize {
+        self.state.lock().queue.len()
+    }
+
+    /// Diffs that were coalesced into reset snapshots so far.
+    pub fn coalesced(&self) -> u64 {
+        self.state.lock().coalesced
+    }
+
+    /// Takes the next event without waiting.
+    pub fn try_recv(&self) -> Option<Arc<Event>> {
+        let mut s = self.state.lock();
+        let event = s.queue.pop_front()?;
+        s.bytes -= event.json.len();
+        if event.kind == EventKind::Snapshot {
+            s.resetting = false;
+        }
+        Some(event)
+    }
+
+    /// The next event; `None` once the sink is closed and drained.
+    pub async fn recv(&self) -> Option<Arc<Event>> {
+        loop {
+            if let Some(e) = self.try_recv() {
+                return Some(e);
+            }
+            if self.state.lock().closed {
+                return None;
+            }
+            // One consumer per sink: a notification that came before this wait left a permit.
+            self.notify.notified().await;
+        }
+    }
+}

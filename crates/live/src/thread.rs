@@ -1,0 +1,110 @@
+//! The live thread: owns a [`Live`] beside a server's writer. The writer hands it each
+//! round's commits after applying them ([`LiveHandle::publish`], never blocking); subscribe
+//! requests read the current `Db` under its read lock, so a new view starts from one exact
+//! seq and ignores the commits up to it that are still queued.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use sluice_engine::{Commit, Db};
+use sluice_query::QueryError;
+use tokio::sync::oneshot;
+
+use crate::{Limits, Live, LiveStats, Sink, SubId, Subscribe};
+
+enum Input {
+    Commits(Vec<Arc<Commit>>),
+    Subscribe {
+        req: Subscribe,
+        sink: Arc<Sink>,
+        reply: oneshot::Sender<Result<SubId, QueryError>>,
+    },
+    Unsubscribe(SubId),
+}
+
+/// The handle the server keeps; dropping the last one stops the thread.
+pub struct LiveHandle {
+    tx: mpsc::Sender<Input>,
+    stats: Arc<Mutex<LiveStats>>,
+    limits: Limits,
+}
+
+impl LiveHandle {
+    pub fn spawn(db: Arc<RwLock<Db>>, limits: Limits) -> std::io::Result<LiveHandle> {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(LiveStats::default()));
+        let shared = stats.clone();
+        let mut live = Live::new(limits.clone());
+        std::thread::Builder::new()
+            .name("sluice-live".into())
+            .spawn(move || run(&mut live, &db, &rx, &shared))?;
+        Ok(LiveHandle { tx, stats, limits })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Hands over one writer round's commits, in seq order.
+    pub fn publish(&self, commits: Vec<Arc<Commit>>) {
+        if !commits.is_empty() {
+            let _ = self.tx.send(Input::Commits(commits));
+        }
+    }
+
+    pub async fn subscribe(&self, req: Subscribe, sink: Arc<Sink>) -> Result<SubId, QueryError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Subscribe { req, sink, reply })
+            .map_err(|_| QueryError::BadRequest("the server is shutting down".into()))?;
+        rx.await
+            .unwrap_or_else(|_| Err(QueryError::BadRequest("the server is shutting down".into())))
+    }
+
+    pub fn unsubscribe(&self, sub: SubId) {
+        let _ = self.tx.send(Input::Unsubscribe(sub));
+    }
+
+    /// Counters as of the live thread's last round.
+    pub fn stats(&self) -> LiveStats {
+        *self.stats.lock()
+    }
+}
+
+fn run(
+    live: &mut Live,
+    db: &RwLock<Db>,
+    rx: &mpsc::Receiver<Input>,
+    stats: &Mutex<LiveStats>,
+) {
+    let tick = Duration::from_millis(500);
+    let mut last_expiry = Instant::now();
+    loop {
+        let first = match rx.recv_timeout(tick) {
+            Ok(input) => Some(input),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        for input in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match input {
+                Input::Commits(commits) => {
+                    for c in &commits {
+                        live.apply(c, || db.read());
+                    }
+                }
+                Input::Subscribe { req, sink, reply } => {
+                    let result = live.subscribe(&db.read(), &req, sink);
+                    let _ = reply.send(result);
+                }
+                Input::Unsubscribe(sub) => live.unsubscribe(sub),
+            }
+        }
+        if last_expiry.elapsed() >= tick {
+            live.expire(Instant::now(), false);
+            last_expiry = Instant::now();
+        }
+        *stats.lock() = live.stats();
+    }
+}
