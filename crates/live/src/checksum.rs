@@ -105,12 +105,24 @@ mod tests {
 
     #[test]
     fn canonical_bytes_tell_types_apart() {
-        assert_ne!(row_hash(&[Value::Integer(1)]), row_hash(&[Value::Real(1.0)]));
-        assert_ne!(row_hash(&[Value::Text("1".into())]), row_hash(&[Value::Integer(1)]));
+        assert_ne!(
+            row_hash(&[Value::Integer(1)]),
+            row_hash(&[Value::Real(1.0)])
+        );
+        assert_ne!(
+            row_hash(&[Value::Text("1".into())]),
+            row_hash(&[Value::Integer(1)])
+        );
         assert!(!same_row(&[Value::Integer(1)], &[Value::Real(1.0)]));
-        assert!(same_row(&[Value::Integer(1), Value::Null], &[Value::Integer(1), Value::Null]));
+        assert!(same_row(
+            &[Value::Integer(1), Value::Null],
+            &[Value::Integer(1), Value::Null]
+        ));
         let mut out = Vec::new();
         canonical_bytes(&[Value::Text("ab".into()), Value::Integer(-1)], &mut out);
-        assert_eq!(out, [&[4u8, 2, 0, 0, 0, b'a', b'b', 1][..], &[0xff; 8][..]].concat());
+        assert_eq!(
+            out,
+            [&[4u8, 2, 0, 0, 0, b'a', b'b', 1][..], &[0xff; 8][..]].concat()
+        );
     }
 }

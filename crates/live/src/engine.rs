@@ -432,14 +432,13 @@ impl Live {
                         Operator::Reeval => {
                             let db = state.get_or_insert_with(&db);
                             let select = &view.plan.select;
-                            match view.op.load(select, db, &view.params, self.limits.view_rows_max)
+                            match view
+                                .op
+                                .load(select, db, &view.params, self.limits.view_rows_max)
                             {
                                 Ok(rows) => {
-                                    let mut deltas: BTreeMap<_, _> = view
-                                        .mat
-                                        .all()
-                                        .map(|(k, _)| (k.clone(), None))
-                                        .collect();
+                                    let mut deltas: BTreeMap<_, _> =
+                                        view.mat.all().map(|(k, _)| (k.clone(), None)).collect();
                                     for (k, o) in rows {
                                         deltas.insert(k, Some(o));
                                     }
@@ -525,9 +524,8 @@ impl Live {
     /// snapshot — or, if the query no longer plans, an error, and drops the view.
     fn rebuild(&mut self, id: ViewId, db: &Db) {
         let view = self.views.get(&id).expect("present");
-        let rebuilt = sluice_query::prepare(&view.sql, db).and_then(|plan| {
-            self.build(db, view.sql.clone(), Arc::new(plan), view.params.clone())
-        });
+        let rebuilt = sluice_query::prepare(&view.sql, db)
+            .and_then(|plan| self.build(db, view.sql.clone(), Arc::new(plan), view.params.clone()));
         match rebuilt {
             Err(e) => self.fail_view(id, &e),
             Ok(mut fresh) => {

@@ -73,12 +73,7 @@ impl LiveHandle {
     }
 }
 
-fn run(
-    live: &mut Live,
-    db: &RwLock<Db>,
-    rx: &mpsc::Receiver<Input>,
-    stats: &Mutex<LiveStats>,
-) {
+fn run(live: &mut Live, db: &RwLock<Db>, rx: &mpsc::Receiver<Input>, stats: &Mutex<LiveStats>) {
     let tick = Duration::from_millis(500);
     let mut last_expiry = Instant::now();
     loop {
@@ -87,7 +82,10 @@ fn run(
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        for input in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+        for input in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
             match input {
                 Input::Commits(commits) => {
                     for c in &commits {

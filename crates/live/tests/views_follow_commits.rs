@@ -101,15 +101,23 @@ fn top_k_window_reports_positions_and_refills() {
     // And out again.
     put(&mut db, &mut live, &[m(7, "b", 45)]);
     let (_, d) = next(&s);
-    assert_eq!(d["changes"][0], json!({"op": "remove", "key": 7, "index": 1}));
+    assert_eq!(
+        d["changes"][0],
+        json!({"op": "remove", "key": 7, "index": 1})
+    );
 }
 
 #[test]
 fn aggregates_update_their_groups_only() {
     let mut db = db();
     let mut live = Live::new(sluice_live::Limits::default());
-    put(&mut db, &mut live, &[m(1, "a", 1), m(2, "a", 5), m(3, "b", 7)]);
-    let sql = "SELECT room, COUNT(*) AS n, MAX(ts) AS last FROM msg GROUP BY room HAVING COUNT(*) > 1";
+    put(
+        &mut db,
+        &mut live,
+        &[m(1, "a", 1), m(2, "a", 5), m(3, "b", 7)],
+    );
+    let sql =
+        "SELECT room, COUNT(*) AS n, MAX(ts) AS last FROM msg GROUP BY room HAVING COUNT(*) > 1";
     let s = sub(&mut live, &db, sql, Json::Null, None);
     let (_, snap) = next(&s);
     assert_eq!(snap["rows"], json!([{"room": "a", "n": 2, "last": 5}]));
@@ -131,7 +139,13 @@ fn identical_queries_share_a_view_and_resume_from_history() {
     let mut live = Live::new(sluice_live::Limits::default());
     let sql = "SELECT * FROM msg WHERE room = 'a'";
     let a = sub(&mut live, &db, sql, Json::Null, None);
-    let b = sub(&mut live, &db, "select *   from msg where room = 'a'", Json::Null, None);
+    let b = sub(
+        &mut live,
+        &db,
+        "select *   from msg where room = 'a'",
+        Json::Null,
+        None,
+    );
     assert_eq!(live.stats().views, 1);
     next(&a);
     next(&b);
@@ -141,7 +155,13 @@ fn identical_queries_share_a_view_and_resume_from_history() {
     let (_, d2) = next(&a);
     assert_eq!(next(&b).1, d1);
     // A client that saw d1 resumes with exactly d2.
-    let c = sub(&mut live, &db, sql, Json::Null, Some(d1["seq"].as_u64().unwrap()));
+    let c = sub(
+        &mut live,
+        &db,
+        sql,
+        Json::Null,
+        Some(d1["seq"].as_u64().unwrap()),
+    );
     assert_eq!(next(&c).1, d2);
     assert!(c.try_recv().is_none());
     // A client from before the view existed gets a reset snapshot.

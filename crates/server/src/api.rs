@@ -175,6 +175,7 @@ pub fn router(core: Core) -> Router {
         .route("/v1/admin/snapshot", post(snapshot))
         .route("/v1/call/{name}", post(call))
         .route("/v1/ws", get(crate::ws::upgrade))
+        .route("/v1/live", get(crate::live::sse))
         .route("/v1/functions", get(list_functions).put(put_functions))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
@@ -292,7 +293,11 @@ async fn query(State(core): St, body: Body) -> ApiResult {
     let (result, seq) = core
         .read(|db| Ok(sluice_query::query(sql, db, &params)))
         .await?;
-    let result = result?;
+    Ok(Json(query_json(&result?, seq)))
+}
+
+/// The reply to a one-shot query: `{"seq", "columns", "rows": [{…}, …]}`.
+pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value {
     let rows: Vec<Value> = result
         .rows
         .iter()
@@ -304,9 +309,7 @@ async fn query(State(core): St, body: Body) -> ApiResult {
             Value::Object(object)
         })
         .collect();
-    Ok(Json(
-        json!({"seq": seq, "columns": result.columns, "rows": rows}),
-    ))
+    json!({"seq": seq, "columns": result.columns, "rows": rows})
 }
 
 /// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.

@@ -33,6 +33,13 @@ pub struct Config {
     pub functions_source: Option<String>,
     /// Time and memory of one function call (`--function-time-ms`, `--function-memory-bytes`).
     pub function_limits: sluice_functions::FunctionLimits,
+    /// Bounds of the live-query engine (`--live-*` flags).
+    pub live: sluice_live::Limits,
+    /// Interval of SSE heartbeat comments on idle live streams (`--live-heartbeat-ms`).
+    pub live_heartbeat: std::time::Duration,
+    /// Live subscriptions one WebSocket connection may hold
+    /// (`--live-subscriptions-per-connection`).
+    pub live_subscriptions_per_connection_max: usize,
 }
 
 impl Config {
@@ -50,6 +57,9 @@ impl Config {
             writer_queue_max: 65_536,
             functions_source: None,
             function_limits: sluice_functions::FunctionLimits::default(),
+            live: sluice_live::Limits::default(),
+            live_heartbeat: std::time::Duration::from_secs(15),
+            live_subscriptions_per_connection_max: 1024,
         }
     }
 }

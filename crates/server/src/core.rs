@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     pub log: Log<Ack>,
     pub confirm: Arc<Confirmations>,
     pub counters: Counters,
+    /// The live-query thread; the writer hands it every commit after applying it.
+    pub live: sluice_live::LiveHandle,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -108,6 +110,8 @@ pub enum OpenError {
     Log(#[from] LogError),
     #[error("the functions module does not load: {0}")]
     Functions(#[from] sluice_functions::FunctionError),
+    #[error("cannot start a thread: {source}")]
+    Thread { source: std::io::Error },
     #[error("cannot create the data directory {path}: {source}")]
     DataDir {
         path: std::path::PathBuf,
@@ -148,12 +152,16 @@ impl Core {
         let progress_confirm = confirm.clone();
         let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;
         let (tx, rx) = mpsc::channel(config.writer_queue_max);
+        let db = Arc::new(RwLock::new(recovered.db));
+        let live = sluice_live::LiveHandle::spawn(db.clone(), config.live.clone())
+            .map_err(|source| OpenError::Thread { source })?;
         let shared = Arc::new(Shared {
             config,
-            db: Arc::new(RwLock::new(recovered.db)),
+            db,
             log,
             confirm,
             counters: Counters::default(),
+            live,
         });
         let writer = Writer::spawn(shared.clone(), rx, log_bytes_since_snapshot)?;
         Ok(Core {
@@ -166,6 +174,11 @@ impl Core {
 
     pub fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// The live-query engine's thread.
+    pub fn live(&self) -> &sluice_live::LiveHandle {
+        &self.shared.live
     }
 
     pub fn recovery(&self) -> &RecoveryInfo {

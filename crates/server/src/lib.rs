@@ -20,6 +20,7 @@ pub mod config;
 pub mod core;
 
 mod confirm;
+mod live;
 mod metrics;
 mod snapshotter;
 mod writer;

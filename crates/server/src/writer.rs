@@ -153,6 +153,8 @@ pub(crate) struct Writer {
     log_bytes_since_snapshot: u64,
     frames: Vec<u8>,
     payload: Vec<u8>,
+    /// This round's commits, for the live-query thread.
+    published: Vec<Arc<Commit>>,
 }
 
 impl Writer {
@@ -191,6 +193,7 @@ impl Writer {
                     log_bytes_since_snapshot,
                     frames: Vec::new(),
                     payload: Vec::new(),
+                    published: Vec::new(),
                 }
                 .run(rx)
             })
@@ -334,6 +337,9 @@ impl Writer {
             .writer_batches
             .fetch_add(1, Ordering::Relaxed);
         shared.confirm.applied(applied, &done.waiting);
+        // After the write lock is released: a view the live thread builds meanwhile starts
+        // from a state that already has these commits and skips them.
+        shared.live.publish(std::mem::take(&mut self.published));
         if !self.frames.is_empty() {
             self.log_bytes_since_snapshot += self.frames.len() as u64;
             // On failure the log has already failed the acks with the reason.
@@ -400,7 +406,8 @@ impl Writer {
         (lent.db, outcome)
     }
 
-    fn log_commit(&mut self, commit: &Commit) {
+    fn log_commit(&mut self, commit: &Arc<Commit>) {
+        self.published.push(commit.clone());
         self.payload.clear();
         encode_commit(commit, &mut self.payload);
         // Request bodies are bounded well below the frame limit (see Config::validate).

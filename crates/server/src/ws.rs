@@ -20,8 +20,14 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::{durability_of, parse_ops, results_json, ApiError};
+use std::collections::HashMap;
+
+use sluice_live::Subscribe;
+use tokio::task::JoinHandle;
+
+use crate::api::{durability_of, parse_ops, query_json, results_json, ApiError};
 use crate::core::{CallOk, Core, MutateOk};
+use crate::live::Subscription;
 use crate::writer::Request;
 
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
@@ -85,6 +91,8 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     // (the writer applies a connection's requests in that order anyway), flushing once per
     // batch of ready replies. No task per request.
     let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(OUTBOUND_QUEUE_MAX);
+    // Live-query events, from one forwarding task per subscription.
+    let (events_tx, mut events_rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE_MAX);
     let sender = tokio::spawn(async move {
         let mut inflight: FuturesOrdered<ReplyFuture> = FuturesOrdered::new();
         let mut open = true;
@@ -104,6 +112,19 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                         return;
                     }
                 }
+                Some(event) = events_rx.recv() => {
+                    if sink.feed(event).await.is_err() {
+                        return;
+                    }
+                    while let Ok(event) = events_rx.try_recv() {
+                        if sink.feed(event).await.is_err() {
+                            return;
+                        }
+                    }
+                    if sink.flush().await.is_err() {
+                        return;
+                    }
+                }
                 next = pending_rx.recv(), if open && inflight.len() < INFLIGHT_PER_CONNECTION_MAX => {
                     match next {
                         Some(reply) => inflight.push_back(reply),
@@ -116,6 +137,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
         let _ = sink.close().await;
     });
     let body_max = core.config().body_bytes_max;
+    let mut subs = Subscriptions::default();
     let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(v)) };
     while let Some(message) = stream.next().await {
         let parsed = match message {
@@ -141,16 +163,40 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
         let reply = match parsed {
             Ok(Value::Object(mut request)) => {
                 let id = request.get("id").cloned().unwrap_or(Value::Null);
-                match dispatch(&core, &mut request).await {
-                    Ok(Pending::Now(mut reply)) => {
-                        reply["id"] = id;
-                        ready(reply)
+                let kind = request.get("type").and_then(Value::as_str);
+                if matches!(kind, Some("subscribe" | "unsubscribe")) {
+                    let qid = request.get("qid").cloned().unwrap_or(Value::Null);
+                    let outcome = if kind == Some("subscribe") {
+                        subs.subscribe(&core, &request, &events_tx, encoding)
+                            .await
+                            .map(|()| None)
+                    } else {
+                        subs.unsubscribe(&qid).map(Some)
+                    };
+                    match outcome {
+                        Ok(None) => continue, // the snapshot follows as an event
+                        Ok(Some(mut reply)) => {
+                            reply["id"] = id;
+                            ready(reply)
+                        }
+                        Err(e) => {
+                            let mut reply = error_reply(&id, e);
+                            reply["qid"] = qid;
+                            ready(reply)
+                        }
                     }
-                    Ok(pending) => {
-                        let core = core.clone();
-                        Box::pin(async move { pending.finish(&core, &id).await })
+                } else {
+                    match dispatch(&core, &mut request).await {
+                        Ok(Pending::Now(mut reply)) => {
+                            reply["id"] = id;
+                            ready(reply)
+                        }
+                        Ok(pending) => {
+                            let core = core.clone();
+                            Box::pin(async move { pending.finish(&core, &id).await })
+                        }
+                        Err(e) => ready(error_reply(&id, e)),
                     }
-                    Err(e) => ready(error_reply(&id, e)),
                 }
             }
             Ok(_) => ready(error_reply(
@@ -163,8 +209,99 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             break;
         }
     }
+    subs.close_all();
+    drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
+}
+
+/// The live subscriptions of one connection, by `qid`.
+#[derive(Default)]
+struct Subscriptions {
+    by_qid: HashMap<String, JoinHandle<()>>,
+}
+
+impl Subscriptions {
+    async fn subscribe(
+        &mut self,
+        core: &Core,
+        request: &Map<String, Value>,
+        events: &mpsc::Sender<Message>,
+        encoding: Encoding,
+    ) -> Result<(), ApiError> {
+        let qid = request
+            .get("qid")
+            .filter(|q| q.is_string() || q.is_number())
+            .ok_or_else(|| ApiError::bad_request("a subscribe needs \"qid\" (a string or number)"))?
+            .clone();
+        let name = qid.to_string();
+        self.by_qid.retain(|_, task| !task.is_finished());
+        if self.by_qid.contains_key(&name) {
+            return Err(ApiError::bad_request(format!(
+                "qid {name} is already subscribed on this connection; unsubscribe it first"
+            )));
+        }
+        let max = core.config().live_subscriptions_per_connection_max;
+        if self.by_qid.len() >= max {
+            return Err(ApiError::limit(format!(
+                "this connection has {} live subscriptions; subscriptions_per_connection_max (--live-subscriptions-per-connection) is {max}",
+                self.by_qid.len()
+            )));
+        }
+        let Some(Value::String(sql)) = request.get("sql") else {
+            return Err(ApiError::bad_request("a subscribe needs \"sql\""));
+        };
+        let params = sluice_query::Params::from_json(request.get("params"))?;
+        let since = match request.get("since") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                ApiError::bad_request("\"since\" must be a seq (an integer ≥ 0)")
+            })?),
+        };
+        let req = Subscribe {
+            sql: sql.clone(),
+            params,
+            since,
+        };
+        let subscription = Subscription::open(core, req).await?;
+        let events = events.clone();
+        let task = tokio::spawn(async move {
+            while let Some(event) = subscription.next().await {
+                let text = event.with_qid(&qid);
+                let message = match encoding {
+                    Encoding::Json => Message::Text(text.into()),
+                    Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
+                        Ok(v) => encode(encoding, &v),
+                        Err(_) => break,
+                    },
+                };
+                if events.send(message).await.is_err() {
+                    break;
+                }
+            }
+        });
+        self.by_qid.insert(name, task);
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, qid: &Value) -> Result<Value, ApiError> {
+        match self.by_qid.remove(&qid.to_string()) {
+            Some(task) => {
+                // Dropping the task's subscription unsubscribes it from its view.
+                task.abort();
+                Ok(json!({"type": "unsubscribed", "qid": qid}))
+            }
+            None => Err(ApiError::not_found(format!(
+                "no live subscription with qid {qid} on this connection"
+            ))),
+        }
+    }
+
+    fn close_all(&mut self) {
+        for (_, task) in self.by_qid.drain() {
+            task.abort();
+        }
+    }
 }
 
 fn too_big(len: usize, max: usize) -> ApiError {
@@ -247,11 +384,18 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
                 .await?;
             Ok(Pending::Mutate(rx))
         }
-        "query" | "subscribe" | "unsubscribe" => Err(ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "unsupported",
-            format!("unsupported: {kind:?} needs the live-query engine, which is not built yet"),
-        )),
+        "query" => {
+            let Some(Value::String(sql)) = request.get("sql") else {
+                return Err(ApiError::bad_request("a query needs \"sql\""));
+            };
+            let params = sluice_query::Params::from_json(request.get("params"))?;
+            let (result, seq) = core
+                .read(|db| Ok(sluice_query::query(sql, db, &params)))
+                .await?;
+            let mut reply = query_json(&result?, seq);
+            reply["type"] = Value::from("result");
+            Ok(Pending::Now(reply))
+        }
         other => Err(ApiError::bad_request(format!(
             "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe or ping"
         ))),

@@ -169,7 +169,9 @@ async fn bad_frames_get_structured_errors_and_the_connection_stays_usable() {
         (Message::Text(json!({"id": 10, "type": "call", "name": "transfer", "args": {"from": 1, "to": 1, "amount": 1}}).to_string().into()), "function_error"),
         (Message::Text(json!({"id": 11, "type": "mutate", "ops": []}).to_string().into()), "bad_request"),
         (Message::Text(json!({"id": 12, "type": "mutate", "ops": [{"op": "insert", "table": "accounts", "row": {"id": 1, "balance": 5}}]}).to_string().into()), "already_exists"),
-        (Message::Text(json!({"id": 13, "type": "subscribe", "sql": "SELECT 1"}).to_string().into()), "unsupported"),
+        (Message::Text(json!({"id": 13, "type": "subscribe", "sql": "SELECT 1"}).to_string().into()), "bad_request"),
+        (Message::Text(json!({"id": 15, "type": "subscribe", "qid": "q", "sql": "SELECT DISTINCT balance FROM accounts"}).to_string().into()), "unsupported"),
+        (Message::Text(json!({"id": 16, "type": "unsubscribe", "qid": "never"}).to_string().into()), "not_found"),
         (Message::Text(json!({"id": 14, "type": "call", "name": "transfer", "pad": "x".repeat(5000)}).to_string().into()), "limit"),
     ];
     for (message, code) in cases {

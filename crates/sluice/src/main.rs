@@ -82,6 +82,24 @@ struct ServeArgs {
     /// Memory the JavaScript heap may use.
     #[arg(long, default_value_t = 64 << 20)]
     function_memory_bytes: usize,
+    /// Live views held at once (subscribed or warm).
+    #[arg(long, default_value_t = sluice_live::Limits::default().views_max)]
+    live_views_max: usize,
+    /// Rows one live view may hold (its whole result, before LIMIT).
+    #[arg(long, default_value_t = sluice_live::Limits::default().view_rows_max)]
+    live_view_rows_max: usize,
+    /// Events queued for one live subscriber before its backlog becomes a reset snapshot.
+    #[arg(long, default_value_t = sluice_live::Limits::default().subscriber_queue_max)]
+    live_queue_events: usize,
+    /// Seconds a live view with no subscribers stays warm.
+    #[arg(long, default_value_t = 60)]
+    live_ttl_secs: u64,
+    /// Interval of heartbeat comments on idle SSE streams, in milliseconds.
+    #[arg(long, default_value_t = 15_000)]
+    live_heartbeat_ms: u64,
+    /// Live subscriptions one WebSocket connection may hold.
+    #[arg(long, default_value_t = 1024)]
+    live_subscriptions_per_connection: usize,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -111,6 +129,16 @@ impl ServeArgs {
         config.segment_bytes_max = self.segment_bytes;
         config.function_limits.time_max = std::time::Duration::from_millis(self.function_time_ms);
         config.function_limits.memory_bytes_max = self.function_memory_bytes;
+        anyhow::ensure!(
+            self.live_queue_events >= 1 && self.live_heartbeat_ms >= 1,
+            "--live-queue-events and --live-heartbeat-ms must be at least 1"
+        );
+        config.live.views_max = self.live_views_max;
+        config.live.view_rows_max = self.live_view_rows_max;
+        config.live.subscriber_queue_max = self.live_queue_events;
+        config.live.idle_ttl = std::time::Duration::from_secs(self.live_ttl_secs);
+        config.live_heartbeat = std::time::Duration::from_millis(self.live_heartbeat_ms);
+        config.live_subscriptions_per_connection_max = self.live_subscriptions_per_connection;
         if let Some(path) = &self.functions {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;

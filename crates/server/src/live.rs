@@ -1,0 +1,115 @@
+//! Live queries over HTTP: `GET /v1/live` (Server-Sent Events), and the subscription plumbing
+//! the WebSocket endpoint shares. Events come from the live thread already rendered; a
+//! subscriber's task only waits for each event's seq to be confirmed (so nothing is shown
+//! before it reached its durability class) and writes it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use sluice_live::{Event, EventKind, Sink, SubId, Subscribe};
+use sluice_query::Params;
+
+use crate::api::ApiError;
+use crate::core::Core;
+
+#[derive(Deserialize)]
+pub(crate) struct LiveQuery {
+    sql: Option<String>,
+    /// JSON text: an array (`$1…`) or an object (`:name`).
+    params: Option<String>,
+    since: Option<String>,
+}
+
+/// A subscription that unsubscribes when dropped (the client went away).
+pub(crate) struct Subscription {
+    core: Core,
+    pub sub: SubId,
+    pub sink: Arc<Sink>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.sink.close();
+        self.core.live().unsubscribe(self.sub);
+    }
+}
+
+impl Subscription {
+    pub(crate) async fn open(core: &Core, req: Subscribe) -> Result<Subscription, ApiError> {
+        let sink = Sink::new(core.live().limits());
+        let sub = core.live().subscribe(req, sink.clone()).await?;
+        Ok(Subscription {
+            core: core.clone(),
+            sub,
+            sink,
+        })
+    }
+
+    /// The next event, once its seq is confirmed; `None` when the subscription ended.
+    pub(crate) async fn next(&self) -> Option<Arc<Event>> {
+        let event = self.sink.recv().await?;
+        if event.kind != EventKind::Error && self.core.wait_confirmed(event.seq).await.is_err() {
+            return None;
+        }
+        Some(event)
+    }
+}
+
+pub(crate) fn parse_since(text: &str, what: &str) -> Result<u64, ApiError> {
+    text.trim()
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("{what} must be a seq (an integer ≥ 0)")))
+}
+
+/// `GET /v1/live?sql=…&params=<json>&since=S`: a snapshot, then a diff per commit that
+/// changes the result; `id:` is the seq, so `Last-Event-ID` resumes.
+pub(crate) async fn sse(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    query: Result<Query<LiveQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let sql = q
+        .sql
+        .ok_or_else(|| ApiError::bad_request("expected ?sql=SELECT …"))?;
+    let params_json = match &q.params {
+        Some(text) => Some(
+            serde_json::from_str::<Value>(text)
+                .map_err(|e| ApiError::bad_request(format!("params is not JSON: {e}")))?,
+        ),
+        None => None,
+    };
+    let params = Params::from_json(params_json.as_ref())?;
+    let since = match headers.get("last-event-id") {
+        Some(v) => Some(parse_since(
+            v.to_str().unwrap_or_default(),
+            "the Last-Event-ID header",
+        )?),
+        None => q
+            .since
+            .as_deref()
+            .map(|s| parse_since(s, "since"))
+            .transpose()?,
+    };
+    let subscription = Subscription::open(&core, Subscribe { sql, params, since }).await?;
+    let stream = futures_util::stream::unfold(subscription, |s| async move {
+        let event = s.next().await?;
+        let mut sse = SseEvent::default()
+            .event(event.kind.as_str())
+            .data(&event.json);
+        if event.kind != EventKind::Error {
+            sse = sse.id(event.seq.to_string());
+        }
+        Some((Ok::<_, Infallible>(sse), s))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(core.config().live_heartbeat))
+        .into_response())
+}
