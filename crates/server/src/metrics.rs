@@ -32,6 +32,32 @@ pub(crate) fn render(core: &Core) -> String {
         "Writer rounds (one lock, one log submit each).",
         c.writer_batches.load(Ordering::Relaxed),
     );
+    let live = core.live().stats();
+    counter(
+        "sluice_live_commits_total",
+        "Commits the live-query thread followed.",
+        live.commits,
+    );
+    counter(
+        "sluice_live_view_updates_total",
+        "View updates (one per view a commit was routed to).",
+        live.view_updates,
+    );
+    counter(
+        "sluice_live_diffs_total",
+        "Diff events produced (one per view per commit that changed it).",
+        live.diffs,
+    );
+    counter(
+        "sluice_live_resets_total",
+        "Subscriber backlogs coalesced into a reset snapshot.",
+        live.resets,
+    );
+    counter(
+        "sluice_live_slow_closed_total",
+        "Subscriptions closed for falling behind (slow_subscriber).",
+        live.slow_closed,
+    );
     counter(
         "sluice_log_syncs_total",
         "fdatasync calls on the log.",
@@ -84,6 +110,8 @@ pub(crate) fn render(core: &Core) -> String {
     };
     let _ = writeln!(out, "# HELP sluice_commits_per_sync fsync-class commits per sync (group commit factor).\n# TYPE sluice_commits_per_sync gauge\nsluice_commits_per_sync {per_sync}");
     let _ = writeln!(out, "# HELP sluice_seq_confirmed Newest seq that reached its durability class.\n# TYPE sluice_seq_confirmed gauge\nsluice_seq_confirmed {}", core.confirmed_seq());
+    let _ = writeln!(out, "# HELP sluice_live_views Live views held (subscribed or warm).\n# TYPE sluice_live_views gauge\nsluice_live_views {}", live.views);
+    let _ = writeln!(out, "# HELP sluice_live_subscribers Live subscriptions open.\n# TYPE sluice_live_subscribers gauge\nsluice_live_subscribers {}", live.subscribers);
     let _ = writeln!(out, "# HELP sluice_log_poisoned 1 if the log refused writes after a failed sync.\n# TYPE sluice_log_poisoned gauge\nsluice_log_poisoned {}", core.poisoned().is_some() as u8);
     let r = core.recovery();
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
