@@ -27,9 +27,40 @@ pub struct Subscribe {
     pub since: Option<u64>,
 }
 
-struct View {
+/// What every view of one query text shares: the plan and what is derived from it.
+struct Shape {
     sql: String,
-    plan: Arc<Plan>,
+    /// The normalised statement (`Plan::text`), shared by every view's registry key.
+    text: Arc<str>,
+    plan: Plan,
+    columns: Arc<[String]>,
+    order: crate::view::Order,
+    /// Tables read, with subqueries'.
+    tables: BTreeSet<String>,
+}
+
+impl Shape {
+    fn new(sql: String, plan: Plan) -> Shape {
+        let mut tables = BTreeSet::new();
+        tables_of(&plan.select, &mut tables);
+        Shape {
+            sql,
+            text: plan.text.as_str().into(),
+            columns: plan.select.columns.clone().into(),
+            order: plan
+                .select
+                .order_by
+                .iter()
+                .map(|k| (k.desc, k.nulls_first))
+                .collect(),
+            tables,
+            plan,
+        }
+    }
+}
+
+struct View {
+    shape: Arc<Shape>,
     params: Vec<Value>,
     op: Operator,
     mat: Materialized,
@@ -41,8 +72,6 @@ struct View {
     history_from: u64,
     subs: BTreeSet<SubId>,
     idle_since: Option<Instant>,
-    /// Tables read (with subqueries'), and the routes this view is registered under.
-    tables: BTreeSet<String>,
     route: Route,
 }
 
@@ -51,13 +80,9 @@ struct View {
 enum Route {
     /// Every change to the view's tables.
     Tables,
-    /// Changes to `table` whose old or new row has `value` at `column` (a `column = value`
-    /// conjunct of the view's `WHERE`).
-    Equal {
-        table: String,
-        column: usize,
-        value: Value,
-    },
+    /// Changes to the view's one table whose old or new row has `value` at `column` (a
+    /// `column = value` conjunct of the view's `WHERE`).
+    Equal { column: usize, value: Value },
 }
 
 #[derive(Default)]
@@ -83,8 +108,8 @@ pub struct Live {
     limits: Limits,
     views: HashMap<ViewId, View>,
     /// By normalised text and the canonical bytes of the parameters (so `1` and `1.0` differ).
-    by_query: HashMap<(String, Vec<u8>), ViewId>,
-    plans: HashMap<String, Arc<Plan>>,
+    by_query: HashMap<(Arc<str>, Vec<u8>), ViewId>,
+    plans: HashMap<String, Arc<Shape>>,
     routes: HashMap<String, TableRoutes>,
     subs: HashMap<SubId, (ViewId, Arc<Sink>)>,
     next_id: u64,
@@ -122,6 +147,15 @@ fn tables_of(select: &Select, out: &mut BTreeSet<String>) {
     for s in &select.subqueries {
         tables_of(s, out);
     }
+}
+
+/// Whether every table `select` reads still has the schema it was planned for.
+fn planned_for(select: &Select, db: &Db) -> bool {
+    select.sources.iter().all(|s| {
+        db.tables
+            .get(&s.schema.name)
+            .is_some_and(|t| t.schema == s.schema)
+    }) && select.subqueries.iter().all(|q| planned_for(q, db))
 }
 
 fn complexity(select: &Select) -> usize {
@@ -163,11 +197,12 @@ impl Live {
         req: &Subscribe,
         sink: Arc<Sink>,
     ) -> Result<SubId, QueryError> {
-        let plan = match self.plans.get(&req.sql) {
-            Some(p) => p.clone(),
-            None => {
-                let p = Arc::new(sluice_query::prepare(&req.sql, db)?);
-                let n = complexity(&p.select);
+        let shape = match self.plans.get(&req.sql) {
+            // A plan cached before DDL the live thread has not followed yet is not reused.
+            Some(p) if planned_for(&p.plan.select, db) => p.clone(),
+            _ => {
+                let plan = sluice_query::prepare(&req.sql, db)?;
+                let n = complexity(&plan.select);
                 if n > self.limits.view_tables_max {
                     return Err(QueryError::Limit(format!(
                         "the query reads {n} tables (joins and subqueries); view_tables_max is {}",
@@ -177,12 +212,13 @@ impl Live {
                 if self.plans.len() >= self.limits.plans_max {
                     self.plans.clear();
                 }
-                self.plans.insert(req.sql.clone(), p.clone());
-                p
+                let shape = Arc::new(Shape::new(req.sql.clone(), plan));
+                self.plans.insert(req.sql.clone(), shape.clone());
+                shape
             }
         };
-        let params = plan.resolve(&req.params)?;
-        let qkey = query_key(&plan, &params);
+        let params = shape.plan.resolve(&req.params)?;
+        let qkey = query_key(&shape, &params);
         let id = match self.by_query.get(&qkey) {
             Some(&id) => id,
             None => {
@@ -196,7 +232,7 @@ impl Live {
                         )));
                     }
                 }
-                let view = self.build(db, req.sql.clone(), plan, params)?;
+                let view = self.build(db, shape, params)?;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
@@ -232,39 +268,21 @@ impl Live {
         Ok(sub)
     }
 
-    fn build(
-        &self,
-        db: &Db,
-        sql: String,
-        plan: Arc<Plan>,
-        params: Vec<Value>,
-    ) -> Result<View, QueryError> {
-        let select = &plan.select;
+    fn build(&self, db: &Db, shape: Arc<Shape>, params: Vec<Value>) -> Result<View, QueryError> {
+        let select = &shape.plan.select;
         let mut op = Operator::for_select(select);
         let rows = op.load(select, db, &params, self.limits.view_rows_max)?;
         let (offset, limit) = sluice_query::window(select, &params)?;
-        let mut mat = Materialized::new(
-            select.columns.clone().into(),
-            select.order_by.clone(),
-            offset,
-            limit,
-        );
+        let mut mat = Materialized::new(shape.columns.clone(), shape.order.clone(), offset, limit);
         mat.load(rows);
-        let mut tables = BTreeSet::new();
-        tables_of(select, &mut tables);
         let route = match (&op, equality_route(select, &params)) {
             (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {
-                Route::Equal {
-                    table: select.sources[0].schema.name.clone(),
-                    column,
-                    value,
-                }
+                Route::Equal { column, value }
             }
             _ => Route::Tables,
         };
         Ok(View {
-            sql,
-            plan,
+            shape,
             params,
             op,
             mat,
@@ -274,7 +292,6 @@ impl Live {
             history_from: db.seq,
             subs: BTreeSet::new(),
             idle_since: Some(Instant::now()),
-            tables,
             route,
         })
     }
@@ -282,17 +299,13 @@ impl Live {
     fn add_routes(&mut self, id: ViewId, view: &View) {
         match &view.route {
             Route::Tables => {
-                for t in &view.tables {
+                for t in &view.shape.tables {
                     self.routes.entry(t.clone()).or_default().all.insert(id);
                 }
             }
-            Route::Equal {
-                table,
-                column,
-                value,
-            } => {
+            Route::Equal { column, value } => {
                 self.routes
-                    .entry(table.clone())
+                    .entry(view.shape.plan.select.sources[0].schema.name.clone())
                     .or_default()
                     .equal
                     .entry(*column)
@@ -307,17 +320,14 @@ impl Live {
     fn remove_routes(&mut self, id: ViewId, view: &View) {
         match &view.route {
             Route::Tables => {
-                for t in &view.tables {
+                for t in &view.shape.tables {
                     if let Some(r) = self.routes.get_mut(t) {
                         r.all.remove(&id);
                     }
                 }
             }
-            Route::Equal {
-                table,
-                column,
-                value,
-            } => {
+            Route::Equal { column, value } => {
+                let table = &view.shape.plan.select.sources[0].schema.name;
                 if let Some(r) = self.routes.get_mut(table) {
                     if let Some(by_value) = r.equal.get_mut(column) {
                         if let Some(ids) = by_value.get_mut(value) {
@@ -368,7 +378,7 @@ impl Live {
     fn drop_view(&mut self, id: ViewId) {
         if let Some(view) = self.views.remove(&id) {
             self.remove_routes(id, &view);
-            self.by_query.remove(&query_key(&view.plan, &view.params));
+            self.by_query.remove(&query_key(&view.shape, &view.params));
             for s in &view.subs {
                 self.subs.remove(s);
             }
@@ -390,7 +400,7 @@ impl Live {
                 let ids: Vec<ViewId> = self
                     .views
                     .iter()
-                    .filter(|(_, v)| v.seq < commit.seq && !v.tables.is_disjoint(&touched))
+                    .filter(|(_, v)| v.seq < commit.seq && !v.shape.tables.is_disjoint(&touched))
                     .map(|(id, _)| *id)
                     .collect();
                 if !ids.is_empty() {
@@ -431,7 +441,7 @@ impl Live {
                     let (seq, deltas) = match view.op {
                         Operator::Reeval => {
                             let db = state.get_or_insert_with(&db);
-                            let select = &view.plan.select;
+                            let select = &view.shape.plan.select;
                             match view
                                 .op
                                 .load(select, db, &view.params, self.limits.view_rows_max)
@@ -451,7 +461,7 @@ impl Live {
                             }
                         }
                         _ => {
-                            let select = &view.plan.select;
+                            let select = &view.shape.plan.select;
                             let d = view.op.deltas(select, &view.params, &changes);
                             (commit.seq, d)
                         }
@@ -524,8 +534,11 @@ impl Live {
     /// snapshot — or, if the query no longer plans, an error, and drops the view.
     fn rebuild(&mut self, id: ViewId, db: &Db) {
         let view = self.views.get(&id).expect("present");
-        let rebuilt = sluice_query::prepare(&view.sql, db)
-            .and_then(|plan| self.build(db, view.sql.clone(), Arc::new(plan), view.params.clone()));
+        let sql = view.shape.sql.clone();
+        let rebuilt = sluice_query::prepare(&sql, db).and_then(|plan| {
+            let shape = Arc::new(Shape::new(sql.clone(), plan));
+            self.build(db, shape, view.params.clone())
+        });
         match rebuilt {
             Err(e) => self.fail_view(id, &e),
             Ok(mut fresh) => {
@@ -565,15 +578,15 @@ impl Live {
     pub fn operator_of(&self, sql: &str) -> Option<&'static str> {
         self.views
             .values()
-            .find(|v| v.sql == sql)
+            .find(|v| v.shape.sql == sql)
             .map(|v| v.op.name())
     }
 }
 
-fn query_key(plan: &Plan, params: &[Value]) -> (String, Vec<u8>) {
+fn query_key(shape: &Shape, params: &[Value]) -> (Arc<str>, Vec<u8>) {
     let mut bytes = Vec::new();
     crate::checksum::canonical_bytes(params, &mut bytes);
-    (plan.text.clone(), bytes)
+    (shape.text.clone(), bytes)
 }
 
 fn push_unique<'a>(v: &mut Vec<&'a Change>, c: &'a Change) {

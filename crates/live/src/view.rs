@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value as Json};
 use sluice_engine::Value;
-use sluice_query::plan::SortKey;
 
 use crate::checksum::{render, row_hash, same_row};
 
@@ -103,9 +102,12 @@ pub enum Op {
     },
 }
 
+/// The direction of each `ORDER BY` key: `(desc, nulls_first)`.
+pub type Order = Arc<[(bool, Option<bool>)]>;
+
 pub struct Materialized {
     pub columns: Arc<[String]>,
-    order: Vec<SortKey>,
+    order: Order,
     ordered: bool,
     windowed: bool,
     offset: usize,
@@ -129,7 +131,7 @@ pub fn key_json(key: &[Value]) -> Json {
 impl Materialized {
     pub fn new(
         columns: Arc<[String]>,
-        order: Vec<SortKey>,
+        order: Order,
         offset: usize,
         limit: Option<usize>,
     ) -> Materialized {
@@ -154,10 +156,10 @@ impl Materialized {
                 .order
                 .iter()
                 .zip(&out.sort)
-                .map(|(k, v)| SortVal {
+                .map(|(&(desc, nulls_first), v)| SortVal {
                     v: v.clone(),
-                    desc: k.desc,
-                    nulls_first: k.nulls_first,
+                    desc,
+                    nulls_first,
                 })
                 .collect(),
             key: key.clone(),
