@@ -219,9 +219,11 @@ impl Live {
         };
         let params = shape.plan.resolve(&req.params)?;
         let qkey = query_key(&shape, &params);
+        let mut built = false;
         let id = match self.by_query.get(&qkey) {
             Some(&id) => id,
             None => {
+                built = true;
                 if self.views.len() >= self.limits.views_max {
                     self.expire(Instant::now(), true);
                     if self.views.len() >= self.limits.views_max {
@@ -246,9 +248,10 @@ impl Live {
         let view = self.views.get_mut(&id).expect("registered");
         view.subs.insert(sub);
         view.idle_since = None;
+        // A view built just now has no past to vouch for: its first event is a snapshot.
         let resumable = req
             .since
-            .filter(|&s| s >= view.history_from && s <= view.seq);
+            .filter(|&s| !built && s >= view.history_from && s <= view.seq);
         match resumable {
             Some(since) => {
                 for e in view.history.iter().filter(|e| e.seq > since) {

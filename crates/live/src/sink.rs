@@ -146,8 +146,8 @@ impl Sink {
             return;
         }
         s.queue.clear();
-        s.bytes = 0;
         let json = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+        s.bytes = json.len();
         s.queue.push_back(Arc::new(Event {
             seq: 0,
             kind: EventKind::Error,

@@ -172,3 +172,169 @@ fn identical_queries_share_a_view_and_resume_from_history() {
     assert_eq!(snap["rows"].as_array().unwrap().len(), 2);
     assert_eq!(snap["checksum"], d2["checksum"]);
 }
+
+#[test]
+fn idle_views_stay_warm_for_the_ttl_then_go() {
+    let mut db = db();
+    let limits = sluice_live::Limits {
+        idle_ttl: std::time::Duration::from_millis(50),
+        ..Default::default()
+    };
+    let mut live = Live::new(limits);
+    let sql = "SELECT * FROM msg WHERE room = 'a'";
+    let sink = Sink::new(live.limits());
+    let sub_id = live
+        .subscribe(
+            &db,
+            &Subscribe {
+                sql: sql.into(),
+                params: Params::None,
+                since: None,
+            },
+            sink.clone(),
+        )
+        .unwrap();
+    next(&sink);
+    put(&mut db, &mut live, &[m(1, "a", 1)]);
+    let (_, d) = next(&sink);
+    live.unsubscribe(sub_id);
+    assert!(sink.is_closed());
+    // Still warm: it follows commits and a returning client resumes without a snapshot.
+    assert_eq!(live.expire(std::time::Instant::now(), false), 0);
+    put(&mut db, &mut live, &[m(2, "a", 2)]);
+    let back = Sink::new(live.limits());
+    let back_id = live
+        .subscribe(
+            &db,
+            &Subscribe {
+                sql: sql.into(),
+                params: Params::None,
+                since: d["seq"].as_u64(),
+            },
+            back.clone(),
+        )
+        .unwrap();
+    let (kind, missed) = next(&back);
+    assert_eq!(kind, EventKind::Diff);
+    assert_eq!(missed["changes"][0]["key"], json!(2));
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    assert_eq!(
+        live.expire(later, false),
+        0,
+        "a view with a subscriber stays"
+    );
+    // Idle past the TTL: dropped; the next subscriber from that seq gets a reset snapshot.
+    live.unsubscribe(back_id);
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    assert_eq!(live.expire(later, false), 1);
+    assert_eq!(live.stats().views, 0);
+    let fresh = sub(&mut live, &db, sql, Json::Null, missed["seq"].as_u64());
+    let (kind, snap) = next(&fresh);
+    assert_eq!(kind, EventKind::Snapshot);
+    assert_eq!(snap["reset"], json!(true));
+    assert_eq!(snap["keys"], json!([1, 2]));
+}
+
+#[test]
+fn limits_are_named_in_their_errors() {
+    let mut db = db();
+    for i in 1..=20 {
+        let mut tx = db.transaction();
+        tx.upsert("msg", m(i, "a", i).as_object().unwrap(), None)
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let limits = sluice_live::Limits {
+        view_rows_max: 10,
+        view_tables_max: 2,
+        views_max: 2,
+        ..Default::default()
+    };
+    let mut live = Live::new(limits);
+    let try_sub = |live: &mut Live, sql: &str| {
+        live.subscribe(
+            &db,
+            &Subscribe {
+                sql: sql.into(),
+                params: Params::None,
+                since: None,
+            },
+            Sink::new(&sluice_live::Limits::default()),
+        )
+    };
+    let err = try_sub(&mut live, "SELECT * FROM msg").unwrap_err();
+    assert!(err.to_string().contains("view_rows_max"), "{err}");
+    let err = try_sub(
+        &mut live,
+        "SELECT a.id FROM msg a JOIN msg b ON a.id = b.id JOIN msg c ON b.id = c.id",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("view_tables_max"), "{err}");
+    try_sub(&mut live, "SELECT * FROM msg WHERE id = 1").unwrap();
+    try_sub(&mut live, "SELECT * FROM msg WHERE id = 2").unwrap();
+    let err = try_sub(&mut live, "SELECT * FROM msg WHERE id = 3").unwrap_err();
+    assert!(err.to_string().contains("views_max"), "{err}");
+    let err = try_sub(&mut live, "SELECT DISTINCT room FROM msg").unwrap_err();
+    assert_eq!(sluice_live::error_code(&err), "unsupported");
+    assert!(err.to_string().to_lowercase().contains("distinct"), "{err}");
+}
+
+#[test]
+fn a_view_that_outgrows_its_limit_ends_with_an_error() {
+    let mut db = db();
+    let limits = sluice_live::Limits {
+        view_rows_max: 3,
+        ..Default::default()
+    };
+    let mut live = Live::new(limits);
+    let s = sub(&mut live, &db, "SELECT * FROM msg", Json::Null, None);
+    next(&s);
+    for i in 1..=3 {
+        put(&mut db, &mut live, &[m(i, "a", i)]);
+        assert_eq!(next(&s).0, EventKind::Diff);
+    }
+    put(&mut db, &mut live, &[m(4, "a", 4)]);
+    let (kind, e) = next(&s);
+    assert_eq!(kind, EventKind::Error);
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("view_rows_max"));
+    assert!(s.try_recv().is_none() && s.is_closed());
+    assert_eq!(live.stats().views, 0);
+}
+
+#[test]
+fn ddl_on_a_read_table_resets_or_ends_the_view() {
+    let mut db = db();
+    let mut live = Live::new(sluice_live::Limits::default());
+    put(&mut db, &mut live, &[m(1, "a", 1)]);
+    let s = sub(&mut live, &db, "SELECT * FROM msg", Json::Null, None);
+    next(&s);
+    let ddl = "ALTER TABLE msg ADD COLUMN likes INTEGER";
+    let changes = sluice_sql::parse_ddl(ddl)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.change)
+        .collect();
+    let commit = db.apply_schema(changes, ddl.into()).unwrap().unwrap();
+    live.apply(&commit, || &db);
+    let (kind, snap) = next(&s);
+    assert_eq!(kind, EventKind::Snapshot);
+    assert_eq!(snap["reset"], json!(true));
+    assert_eq!(
+        snap["columns"],
+        json!(["id", "room", "ts", "body", "likes"])
+    );
+    let ddl = "DROP TABLE msg";
+    let changes = sluice_sql::parse_ddl(ddl)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.change)
+        .collect();
+    let commit = db.apply_schema(changes, ddl.into()).unwrap().unwrap();
+    live.apply(&commit, || &db);
+    let (kind, e) = next(&s);
+    assert_eq!(kind, EventKind::Error);
+    assert_eq!(e["error"]["code"], json!("not_found"), "{e}");
+}
