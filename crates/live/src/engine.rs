@@ -149,6 +149,55 @@ fn tables_of(select: &Select, out: &mut BTreeSet<String>) {
     }
 }
 
+/// Whether `db` has DDL after `seq` on one of `tables` (unknown past the changelog horizon:
+/// then no).
+fn ddl_pending(db: &Db, seq: u64, tables: &BTreeSet<String>) -> bool {
+    db.changelog.since(seq).is_ok_and(|mut commits| {
+        commits.any(|c| match &c.body {
+            CommitBody::Schema { changes, .. } => {
+                changes.iter().any(|x| tables.contains(x.table()))
+            }
+            CommitBody::Rows(_) => false,
+        })
+    })
+}
+
+/// Brings a view that reads the `Db` (join, re-evaluated) from its seq to `db.seq`. A join
+/// view re-evaluates only the anchors the commits in between touched, found through the
+/// changelog (commits after `view.seq` up to `db.seq`, which may be ahead of the commit being
+/// followed); past the changelog's horizon, or for other shapes, the whole query re-runs.
+fn read_deltas(
+    view: &mut View,
+    db: &Db,
+    rows_max: usize,
+) -> Result<BTreeMap<crate::view::RKey, Option<crate::view::Out>>, QueryError> {
+    let select = &view.shape.plan.select;
+    if matches!(view.op, Operator::Join) {
+        if let Ok(commits) = db.changelog.since(view.seq) {
+            let mut anchors = BTreeSet::new();
+            for c in commits {
+                if let CommitBody::Rows(changes) = &c.body {
+                    for change in changes {
+                        if view.shape.tables.contains(&change.table.name) {
+                            crate::operator::join_anchors(select, db, change, &mut anchors);
+                        }
+                    }
+                }
+            }
+            let mat = &view.mat;
+            return crate::operator::join_deltas(select, db, &view.params, &anchors, |a| {
+                mat.keys_with_first(a)
+            });
+        }
+    }
+    let rows = view.op.load(select, db, &view.params, rows_max)?;
+    let mut deltas: BTreeMap<_, _> = view.mat.all().map(|(k, _)| (k.clone(), None)).collect();
+    for (k, o) in rows {
+        deltas.insert(k, Some(o));
+    }
+    Ok(deltas)
+}
+
 /// Whether every table `select` reads still has the schema it was planned for.
 fn planned_for(select: &Select, db: &Db) -> bool {
     select.sources.iter().all(|s| {
@@ -442,21 +491,15 @@ impl Live {
                     }
                     self.stats.view_updates += 1;
                     let (seq, deltas) = match view.op {
-                        Operator::Reeval => {
+                        Operator::Reeval | Operator::Join => {
                             let db = state.get_or_insert_with(&db);
-                            let select = &view.shape.plan.select;
-                            match view
-                                .op
-                                .load(select, db, &view.params, self.limits.view_rows_max)
-                            {
-                                Ok(rows) => {
-                                    let mut deltas: BTreeMap<_, _> =
-                                        view.mat.all().map(|(k, _)| (k.clone(), None)).collect();
-                                    for (k, o) in rows {
-                                        deltas.insert(k, Some(o));
-                                    }
-                                    (db.seq, deltas)
-                                }
+                            if ddl_pending(db, view.seq, &view.shape.tables) {
+                                // The plan no longer fits `db`; the DDL commit, still in
+                                // this thread's queue, rebuilds the view.
+                                continue;
+                            }
+                            match read_deltas(view, db, self.limits.view_rows_max) {
+                                Ok(deltas) => (db.seq, deltas),
                                 Err(e) => {
                                     self.fail_view(id, &e);
                                     continue;

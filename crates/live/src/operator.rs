@@ -1,4 +1,4 @@
-//! How a view follows commits. Three operators, chosen from the plan's shape:
+//! How a view follows commits. Four operators, chosen from the plan's shape:
 //!
 //! - [`Operator::Filter`] — one table, no grouping, no subquery: a changed row is tested
 //!   against the `WHERE` clause and projected, alone; its result key is its primary key.
@@ -7,16 +7,20 @@
 //!   image is retracted from its group and the new image added, with invertible aggregate
 //!   states (counts, exact integer sums, value multisets for `MIN`/`MAX`); only the touched
 //!   groups are re-projected and re-tested against `HAVING`. O(changed rows × log group).
-//! - [`Operator::Reeval`] — joins and `IN (SELECT …)`: the query is re-run (with its index
-//!   access paths and join probes) when a commit touches one of the tables it reads, and the
-//!   result compared with the view by key. Correct for every shape, but O(view) per
-//!   relevant commit: the join and subquery operators that make these O(change) are the
-//!   next step (see ARCHITECTURE.md).
+//! - [`Operator::Join`] — joins whose `ON` keys are plain columns (no grouping, no
+//!   subquery): a changed row is walked back through the `ON` columns to the first-table rows
+//!   ("anchors") whose output it can alter, and only those anchors are re-evaluated
+//!   ([`join_anchors`]). O(anchors touched × their fan-out), with index lookups where the
+//!   join columns are indexed (a scan of an intermediate table where they are not).
+//! - [`Operator::Reeval`] — `IN (SELECT …)`, aggregates over joins, computed join keys: the
+//!   query is re-run when a commit touches one of the tables it reads, and the result
+//!   compared with the view by key. Correct for every shape, but O(view) per relevant
+//!   commit; subquery operators are the next step (see ARCHITECTURE.md).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sluice_engine::{Change, Db, Value};
+use sluice_engine::{Change, Db, Key, Value};
 use sluice_query::expr::{binary, BinOp, Env};
 use sluice_query::plan::{AggFunc, AggSpec, SortExpr};
 use sluice_query::{Expr, QueryError, Select};
@@ -24,15 +28,32 @@ use sluice_query::{Expr, QueryError, Select};
 use crate::view::{Out, RKey};
 
 pub(crate) enum Operator {
-    Filter { identity: bool },
-    Aggregate { groups: BTreeMap<RKey, Group> },
+    Filter {
+        identity: bool,
+    },
+    Aggregate {
+        groups: BTreeMap<RKey, Group>,
+    },
+    /// Joins whose `ON` keys are plain columns: see [`join_anchors`].
+    Join,
     Reeval,
 }
 
 impl Operator {
     pub(crate) fn for_select(select: &Select) -> Operator {
-        if select.sources.len() != 1 || !select.subqueries.is_empty() {
+        if !select.subqueries.is_empty() {
             return Operator::Reeval;
+        }
+        if select.sources.len() > 1 {
+            let plain_keys = select
+                .joins
+                .iter()
+                .all(|j| matches!(j.left_key, Expr::Column(_)));
+            return if select.aggregate.is_none() && plain_keys {
+                Operator::Join
+            } else {
+                Operator::Reeval
+            };
         }
         if select.aggregate.is_some() {
             return Operator::Aggregate {
@@ -53,6 +74,7 @@ impl Operator {
         match self {
             Operator::Filter { .. } => "filter",
             Operator::Aggregate { .. } => "aggregate",
+            Operator::Join => "join",
             Operator::Reeval => "reevaluate",
         }
     }
@@ -115,7 +137,7 @@ impl Operator {
                     })
                     .collect())
             }
-            Operator::Reeval => evaluate(select, db, params, rows_max),
+            Operator::Join | Operator::Reeval => evaluate(select, db, params, rows_max),
         }
     }
 
@@ -172,10 +194,127 @@ impl Operator {
                     }
                 }
             }
-            Operator::Reeval => unreachable!("reevaluated views are reloaded"),
+            Operator::Join | Operator::Reeval => {
+                unreachable!("join and re-evaluated views read the Db")
+            }
         }
         deltas
     }
+}
+
+/// The primary keys of the first table's rows whose part of a join's result `change` can
+/// alter, read from `db` (the state after the change).
+///
+/// The result of a join is the union over the first table's rows ("anchors") of what each
+/// one produces, and every result key starts with its anchor's key; so re-evaluating the
+/// affected anchors (`sluice_query::evaluate_anchor`) and replacing their rows is exact. A
+/// changed row of a later table is walked back to the anchors through the `ON` columns: the
+/// rows of the table its join key refers to that hold the same value (by primary key, by an
+/// index on that column, or by a scan), and so on to the first table — once for its old image
+/// (anchors that had it) and once for its new one (anchors that will). The rows passed
+/// through on the way are unchanged, or their own change starts a walk of its own, so every
+/// anchor whose output changed is found.
+pub(crate) fn join_anchors(
+    select: &Select,
+    db: &Db,
+    change: &Change,
+    anchors: &mut std::collections::BTreeSet<Key>,
+) {
+    for (s, source) in select.sources.iter().enumerate() {
+        if source.schema.name != change.table.name {
+            continue;
+        }
+        if s == 0 {
+            anchors.insert(change.key.clone());
+            continue;
+        }
+        for image in [&change.old, &change.row].into_iter().flatten() {
+            walk_back(select, db, s, image, anchors);
+        }
+    }
+}
+
+fn walk_back(
+    select: &Select,
+    db: &Db,
+    source: usize,
+    row: &[Value],
+    anchors: &mut std::collections::BTreeSet<Key>,
+) {
+    let join = select
+        .joins
+        .iter()
+        .find(|j| j.source == source)
+        .expect("every source after the first is joined");
+    let value = &row[join.right_column];
+    if value.is_null() {
+        return; // NULL joins nothing
+    }
+    let Expr::Column(c) = join.left_key else {
+        unreachable!("join views have column join keys")
+    };
+    let i = select
+        .sources
+        .iter()
+        .rposition(|s| s.offset <= c)
+        .expect("a column of an earlier source");
+    let column = c - select.sources[i].offset;
+    let Some(table) = db.tables.get(&select.sources[i].schema.name) else {
+        return;
+    };
+    let schema = &table.schema;
+    let mut keys: Vec<Key> = Vec::new();
+    if column == schema.pk {
+        if let Some(k) = sluice_query::to_key(value, schema.pk_column().ty) {
+            if table.rows.contains_key(&k) {
+                keys.push(k);
+            }
+        }
+    } else if let Some(ix) = schema.indexes.iter().position(|x| x.columns[0] == column) {
+        keys.extend(sluice_query::index_range(table, ix, Some(value), Some(value)).cloned());
+    } else {
+        keys.extend(
+            table
+                .rows
+                .iter()
+                .filter(|(_, r)| r.values[column] == *value)
+                .map(|(k, _)| k.clone()),
+        );
+    }
+    for k in keys {
+        if i == 0 {
+            anchors.insert(k);
+        } else {
+            let values = table.rows[&k].values.clone();
+            walk_back(select, db, i, &values, anchors);
+        }
+    }
+}
+
+/// Re-evaluates the given anchors of a join view: their old rows out, their new rows in.
+pub(crate) fn join_deltas(
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+    anchors: &std::collections::BTreeSet<Key>,
+    old_keys: impl Fn(&Value) -> Vec<RKey>,
+) -> Result<BTreeMap<RKey, Option<Out>>, QueryError> {
+    let mut deltas = BTreeMap::new();
+    for a in anchors {
+        for k in old_keys(&a.to_value()) {
+            deltas.insert(k, None);
+        }
+        for r in sluice_query::evaluate_anchor(select, db, params, a)? {
+            deltas.insert(
+                r.key,
+                Some(Out {
+                    sort: r.sort,
+                    row: r.row.into(),
+                }),
+            );
+        }
+    }
+    Ok(deltas)
 }
 
 fn env<'a>(row: &'a [Value], params: &'a [Value], aggs: &'a [Value]) -> Env<'a> {

@@ -204,6 +204,15 @@ impl Materialized {
         self.rows.get(key)
     }
 
+    /// The keys of the rows whose key starts with `first` (a join anchor's rows).
+    pub fn keys_with_first(&self, first: &Value) -> Vec<RKey> {
+        self.rows
+            .range(vec![first.clone()]..)
+            .take_while(|(k, _)| k.first() == Some(first))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// Every row of the full result, by key.
     pub fn all(&self) -> impl Iterator<Item = (&RKey, &Out)> {
         self.rows.iter()

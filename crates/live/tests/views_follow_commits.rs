@@ -338,3 +338,63 @@ fn ddl_on_a_read_table_resets_or_ends_the_view() {
     assert_eq!(kind, EventKind::Error);
     assert_eq!(e["error"]["code"], json!("not_found"), "{e}");
 }
+
+#[test]
+fn joins_follow_changes_on_either_side_through_their_anchors() {
+    let mut db = db();
+    let ddl = "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); ALTER TABLE msg ADD COLUMN author INTEGER";
+    let changes = sluice_sql::parse_ddl(ddl)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.change)
+        .collect();
+    db.apply_schema(changes, ddl.into()).unwrap();
+    let mut live = Live::new(sluice_live::Limits::default());
+    let mut write = |db: &mut Db, live: &mut Live, table: &str, row: Json| {
+        let mut tx = db.transaction();
+        tx.upsert(table, row.as_object().unwrap(), None).unwrap();
+        let commit = tx.commit().unwrap();
+        live.apply(&commit, || &*db);
+    };
+    write(&mut db, &mut live, "users", json!({"id": 1, "name": "ann"}));
+    write(
+        &mut db,
+        &mut live,
+        "msg",
+        json!({"id": 10, "room": "a", "ts": 1, "author": 1}),
+    );
+    write(
+        &mut db,
+        &mut live,
+        "msg",
+        json!({"id": 11, "room": "a", "ts": 2, "author": 2}),
+    );
+    let sql = "SELECT m.id, u.name FROM msg m LEFT JOIN users u ON m.author = u.id ORDER BY m.id";
+    let s = sub(&mut live, &db, sql, Json::Null, None);
+    assert_eq!(live.operator_of(sql), Some("join"));
+    let (_, snap) = next(&s);
+    assert_eq!(snap["keys"], json!([[10, 1], [11, null]]));
+    // A user appears: the message that pointed at nobody now has a name.
+    write(&mut db, &mut live, "users", json!({"id": 2, "name": "bob"}));
+    let (_, d) = next(&s);
+    assert_eq!(
+        d["changes"],
+        json!([{"op": "remove", "key": [11, null], "index": 1},
+               {"op": "add", "key": [11, 2], "row": {"id": 11, "name": "bob"}, "index": 1}])
+    );
+    // Renaming a user changes only the rows that join it.
+    write(
+        &mut db,
+        &mut live,
+        "users",
+        json!({"id": 1, "name": "ann2"}),
+    );
+    let (_, d) = next(&s);
+    assert_eq!(
+        d["changes"],
+        json!([{"op": "change", "key": [10, 1], "row": {"id": 10, "name": "ann2"}, "index": 0}])
+    );
+    // A user nobody points at: no diff.
+    write(&mut db, &mut live, "users", json!({"id": 3, "name": "cy"}));
+    assert!(s.try_recv().is_none());
+}

@@ -90,6 +90,27 @@ pub fn subquery_values(
 /// Every output row of `select` (unsorted, before `OFFSET`/`LIMIT`), with its key and sort
 /// values.
 pub fn evaluate(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Keyed>, QueryError> {
+    evaluate_from(select, db, params, None)
+}
+
+/// The output rows of `select` whose first table's row is the one with primary key
+/// `anchor` (none if it does not exist or fails the filter): the part of a join's result
+/// that one row of its first table produces.
+pub fn evaluate_anchor(
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+    anchor: &Key,
+) -> Result<Vec<Keyed>, QueryError> {
+    evaluate_from(select, db, params, Some(anchor))
+}
+
+fn evaluate_from(
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+    anchor: Option<&Key>,
+) -> Result<Vec<Keyed>, QueryError> {
     let subqueries = subquery_values(select, db, params)?;
     let cx = Cx {
         params,
@@ -131,7 +152,8 @@ pub fn evaluate(select: &Select, db: &Db, params: &[Value]) -> Result<Vec<Keyed>
     };
     let base = tables[0];
     let constant = |e: &Expr| e.eval(&cx.env(&[]));
-    match &select.access {
+    let anchored = anchor.map(|k| Access::Key(Expr::Literal(k.to_value())));
+    match anchored.as_ref().unwrap_or(&select.access) {
         Access::Scan => {
             for r in base.rows.values() {
                 push_base(&r.values)?;
@@ -396,7 +418,7 @@ pub fn sort_cmp(keys: &[SortKey], a: &[Value], b: &[Value]) -> Ordering {
 }
 
 /// The key a value would have in a primary key of type `ty`, if it can equal one.
-fn to_key(v: &Value, ty: ColumnType) -> Option<Key> {
+pub fn to_key(v: &Value, ty: ColumnType) -> Option<Key> {
     match (v, ty) {
         (Value::Integer(i), ColumnType::Integer) => Some(Key::Int(*i)),
         (Value::Boolean(b), ColumnType::Integer) => Some(Key::Int(*b as i64)),
@@ -411,7 +433,7 @@ fn to_key(v: &Value, ty: ColumnType) -> Option<Key> {
 }
 
 /// Keys of rows whose first indexed value lies in `[low, high]` (open where `None`).
-fn index_range<'t>(
+pub fn index_range<'t>(
     table: &'t Table,
     index: usize,
     low: Option<&Value>,
