@@ -350,7 +350,7 @@ fn joins_follow_changes_on_either_side_through_their_anchors() {
         .collect();
     db.apply_schema(changes, ddl.into()).unwrap();
     let mut live = Live::new(sluice_live::Limits::default());
-    let mut write = |db: &mut Db, live: &mut Live, table: &str, row: Json| {
+    let write = |db: &mut Db, live: &mut Live, table: &str, row: Json| {
         let mut tx = db.transaction();
         tx.upsert(table, row.as_object().unwrap(), None).unwrap();
         let commit = tx.commit().unwrap();
