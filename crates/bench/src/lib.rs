@@ -17,6 +17,9 @@
 //! - [`ingest`]: `sluice bench ingest` — write throughput and ack latency per durability
 //!   class, in-process and over HTTP, against PostgreSQL.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
+//! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
+//!   number of views and query shape, memory per view, against PostgreSQL's
+//!   trigger + LISTEN/NOTIFY + re-query.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
@@ -35,6 +38,7 @@ use std::process::ExitCode;
 
 pub mod hist;
 pub mod ingest;
+pub mod live;
 pub mod load;
 pub mod peers;
 pub mod progress;
@@ -63,6 +67,10 @@ pub enum Suite {
     /// The SpacetimeDB keynote-2 transfer workload: TPS and p50/p99 of durable transfers
     /// under Zipf(α) contention, Sluice vs PostgreSQL and SQLite behind HTTP RPC servers.
     Transfer(transfer::TransferArgs),
+    /// Live queries: write → diff latency (p50/p95/p99) by rows in the view, number of
+    /// views and query shape, memory per view; PostgreSQL trigger + LISTEN/NOTIFY + re-query
+    /// as the peer.
+    Live(live::LiveArgs),
 }
 
 /// Options every suite takes.
@@ -88,6 +96,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "ingest" => ingest::verify_samples(&samples),
         "recovery" => recovery::verify_samples(&samples),
         "transfer" => transfer::verify_samples(&samples),
+        "live" => live::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -98,6 +107,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Ingest(a) => ingest::run(a)?,
         Suite::Recovery(a) => recovery::run(a)?,
         Suite::Transfer(a) => transfer::run(a)?,
+        Suite::Live(a) => live::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

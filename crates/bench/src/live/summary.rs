@@ -1,0 +1,706 @@
+//! What `sluice bench live` writes: targets, tables, charts, notes and `samples.json`.
+
+use serde_json::json;
+
+use super::{fmt_bytes, fmt_signed_us, Case, Family, Params, SHAPES, TOP_K};
+use crate::hist::fmt_ratio;
+use crate::report::{Report, Table, Target};
+use crate::svg::{BarChart, BarSeries};
+
+/// Goal: write → diff p50 at every view size.
+const TARGET_P50_US: f64 = 500.0;
+/// Goal: p50 at the largest view size over p50 at the smallest.
+const TARGET_FLAT_RATIO: f64 = 2.0;
+/// Goal: write → diff p50 with 100 K views.
+const TARGET_VIEWS_P50_US: f64 = 1_000.0;
+/// The view count the two goals above are stated for.
+const TARGET_VIEWS: usize = 100_000;
+/// Goal: server memory per idle view.
+const TARGET_BYTES_PER_VIEW: f64 = 2048.0;
+
+fn ms(us: f64) -> f64 {
+    us / 1e3
+}
+
+fn ok(c: &Case) -> bool {
+    c.error.is_none() && c.samples > 0
+}
+
+fn verified(c: &Case) -> String {
+    if c.error.is_some() {
+        "—".into()
+    } else if c.verify.ok {
+        format!("✓ {}", c.verify.method)
+    } else {
+        format!("**no**: {}", c.verify.detail)
+    }
+}
+
+fn fmt_rows(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{} M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{} K", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+/// The latency cells every table shares.
+fn latency_cells(c: &Case) -> Vec<String> {
+    if !ok(c) {
+        let mut v = vec!["failed".to_string()];
+        v.extend(std::iter::repeat_n("—".to_string(), 7));
+        return v;
+    }
+    vec![
+        c.samples.to_string(),
+        fmt_signed_us(c.write_to_diff.p50_us),
+        fmt_signed_us(c.write_to_diff.p95_us),
+        fmt_signed_us(c.write_to_diff.p99_us),
+        fmt_signed_us(c.ack_to_diff.p50_us),
+        fmt_signed_us(c.ack_to_diff.p99_us),
+        format!("{} / {}", c.diff_before_ack, c.samples),
+        fmt_signed_us(c.ack.p50_us),
+    ]
+}
+
+const LATENCY_HEADERS: [&str; 8] = [
+    "samples",
+    "write→diff p50",
+    "p95",
+    "p99",
+    "ack→diff p50",
+    "ack→diff p99",
+    "diff before ack",
+    "write ack p50",
+];
+
+fn headers(first: &[&str], last: &[&str]) -> Vec<String> {
+    first
+        .iter()
+        .chain(LATENCY_HEADERS.iter())
+        .chain(last.iter())
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn table(title: &str, first: &[&str], last: &[&str]) -> Table {
+    Table {
+        title: title.into(),
+        headers: headers(first, last),
+        ..Table::default()
+    }
+}
+
+pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
+    let of = |family: Family| cases.iter().filter(move |c| c.family == family);
+    let sluice_size = |size: usize, transport: &str| {
+        of(Family::Size).find(|c| {
+            c.system == "sluice" && c.transport == transport && c.size == Some(size) && ok(c)
+        })
+    };
+    let pg_size = |size: usize| {
+        of(Family::Size).find(|c| c.system == "postgres" && c.size == Some(size) && ok(c))
+    };
+    let shape_case = |name: &str, system: &str, durability: &str| {
+        of(Family::Shape).find(|c| {
+            c.system == system
+                && c.shape.as_deref() == Some(name)
+                && c.durability == durability
+                && ok(c)
+        })
+    };
+
+    report.intro.push(
+        "End-to-end latency of live queries against the real `sluice serve` binary on loopback: \
+         **write→diff** is from just before a one-row `POST /v1/mutate` is sent to the moment the \
+         subscriber has read the diff carrying that write's seq; **ack→diff** is from the mutate's \
+         reply to the same diff (negative when the diff arrived before the ack — reported as \
+         measured, not clamped); **write ack** is the mutate's own round trip. Writes are \
+         sequential (one in flight), after a warm-up, so the numbers are latency, not queueing."
+            .into(),
+    );
+    report.intro.push(format!(
+        "Sluice runs with `--durability memory`, so the numbers measure view maintenance and \
+         delivery, not fsync; one extra top-k row sends its writes with `\"durability\": \
+         \"fsync\"` to show what confirmed delivery costs (a diff is delivered only once its \
+         seq reached its durability class). The PostgreSQL peer is the usual do-it-yourself live \
+         query: an `AFTER INSERT OR UPDATE OR DELETE … FOR EACH ROW` trigger calling \
+         `pg_notify`, and a `LISTEN`ing connection (tokio-postgres) that re-runs the view's query \
+         on each notification; its latency is from the write sent to the re-query's last row \
+         received. Its writer uses `synchronous_commit=off` (the counterpart of the memory \
+         class; the server itself runs with fsync=on), plus one `synchronous_commit=on` top-k \
+         row. Up to {} measured writes per Sluice case (≤ {}s) and per PostgreSQL case (≤ {}s), \
+         after up to {} warm-up writes.",
+        params.samples, params.case_seconds, params.peer_seconds, params.warmup
+    ));
+    report.intro.push(
+        "The bench checks its own numbers: every subscriber keeps its view (row hashes by \
+         result key), recomputes the documented checksum (XXH3-64 of each row's canonical bytes, \
+         summed) after every snapshot and diff and compares it with the server's; after each \
+         case the view is compared with a one-shot `POST /v1/query` — rows and checksum for views \
+         under 100 000 rows (`content`), the row count above (`count`). For PostgreSQL the last \
+         re-query's row count is compared with `SELECT COUNT(*)`."
+            .into(),
+    );
+
+    // Targets.
+    let sizes: Vec<(usize, &Case)> = params
+        .sizes
+        .iter()
+        .filter_map(|&s| sluice_size(s, "sse").map(|c| (s, c)))
+        .collect();
+    if !sizes.is_empty() {
+        let all_under = sizes
+            .iter()
+            .all(|(_, c)| c.write_to_diff.p50_us < TARGET_P50_US);
+        report.targets.push(Target {
+            what: "write→diff p50, one filter view, every view size (SSE, memory class)".into(),
+            goal: "< 0.5 ms".into(),
+            measured: sizes
+                .iter()
+                .map(|(s, c)| {
+                    format!(
+                        "{} rows: {} (ack→diff {})",
+                        fmt_rows(*s),
+                        fmt_signed_us(c.write_to_diff.p50_us),
+                        fmt_signed_us(c.ack_to_diff.p50_us)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            met: Some(all_under),
+        });
+        let p50s: Vec<f64> = sizes.iter().map(|(_, c)| c.write_to_diff.p50_us).collect();
+        let (lo, hi) = p50s
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let first = sizes[0].0;
+        let last = sizes[sizes.len() - 1].0;
+        report.targets.push(Target {
+            what: format!(
+                "write→diff p50 flat from {} to {} rows (largest / smallest p50)",
+                fmt_rows(first),
+                fmt_rows(last)
+            ),
+            goal: format!("within {TARGET_FLAT_RATIO:.0}× (from 1 K to 1 M rows)"),
+            measured: format!(
+                "{} ({} … {})",
+                fmt_ratio(hi / lo.max(1e-9)),
+                fmt_signed_us(lo),
+                fmt_signed_us(hi)
+            ),
+            met: (sizes.len() >= 2).then_some(hi / lo.max(1e-9) <= TARGET_FLAT_RATIO),
+        });
+    }
+    let views: Vec<&Case> = of(Family::Views).filter(|c| ok(c)).collect();
+    if let Some(big) = views.iter().max_by_key(|c| c.views.unwrap_or(0)) {
+        let v = big.views.unwrap_or(0);
+        report.targets.push(Target {
+            what: format!(
+                "write→diff p50 with {} scoped views registered (WebSocket)",
+                fmt_rows(v)
+            ),
+            goal: "< 1 ms with 100 K views".into(),
+            measured: format!(
+                "{} (p99 {}; ack→diff p50 {})",
+                fmt_signed_us(big.write_to_diff.p50_us),
+                fmt_signed_us(big.write_to_diff.p99_us),
+                fmt_signed_us(big.ack_to_diff.p50_us)
+            ),
+            met: (v >= TARGET_VIEWS).then_some(big.write_to_diff.p50_us < TARGET_VIEWS_P50_US),
+        });
+        if let Some(m) = &big.memory {
+            report.targets.push(Target {
+                what: format!(
+                    "server memory per idle view, {} views of {} rows (RSS delta / views)",
+                    fmt_rows(v),
+                    big.view_rows
+                ),
+                goal: "< 2 KiB".into(),
+                measured: format!(
+                    "{:.0} bytes ({} → {})",
+                    m.bytes_per_view,
+                    fmt_bytes(m.rss_before),
+                    fmt_bytes(m.rss_subscribed)
+                ),
+                met: (v >= TARGET_VIEWS).then_some(m.bytes_per_view < TARGET_BYTES_PER_VIEW),
+            });
+        }
+    }
+    let ratios: Vec<String> = params
+        .sizes
+        .iter()
+        .filter_map(|&s| {
+            let (a, b) = (sluice_size(s, "sse")?, pg_size(s)?);
+            Some(format!(
+                "{}: {}",
+                fmt_rows(s),
+                fmt_ratio(b.write_to_diff.p50_us / a.write_to_diff.p50_us)
+            ))
+        })
+        .collect();
+    if !ratios.is_empty() {
+        report.targets.push(Target {
+            what: "PostgreSQL trigger + LISTEN/NOTIFY + re-query p50 / Sluice p50, by view size"
+                .into(),
+            goal: "reported".into(),
+            measured: ratios.join("; "),
+            met: None,
+        });
+    }
+    let ratios: Vec<String> = SHAPES
+        .iter()
+        .filter_map(|s| {
+            let a = shape_case(s.name, "sluice", "memory")?;
+            let b = shape_case(s.name, "postgres", "synchronous_commit=off")?;
+            Some(format!(
+                "{}: {}",
+                s.name,
+                fmt_ratio(b.write_to_diff.p50_us / a.write_to_diff.p50_us)
+            ))
+        })
+        .collect();
+    if !ratios.is_empty() {
+        report.targets.push(Target {
+            what: "PostgreSQL DIY p50 / Sluice p50, by query shape".into(),
+            goal: "reported".into(),
+            measured: ratios.join("; "),
+            met: None,
+        });
+    }
+
+    // Tables.
+    let mut t = table(
+        "Latency vs rows in the view (`SELECT * FROM items WHERE grp = 1`, every row in the view)",
+        &["rows in view", "system", "transport", "durability"],
+        &[
+            "snapshot",
+            "writes while subscribing: slowest ack",
+            "verified",
+        ],
+    );
+    for c in of(Family::Size) {
+        let mut row = vec![
+            c.size.map_or("—".into(), fmt_rows),
+            c.system.to_string(),
+            c.transport.to_string(),
+            c.durability.clone(),
+        ];
+        row.extend(latency_cells(c));
+        row.push(c.snapshot_ms.map_or("—".into(), |m| fmt_signed_us(m * 1e3)));
+        row.push(match (c.probe_writes, c.probe_ack_max_ms) {
+            (Some(n), Some(m)) => format!("{} ({n} writes)", fmt_signed_us(m * 1e3)),
+            _ => "—".into(),
+        });
+        row.push(verified(c));
+        t.row(row);
+    }
+    t.note = Some(
+        "Each write patches one random row of the view (`val` = a fresh value), so every write \
+         changes the view by one row. Sluice follows this view with its filter operator \
+         (O(changed rows), routed by `grp = 1`); PostgreSQL re-reads the whole view on every \
+         notification. snapshot: subscribe sent → last byte of the snapshot received (Sluice). \
+         Writes while subscribing: a second client upserts one row of an unrelated table, one \
+         write at a time, from just before the subscribe until the snapshot arrived; the \
+         slowest ack shows how long building the view and its snapshot held writers up. For \
+         PostgreSQL \"ack\" is the UPDATE's reply and \"diff\" the re-query's last row."
+            .into(),
+    );
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+
+    let mut t = Table::new(
+        "Sluice vs PostgreSQL by view size (write→diff)",
+        &[
+            "rows in view",
+            "sluice p50",
+            "postgres p50",
+            "postgres / sluice",
+            "sluice p99",
+            "postgres p99",
+            "postgres / sluice",
+        ],
+    );
+    for &s in &params.sizes {
+        let (Some(a), Some(b)) = (sluice_size(s, "sse"), pg_size(s)) else {
+            continue;
+        };
+        t.row(vec![
+            fmt_rows(s),
+            fmt_signed_us(a.write_to_diff.p50_us),
+            fmt_signed_us(b.write_to_diff.p50_us),
+            fmt_ratio(b.write_to_diff.p50_us / a.write_to_diff.p50_us),
+            fmt_signed_us(a.write_to_diff.p99_us),
+            fmt_signed_us(b.write_to_diff.p99_us),
+            fmt_ratio(b.write_to_diff.p99_us / a.write_to_diff.p99_us),
+        ]);
+    }
+    t.note = Some(
+        "PostgreSQL cases are capped by time, so the big views have few samples (see the \
+         samples column above)."
+            .into(),
+    );
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+
+    let mut t = table(
+        &format!(
+            "Latency and memory vs number of registered views (`SELECT * FROM msg WHERE room = $1 \
+             ORDER BY ts DESC LIMIT {TOP_K}`, one view per room, {} rows per room)",
+            params.rows_per_room
+        ),
+        &["views"],
+        &[
+            "subscribe all",
+            "RSS before",
+            "RSS subscribed",
+            "bytes / view",
+            "RSS after leaving",
+            "RSS subscribed again",
+            "verified",
+        ],
+    );
+    for c in of(Family::Views) {
+        let mut row = vec![c.views.map_or("—".into(), fmt_rows)];
+        row.extend(latency_cells(c));
+        let m = c.memory.as_ref();
+        row.push(c.subscribe_s.map_or("—".into(), |s| {
+            format!(
+                "{s:.2} s ({:.0}/s)",
+                c.views.unwrap_or(0) as f64 / s.max(1e-9)
+            )
+        }));
+        row.push(m.map_or("—".into(), |m| fmt_bytes(m.rss_before)));
+        row.push(m.map_or("—".into(), |m| fmt_bytes(m.rss_subscribed)));
+        row.push(m.map_or("—".into(), |m| format!("{:.0}", m.bytes_per_view)));
+        row.push(
+            m.and_then(|m| m.rss_after_leave)
+                .map_or("—".into(), fmt_bytes),
+        );
+        row.push(
+            m.and_then(|m| m.rss_resubscribed)
+                .map_or("—".into(), fmt_bytes),
+        );
+        row.push(verified(c));
+        t.row(row);
+    }
+    t.note = Some(format!(
+        "Views are subscribed over WebSocket (JSON), up to {} per connection and at most {} \
+         connections, pipelined (all subscribes sent, then the snapshots read). Each write \
+         inserts a row into one random subscribed room (newest `ts`, so it enters that room's \
+         top {TOP_K}); its diff is awaited at that room's subscription. An \"idle view\" is a \
+         subscribed view with its {} rows and no writes reaching it; bytes / view is (server \
+         RSS with every view subscribed − RSS before subscribing) / views, and counts all the \
+         server holds for it: the view, its materialisation, its routing entry, the \
+         subscription's queue and its WebSocket forwarding task. RSS is read 1 s after each \
+         step. RSS after leaving: every connection closed and every view expired \
+         (`--live-ttl-secs 1`); the allocator (mimalloc) may keep freed pages, so RSS subscribed \
+         again (the same views, subscribed a second time) tells whether that memory is reused. \
+         Below ~10 K views the per-view figure is within the noise of RSS.",
+        super::SUBS_PER_CONNECTION,
+        super::CONNECTIONS_MAX,
+        params.rows_per_room.min(TOP_K)
+    ));
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+
+    let mut t = table(
+        &format!(
+            "Latency by query shape (`msg` {} rows in 100 rooms, `users` 1000, `teams` 100, \
+             `orgs` 10)",
+            params.shape_rows
+        ),
+        &[
+            "shape",
+            "sluice operator",
+            "system",
+            "durability",
+            "rows in view",
+        ],
+        &["one-shot query p50", "verified"],
+    );
+    for c in of(Family::Shape) {
+        let mut row = vec![
+            c.shape.clone().unwrap_or_default(),
+            if c.system == "sluice" {
+                c.operator.unwrap_or("—").to_string()
+            } else {
+                "re-query".into()
+            },
+            c.system.to_string(),
+            c.durability.clone(),
+            c.view_rows.to_string(),
+        ];
+        row.extend(latency_cells(c));
+        row.push(c.query_ms.map_or("—".into(), |m| fmt_signed_us(m * 1e3)));
+        row.push(verified(c));
+        t.row(row);
+    }
+    t.note = Some(
+        "Queries: filter `SELECT id, room, author, ts FROM msg WHERE room < 50`; top-k `SELECT * \
+         FROM msg ORDER BY ts DESC LIMIT 20`; join `SELECT m.id, m.ts, u.name FROM msg m JOIN \
+         users u ON m.author = u.id WHERE m.room < 50`; subquery-1 `… WHERE room < 50 AND author \
+         IN (SELECT id FROM users WHERE active = true)`; subquery-3 `… WHERE author IN (SELECT id \
+         FROM users WHERE team IN (SELECT id FROM teams WHERE org IN (SELECT id FROM orgs WHERE \
+         active = true)))`; aggregate `SELECT room, COUNT(*), MAX(ts) FROM msg GROUP BY room`. \
+         Each write inserts one `msg` row (room < 50, an active author, newest ts), which \
+         changes every one of these views. Operators follow crates/live/src/operator.rs at \
+         this commit: the join uses the join operator (a changed row is walked back through \
+         the ON columns to the rows it affects); `IN (SELECT …)` uses the re-evaluating \
+         operator, which re-runs the whole query on every commit to a table it reads (O(view) \
+         per commit) — the numbers show that cost. One-shot query p50: the same SQL through \
+         `POST /v1/query` (HTTP and JSON of every row included), for scale. Rows in view: at \
+         the end of the case (the table grows by one row per write)."
+            .into(),
+    );
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+
+    let mut t = Table::new(
+        "Sluice vs PostgreSQL by query shape (write→diff, Sluice memory class vs PostgreSQL \
+         synchronous_commit=off)",
+        &[
+            "shape",
+            "sluice p50",
+            "postgres p50",
+            "postgres / sluice",
+            "sluice p99",
+            "postgres p99",
+            "postgres / sluice",
+        ],
+    );
+    for s in &SHAPES {
+        let (Some(a), Some(b)) = (
+            shape_case(s.name, "sluice", "memory"),
+            shape_case(s.name, "postgres", "synchronous_commit=off"),
+        ) else {
+            continue;
+        };
+        t.row(vec![
+            s.name.to_string(),
+            fmt_signed_us(a.write_to_diff.p50_us),
+            fmt_signed_us(b.write_to_diff.p50_us),
+            fmt_ratio(b.write_to_diff.p50_us / a.write_to_diff.p50_us),
+            fmt_signed_us(a.write_to_diff.p99_us),
+            fmt_signed_us(b.write_to_diff.p99_us),
+            fmt_ratio(b.write_to_diff.p99_us / a.write_to_diff.p99_us),
+        ]);
+    }
+    if let (Some(a), Some(b)) = (
+        shape_case("top-k", "sluice", "fsync"),
+        shape_case("top-k", "postgres", "synchronous_commit=on"),
+    ) {
+        t.row(vec![
+            "top-k, durable (sluice fsync / postgres synchronous_commit=on)".into(),
+            fmt_signed_us(a.write_to_diff.p50_us),
+            fmt_signed_us(b.write_to_diff.p50_us),
+            fmt_ratio(b.write_to_diff.p50_us / a.write_to_diff.p50_us),
+            fmt_signed_us(a.write_to_diff.p99_us),
+            fmt_signed_us(b.write_to_diff.p99_us),
+            fmt_ratio(b.write_to_diff.p99_us / a.write_to_diff.p99_us),
+        ]);
+    }
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+
+    // Charts (latencies in ms).
+    let size_labels: Vec<String> = params.sizes.iter().map(|&s| fmt_rows(s)).collect();
+    let size_series = |name: &str, f: &dyn Fn(usize) -> Option<f64>| BarSeries {
+        name: name.into(),
+        values: params.sizes.iter().map(|&s| f(s)).collect(),
+    };
+    if !sizes.is_empty() {
+        let chart = BarChart {
+            title: "Sluice write→diff latency vs rows in the view (SSE)".into(),
+            x_label: "rows in the view".into(),
+            y_label: "ms".into(),
+            categories: size_labels.clone(),
+            series: vec![
+                size_series("p50", &|s| {
+                    sluice_size(s, "sse").map(|c| ms(c.write_to_diff.p50_us))
+                }),
+                size_series("p95", &|s| {
+                    sluice_size(s, "sse").map(|c| ms(c.write_to_diff.p95_us))
+                }),
+                size_series("p99", &|s| {
+                    sluice_size(s, "sse").map(|c| ms(c.write_to_diff.p99_us))
+                }),
+            ],
+        };
+        report.chart(
+            "size_latency.svg",
+            "Sluice write→diff p50/p95/p99 by rows in the view",
+            chart.render(),
+        );
+        if params.sizes.iter().any(|&s| pg_size(s).is_some()) {
+            let chart = BarChart {
+                title: "write→diff p50 vs rows in the view: Sluice vs PostgreSQL DIY".into(),
+                x_label: "rows in the view".into(),
+                y_label: "ms".into(),
+                categories: size_labels,
+                series: vec![
+                    size_series("sluice (SSE)", &|s| {
+                        sluice_size(s, "sse").map(|c| ms(c.write_to_diff.p50_us))
+                    }),
+                    size_series("postgres trigger+NOTIFY+re-query", &|s| {
+                        pg_size(s).map(|c| ms(c.write_to_diff.p50_us))
+                    }),
+                ],
+            };
+            report.chart(
+                "size_vs_postgres.svg",
+                "write→diff p50 by rows in the view, Sluice vs PostgreSQL",
+                chart.render(),
+            );
+        }
+    }
+    if !views.is_empty() {
+        let labels: Vec<String> = of(Family::Views)
+            .map(|c| fmt_rows(c.views.unwrap_or(0)))
+            .collect();
+        let series = |name: &str, f: &dyn Fn(&Case) -> f64| BarSeries {
+            name: name.into(),
+            values: of(Family::Views).map(|c| ok(c).then(|| f(c))).collect(),
+        };
+        let chart = BarChart {
+            title: "write→diff latency vs number of registered views (WebSocket)".into(),
+            x_label: "scoped views registered".into(),
+            y_label: "ms".into(),
+            categories: labels.clone(),
+            series: vec![
+                series("p50", &|c| ms(c.write_to_diff.p50_us)),
+                series("p95", &|c| ms(c.write_to_diff.p95_us)),
+                series("p99", &|c| ms(c.write_to_diff.p99_us)),
+            ],
+        };
+        report.chart(
+            "views_latency.svg",
+            "write→diff p50/p95/p99 by number of views",
+            chart.render(),
+        );
+        let chart = BarChart {
+            title: "Server memory per idle view (RSS delta / views)".into(),
+            x_label: "scoped views registered".into(),
+            y_label: "bytes per view".into(),
+            categories: labels,
+            series: vec![series("bytes / view", &|c| {
+                c.memory.as_ref().map_or(0.0, |m| m.bytes_per_view)
+            })],
+        };
+        report.chart(
+            "views_memory.svg",
+            "server RSS per view by number of views",
+            chart.render(),
+        );
+    }
+    if of(Family::Shape).any(ok) {
+        let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
+        let series = |name: &str, system: &str, durability: &str, p99: bool| BarSeries {
+            name: name.into(),
+            values: names
+                .iter()
+                .map(|n| {
+                    shape_case(n, system, durability).map(|c| {
+                        ms(if p99 {
+                            c.write_to_diff.p99_us
+                        } else {
+                            c.write_to_diff.p50_us
+                        })
+                    })
+                })
+                .collect(),
+        };
+        let mut s = vec![
+            series("sluice p50", "sluice", "memory", false),
+            series("sluice p99", "sluice", "memory", true),
+        ];
+        if of(Family::Shape).any(|c| c.system == "postgres" && ok(c)) {
+            s.push(series(
+                "postgres p50",
+                "postgres",
+                "synchronous_commit=off",
+                false,
+            ));
+        }
+        let chart = BarChart {
+            title: format!(
+                "write→diff latency by query shape ({} rows)",
+                params.shape_rows
+            ),
+            x_label: "query shape".into(),
+            y_label: "ms".into(),
+            categories: names.iter().map(|n| n.to_string()).collect(),
+            series: s,
+        };
+        report.chart(
+            "shapes.svg",
+            "write→diff by query shape, Sluice vs PostgreSQL",
+            chart.render(),
+        );
+    }
+
+    // Notes.
+    report.notes.push(format!(
+        "The machine has {} CPU(s), shared by the server, the bench's clients, PostgreSQL and \
+         whatever else ran (other builds and tests may have run concurrently); latencies include \
+         scheduling on that shared machine.",
+        report.machine().nproc
+    ));
+    report.notes.push(
+        "ack→diff can be negative: Sluice pushes the diff as soon as the commit is applied (and, \
+         for the fsync class, synced), which can race the HTTP reply to the writer. \
+         \"diff before ack\" counts those samples; values are as measured, never clamped."
+            .into(),
+    );
+    if let Some(c) = of(Family::Size)
+        .filter(|c| ok(c) && c.probe_ack_max_ms.is_some())
+        .max_by_key(|c| c.size.unwrap_or(0))
+    {
+        report.notes.push(format!(
+            "Subscribing to the {}-row view took {} to the last byte of its snapshot; a write to \
+             an unrelated table waited up to {} for its ack meanwhile (the view is built and its \
+             snapshot rendered on the live thread under the state's read lock).",
+            fmt_rows(c.size.unwrap_or(0)),
+            fmt_signed_us(c.snapshot_ms.unwrap_or(0.0) * 1e3),
+            fmt_signed_us(c.probe_ack_max_ms.unwrap_or(0.0) * 1e3)
+        ));
+    }
+    let resets: usize = cases.iter().map(|c| c.resets).sum();
+    let unexpected: usize = cases.iter().map(|c| c.unexpected).sum();
+    let timeouts: usize = cases.iter().map(|c| c.timeouts).sum();
+    report.notes.push(format!(
+        "Across all cases: {timeouts} write(s) got no diff within 10 s, {resets} reset \
+         snapshot(s) replaced diffs, {unexpected} unexpected diff(s) (another view or a later \
+         seq) arrived while waiting."
+    ));
+    for c in cases.iter().filter(|c| c.error.is_some()) {
+        report.notes.push(format!(
+            "FAILED: {}: {}",
+            c.label(),
+            c.error.as_deref().unwrap_or_default()
+        ));
+    }
+    for c in cases.iter().filter(|c| c.error.is_none() && !c.verify.ok) {
+        report.notes.push(format!(
+            "DID NOT VERIFY: {}: {}",
+            c.label(),
+            c.verify.detail
+        ));
+    }
+    if params.quick {
+        report
+            .notes
+            .push("--quick: a smoke run; these numbers are not meaningful.".into());
+    }
+    if cfg!(debug_assertions) {
+        report
+            .notes
+            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
+    }
+    report.samples = json!({ "suite": "live", "params": params, "cases": cases });
+}

@@ -1,0 +1,107 @@
+//! `sluice bench live --quick` runs end to end — the real binary serving live queries over
+//! SSE and WebSocket, with PostgreSQL's trigger + LISTEN/NOTIFY + re-query as the peer when
+//! it is installed — and writes `summary.md`, `samples.json`, `run.json` and SVG charts in
+//! which every case took samples and verified its own numbers: each subscriber's recomputed
+//! checksum matched the server's on every event, and its final view matched a one-shot
+//! query (rows and checksum, or the row count).
+
+use std::process::Command;
+use std::time::Instant;
+
+use sluice_bench::peers::postgres::find_bin_dir;
+use sluice_bench::sys::TempDir;
+
+#[test]
+fn quick_live_bench_samples_and_verifies_every_case() {
+    let with_postgres = find_bin_dir(None).is_ok();
+    let out = TempDir::new("live-smoke-results").expect("a temp dir");
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "live", "--quick", "--out"])
+        .arg(out.path())
+        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
+        .status()
+        .expect("run sluice bench live");
+    eprintln!(
+        "sluice bench live --quick took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        status.success(),
+        "sluice bench live --quick failed: {status}"
+    );
+    if let Err(e) = sluice_bench::verify_results(out.path(), "live") {
+        panic!("sluice bench live --quick: {e:#}");
+    }
+    let samples: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("live/samples.json")).expect("samples.json"),
+    )
+    .expect("samples.json is JSON");
+    let cases = samples["cases"].as_array().expect("cases");
+    let count = |family: &str, system: &str| {
+        cases
+            .iter()
+            .filter(|c| c["family"] == family && c["system"] == system)
+            .count()
+    };
+    // --quick: two view sizes (one also over WebSocket), two view counts, six shapes plus
+    // the fsync top-k.
+    assert_eq!(count("size", "sluice"), 3, "view-size cases");
+    assert_eq!(count("views", "sluice"), 2, "number-of-views cases");
+    assert_eq!(count("shape", "sluice"), 7, "shape cases");
+    if with_postgres {
+        assert_eq!(count("size", "postgres"), 2, "PostgreSQL view-size cases");
+        assert_eq!(count("shape", "postgres"), 7, "PostgreSQL shape cases");
+    }
+    for c in cases {
+        assert!(
+            c["samples"].as_u64().unwrap_or(0) > 0,
+            "a case without samples: {c}"
+        );
+        assert_eq!(c["verify"]["ok"], true, "a case that did not verify: {c}");
+        if c["system"] == "sluice" {
+            let checked = c["verify"]["checksums_checked"].as_u64().unwrap_or(0);
+            assert!(
+                checked > c["samples"].as_u64().unwrap_or(0),
+                "every diff's checksum was compared: {c}"
+            );
+            assert_eq!(c["verify"]["checksum_mismatches"], 0, "{c}");
+            assert_eq!(
+                c["verify"]["rows_seen"], c["verify"]["rows_expected"],
+                "the subscriber's rows equal the one-shot query's: {c}"
+            );
+        }
+    }
+    for c in cases.iter().filter(|c| c["family"] == "views") {
+        let m = &c["memory"];
+        assert!(
+            m["rss_subscribed"].as_u64().unwrap_or(0) > 0,
+            "RSS was read: {c}"
+        );
+        assert_eq!(
+            m["views_gauge"].as_f64(),
+            c["views"].as_f64(),
+            "every view registered: {c}"
+        );
+    }
+    let summary = std::fs::read_to_string(out.path().join("live/summary.md")).unwrap();
+    for needle in [
+        "## Targets",
+        "Latency vs rows in the view",
+        "Latency and memory vs number of registered views",
+        "Latency by query shape",
+        "write→diff p50",
+        "ack→diff p50",
+    ] {
+        assert!(
+            summary.contains(needle),
+            "summary.md lacks {needle:?}:\n{summary}"
+        );
+    }
+    if with_postgres {
+        assert!(
+            summary.contains("Sluice vs PostgreSQL by view size"),
+            "{summary}"
+        );
+    }
+}
