@@ -246,6 +246,20 @@ impl Live {
         req: &Subscribe,
         sink: Arc<Sink>,
     ) -> Result<SubId, QueryError> {
+        self.subscribe_with(|| db, req, sink)
+    }
+
+    /// [`Live::subscribe`] with the `Db` behind a guard (a read lock) that is released as
+    /// soon as a new view's rows are read — before they are ordered, hashed and rendered —
+    /// so the writer waits only for the scan.
+    pub fn subscribe_with<D: std::ops::Deref<Target = Db>>(
+        &mut self,
+        read: impl FnOnce() -> D,
+        req: &Subscribe,
+        sink: Arc<Sink>,
+    ) -> Result<SubId, QueryError> {
+        let guard = read();
+        let db: &Db = &guard;
         let shape = match self.plans.get(&req.sql) {
             // A plan cached before DDL the live thread has not followed yet is not reused.
             Some(p) if planned_for(&p.plan.select, db) => p.clone(),
@@ -283,7 +297,9 @@ impl Live {
                         )));
                     }
                 }
-                let view = self.build(db, shape, params)?;
+                let (op, rows, seq) = self.load(db, &shape, &params)?;
+                drop(guard);
+                let view = Self::finish(shape, params, op, rows, seq)?;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
@@ -321,9 +337,33 @@ impl Live {
     }
 
     fn build(&self, db: &Db, shape: Arc<Shape>, params: Vec<Value>) -> Result<View, QueryError> {
+        let (op, rows, seq) = self.load(db, &shape, &params)?;
+        Self::finish(shape, params, op, rows, seq)
+    }
+
+    /// The part of building a view that reads the `Db`.
+    #[allow(clippy::type_complexity)]
+    fn load(
+        &self,
+        db: &Db,
+        shape: &Shape,
+        params: &[Value],
+    ) -> Result<(Operator, Vec<(crate::view::RKey, crate::view::Out)>, u64), QueryError> {
         let select = &shape.plan.select;
         let mut op = Operator::for_select(select);
-        let rows = op.load(select, db, &params, self.limits.view_rows_max)?;
+        let rows = op.load(select, db, params, self.limits.view_rows_max)?;
+        Ok((op, rows, db.seq))
+    }
+
+    /// The rest of building a view, without the `Db`.
+    fn finish(
+        shape: Arc<Shape>,
+        params: Vec<Value>,
+        op: Operator,
+        rows: Vec<(crate::view::RKey, crate::view::Out)>,
+        seq: u64,
+    ) -> Result<View, QueryError> {
+        let select = &shape.plan.select;
         let (offset, limit) = sluice_query::window(select, &params)?;
         let mut mat = Materialized::new(shape.columns.clone(), shape.order.clone(), offset, limit);
         mat.load(rows);
@@ -338,10 +378,10 @@ impl Live {
             params,
             op,
             mat,
-            seq: db.seq,
+            seq,
             history: VecDeque::new(),
             history_bytes: 0,
-            history_from: db.seq,
+            history_from: seq,
             subs: BTreeSet::new(),
             idle_since: Some(Instant::now()),
             route,
@@ -493,7 +533,11 @@ impl Live {
                     let (seq, deltas) = match view.op {
                         Operator::Reeval | Operator::Join => {
                             let db = state.get_or_insert_with(&db);
-                            if ddl_pending(db, view.seq, &view.shape.tables) {
+                            // The changelog may no longer reach back to `view.seq`, so
+                            // the plan is also checked against `db` itself.
+                            if ddl_pending(db, view.seq, &view.shape.tables)
+                                || !planned_for(&view.shape.plan.select, db)
+                            {
                                 // The plan no longer fits `db`; the DDL commit, still in
                                 // this thread's queue, rebuilds the view.
                                 continue;
@@ -598,13 +642,20 @@ impl Live {
                     kind: EventKind::Snapshot,
                     json: fresh.mat.snapshot_json(fresh.seq, true),
                 });
+                let mut gone = Vec::new();
                 for sub in &fresh.subs {
                     let sink = &self.subs[sub].1;
-                    if sink.push(event.clone()) == Pushed::Overflow {
-                        sink.push_reset(event.clone());
+                    match sink.push(event.clone()) {
+                        Pushed::Queued => {}
+                        Pushed::Overflow => sink.push_reset(event.clone()),
+                        Pushed::Gone => gone.push(*sub),
                     }
                 }
                 self.views.insert(id, fresh);
+                for sub in gone {
+                    self.stats.slow_closed += 1;
+                    self.unsubscribe(sub);
+                }
             }
         }
     }

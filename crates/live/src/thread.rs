@@ -93,7 +93,7 @@ fn run(live: &mut Live, db: &RwLock<Db>, rx: &mpsc::Receiver<Input>, stats: &Mut
                     }
                 }
                 Input::Subscribe { req, sink, reply } => {
-                    let result = live.subscribe(&db.read(), &req, sink);
+                    let result = live.subscribe_with(|| db.read(), &req, sink);
                     let _ = reply.send(result);
                 }
                 Input::Unsubscribe(sub) => live.unsubscribe(sub),

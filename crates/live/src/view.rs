@@ -244,6 +244,19 @@ impl Materialized {
         if self.windowed {
             return self.apply_windowed(deltas);
         }
+        // Where the rows this commit only re-sorts (same row, new sort values) stand now: if
+        // every change is such a move and each ends where it started, the client sees nothing.
+        let mut resorted: BTreeMap<RKey, usize> = BTreeMap::new();
+        if self.ordered {
+            for (key, new) in &deltas {
+                if let (Some(o), Some(n)) = (self.rows.get(key), new) {
+                    if same_row(&o.row, &n.row) && o.sort.iter().zip(&n.sort).any(|(a, b)| a != b) {
+                        let p = self.pos(key, o);
+                        resorted.insert(key.clone(), self.positions.range(..&p).count());
+                    }
+                }
+            }
+        }
         let mut ops = Vec::new();
         for (key, new) in deltas {
             let old = self.rows.get(&key).cloned();
@@ -301,6 +314,16 @@ impl Materialized {
                     self.rows.insert(key, n);
                 }
             }
+        }
+        let in_place = |op: &Op| match op {
+            Op::Change { key, .. } => resorted.get(key).is_some_and(|&i| {
+                let p = self.pos(key, &self.rows[key]);
+                self.positions.range(..&p).count() == i
+            }),
+            _ => false,
+        };
+        if ops.iter().all(in_place) {
+            ops.clear();
         }
         ops
     }
