@@ -172,6 +172,23 @@ fn read_deltas(
     rows_max: usize,
 ) -> Result<BTreeMap<crate::view::RKey, Option<crate::view::Out>>, QueryError> {
     let select = &view.shape.plan.select;
+    if matches!(view.op, Operator::Subquery { .. }) {
+        if let Ok(commits) = db.changelog.since(view.seq) {
+            let changes: Vec<&Change> = commits
+                .filter_map(|c| match &c.body {
+                    CommitBody::Rows(changes) => Some(changes),
+                    CommitBody::Schema { .. } => None,
+                })
+                .flatten()
+                .filter(|c| view.shape.tables.contains(&c.table.name))
+                .collect();
+            let found =
+                crate::operator::subquery_deltas(&mut view.op, select, db, &view.params, &changes)?;
+            if let Some(deltas) = found {
+                return Ok(deltas);
+            }
+        }
+    }
     if matches!(view.op, Operator::Join) {
         if let Ok(commits) = db.changelog.since(view.seq) {
             let mut anchors = BTreeSet::new();
@@ -531,7 +548,7 @@ impl Live {
                     }
                     self.stats.view_updates += 1;
                     let (seq, deltas) = match view.op {
-                        Operator::Reeval | Operator::Join => {
+                        Operator::Reeval | Operator::Join | Operator::Subquery { .. } => {
                             let db = state.get_or_insert_with(&db);
                             // The changelog may no longer reach back to `view.seq`, so
                             // the plan is also checked against `db` itself.

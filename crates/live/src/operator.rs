@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sluice_engine::{Change, Db, Key, Value};
-use sluice_query::expr::{binary, BinOp, Env};
+use sluice_query::expr::{binary, BinOp, Env, SubqueryValues};
 use sluice_query::plan::{AggFunc, AggSpec, SortExpr};
 use sluice_query::{Expr, QueryError, Select};
 
@@ -36,13 +36,41 @@ pub(crate) enum Operator {
     },
     /// Joins whose `ON` keys are plain columns: see [`join_anchors`].
     Join,
+    /// One table filtered by `column IN (SELECT …)`: see [`subquery_deltas`].
+    Subquery {
+        identity: bool,
+        values: Vec<SubqueryValues>,
+    },
     Reeval,
 }
 
 impl Operator {
     pub(crate) fn for_select(select: &Select) -> Operator {
         if !select.subqueries.is_empty() {
-            return Operator::Reeval;
+            let outside_where = select
+                .projection
+                .iter()
+                .chain(select.order_by.iter().filter_map(|k| match &k.expr {
+                    SortExpr::Expr(e) => Some(e),
+                    SortExpr::Output(_) => None,
+                }))
+                .any(has_subquery);
+            let mut column_keys = true;
+            for f in select.base_filter.iter().chain(select.filter.iter()) {
+                f.visit_in_subqueries(&mut |e, _| column_keys &= matches!(e, Expr::Column(_)));
+            }
+            return if select.sources.len() == 1
+                && select.aggregate.is_none()
+                && !outside_where
+                && column_keys
+            {
+                Operator::Subquery {
+                    identity: is_identity(select),
+                    values: Vec::new(),
+                }
+            } else {
+                Operator::Reeval
+            };
         }
         if select.sources.len() > 1 {
             let plain_keys = select
@@ -60,14 +88,9 @@ impl Operator {
                 groups: BTreeMap::new(),
             };
         }
-        let width = select.sources[0].schema.columns.len();
-        let identity = select.projection.len() == width
-            && select
-                .projection
-                .iter()
-                .enumerate()
-                .all(|(i, e)| *e == Expr::Column(i));
-        Operator::Filter { identity }
+        Operator::Filter {
+            identity: is_identity(select),
+        }
     }
 
     pub(crate) fn name(&self) -> &'static str {
@@ -75,6 +98,7 @@ impl Operator {
             Operator::Filter { .. } => "filter",
             Operator::Aggregate { .. } => "aggregate",
             Operator::Join => "join",
+            Operator::Subquery { .. } => "subquery",
             Operator::Reeval => "reevaluate",
         }
     }
@@ -121,9 +145,16 @@ impl Operator {
                     .filter_map(|(k, g)| group_out(select, params, k, g).map(|o| (k.clone(), o)))
                     .collect())
             }
-            Operator::Filter { identity } => {
+            Operator::Filter { .. } | Operator::Subquery { .. } => {
+                if let Operator::Subquery { values, .. } = self {
+                    *values = sluice_query::subquery_values(select, db, params)?;
+                }
+                let identity = matches!(
+                    self,
+                    Operator::Filter { identity: true } | Operator::Subquery { identity: true, .. }
+                );
                 let rows = evaluate(select, db, params, rows_max)?;
-                if !*identity {
+                if !identity {
                     return Ok(rows);
                 }
                 // `SELECT *`: share the table's row instead of holding a copy.
@@ -194,8 +225,8 @@ impl Operator {
                     }
                 }
             }
-            Operator::Join | Operator::Reeval => {
-                unreachable!("join and re-evaluated views read the Db")
+            Operator::Join | Operator::Subquery { .. } | Operator::Reeval => {
+                unreachable!("these views read the Db")
             }
         }
         deltas
@@ -262,25 +293,7 @@ fn walk_back(
     let Some(table) = db.tables.get(&select.sources[i].schema.name) else {
         return;
     };
-    let schema = &table.schema;
-    let mut keys: Vec<Key> = Vec::new();
-    if column == schema.pk {
-        if let Some(k) = sluice_query::to_key(value, schema.pk_column().ty) {
-            if table.rows.contains_key(&k) {
-                keys.push(k);
-            }
-        }
-    } else if let Some(ix) = schema.indexes.iter().position(|x| x.columns[0] == column) {
-        keys.extend(sluice_query::index_range(table, ix, Some(value), Some(value)).cloned());
-    } else {
-        keys.extend(
-            table
-                .rows
-                .iter()
-                .filter(|(_, r)| r.values[column] == *value)
-                .map(|(k, _)| k.clone()),
-        );
-    }
+    let keys = rows_with(table, column, value);
     for k in keys {
         if i == 0 {
             anchors.insert(k);
@@ -317,6 +330,139 @@ pub(crate) fn join_deltas(
     Ok(deltas)
 }
 
+fn is_identity(select: &Select) -> bool {
+    let width = select.sources[0].schema.columns.len();
+    select.projection.len() == width
+        && select
+            .projection
+            .iter()
+            .enumerate()
+            .all(|(i, e)| *e == Expr::Column(i))
+}
+
+fn has_subquery(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit_in_subqueries(&mut |_, _| found = true);
+    found
+}
+
+/// Keys of the rows of `table` whose `column` equals `value` (`=` semantics): by primary
+/// key, by an index whose first column it is, or by a scan.
+fn rows_with(table: &sluice_engine::table::Table, column: usize, value: &Value) -> Vec<Key> {
+    let schema = &table.schema;
+    if value.is_null() {
+        return Vec::new();
+    }
+    if column == schema.pk {
+        return sluice_query::to_key(value, schema.pk_column().ty)
+            .filter(|k| table.rows.contains_key(k))
+            .into_iter()
+            .collect();
+    }
+    if let Some(ix) = schema.indexes.iter().position(|x| x.columns[0] == column) {
+        return sluice_query::index_range(table, ix, Some(value), Some(value))
+            .cloned()
+            .collect();
+    }
+    table
+        .rows
+        .iter()
+        .filter(|(_, r)| r.values[column] == *value)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Brings a one-table `IN (SELECT …)` view up to `db`, given the changes since its seq.
+///
+/// A changed row of the view's own table is re-tested alone. A change to a table a subquery
+/// reads re-runs the subqueries (O(their result), not O(view)) and compares each value set
+/// with the one the view holds; only rows whose `IN` column holds a value that entered or
+/// left a set are re-tested, found by primary key, index or scan of that column. If a
+/// subquery's NULL-ness or emptiness changed (which can flip every row), the whole query is
+/// re-evaluated: `None` is returned.
+pub(crate) fn subquery_deltas(
+    op: &mut Operator,
+    select: &Select,
+    db: &Db,
+    params: &[Value],
+    changes: &[&Change],
+) -> Result<Option<BTreeMap<RKey, Option<Out>>>, QueryError> {
+    let Operator::Subquery { identity, values } = op else {
+        unreachable!("a subquery view")
+    };
+    let table_name = &select.sources[0].schema.name;
+    let Some(table) = db.tables.get(table_name) else {
+        return Err(QueryError::NotFound(format!(
+            "no table named {table_name:?}"
+        )));
+    };
+    let mut keys: std::collections::BTreeSet<Key> = changes
+        .iter()
+        .filter(|c| &c.table.name == table_name)
+        .map(|c| c.key.clone())
+        .collect();
+    let mut sub_tables = std::collections::BTreeSet::new();
+    for q in &select.subqueries {
+        tables_of(q, &mut sub_tables);
+    }
+    if changes.iter().any(|c| sub_tables.contains(&c.table.name)) {
+        let fresh = sluice_query::subquery_values(select, db, params)?;
+        let mut moved: Vec<(usize, Value)> = Vec::new();
+        for (i, (old, new)) in values.iter().zip(&fresh).enumerate() {
+            // `x IN (…)` for a NULL x depends on whether the set is empty, and `NOT IN` for
+            // every x on whether it holds a NULL: then every row may flip.
+            if old.has_null != new.has_null || old.values.is_empty() != new.values.is_empty() {
+                *values = fresh;
+                return Ok(None);
+            }
+            for v in old.values.symmetric_difference(&new.values) {
+                moved.push((i, v.clone()));
+            }
+        }
+        if !moved.is_empty() {
+            let mut columns: Vec<(usize, usize)> = Vec::new(); // (subquery, column)
+            for f in select.base_filter.iter().chain(select.filter.iter()) {
+                f.visit_in_subqueries(&mut |expr, i| {
+                    if let Expr::Column(c) = expr {
+                        columns.push((i, *c));
+                    }
+                });
+            }
+            for (i, v) in &moved {
+                for &(_, c) in columns.iter().filter(|(q, _)| q == i) {
+                    keys.extend(rows_with(table, c, v));
+                }
+            }
+        }
+        *values = fresh;
+    }
+    let mut deltas = BTreeMap::new();
+    for k in keys {
+        let out = table.rows.get(&k).and_then(|r| {
+            passes_with(select, params, values, &r.values).then(|| {
+                project(
+                    select,
+                    params,
+                    &r.values,
+                    &[],
+                    identity.then_some(&r.values),
+                )
+            })
+        });
+        deltas.insert(vec![k.to_value()], out);
+    }
+    Ok(Some(deltas))
+}
+
+fn tables_of(select: &Select, out: &mut std::collections::BTreeSet<String>) {
+    for s in &select.sources {
+        out.insert(s.schema.name.clone());
+    }
+    for q in &select.subqueries {
+        tables_of(q, out);
+    }
+}
+
 fn env<'a>(row: &'a [Value], params: &'a [Value], aggs: &'a [Value]) -> Env<'a> {
     Env {
         row,
@@ -327,7 +473,16 @@ fn env<'a>(row: &'a [Value], params: &'a [Value], aggs: &'a [Value]) -> Env<'a> 
 }
 
 fn passes(select: &Select, params: &[Value], row: &[Value]) -> bool {
-    let e = env(row, params, &[]);
+    passes_with(select, params, &[], row)
+}
+
+fn passes_with(select: &Select, params: &[Value], subs: &[SubqueryValues], row: &[Value]) -> bool {
+    let e = Env {
+        row,
+        params,
+        aggs: &[],
+        subqueries: subs,
+    };
     select.base_filter.as_ref().is_none_or(|f| f.is_true(&e))
         && select.filter.as_ref().is_none_or(|f| f.is_true(&e))
 }

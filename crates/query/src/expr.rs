@@ -201,6 +201,38 @@ impl Expr {
     }
 
     /// Calls `f` on every column position this expression reads.
+    /// Calls `f(expr, subquery)` for every `expr IN (SELECT …)` inside this expression.
+    pub fn visit_in_subqueries(&self, f: &mut impl FnMut(&Expr, usize)) {
+        match self {
+            Expr::InSubquery { expr, subquery, .. } => {
+                f(expr, *subquery);
+                expr.visit_in_subqueries(f);
+            }
+            Expr::Column(_) | Expr::Literal(_) | Expr::Param(_) | Expr::Agg(_) => {}
+            Expr::Unary(_, e) | Expr::IsNull { expr: e, .. } => e.visit_in_subqueries(f),
+            Expr::Binary(_, a, b)
+            | Expr::Like {
+                expr: a,
+                pattern: b,
+                ..
+            } => {
+                a.visit_in_subqueries(f);
+                b.visit_in_subqueries(f);
+            }
+            Expr::InList { expr, list, .. } => {
+                expr.visit_in_subqueries(f);
+                list.iter().for_each(|e| e.visit_in_subqueries(f));
+            }
+            Expr::Between {
+                expr, low, high, ..
+            } => {
+                expr.visit_in_subqueries(f);
+                low.visit_in_subqueries(f);
+                high.visit_in_subqueries(f);
+            }
+        }
+    }
+
     pub fn visit_columns(&self, f: &mut impl FnMut(usize)) {
         match self {
             Expr::Column(i) => f(*i),
