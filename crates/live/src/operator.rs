@@ -1,4 +1,4 @@
-//! How a view follows commits. Four operators, chosen from the plan's shape:
+//! How a view follows commits. Five operators, chosen from the plan's shape:
 //!
 //! - [`Operator::Filter`] — one table, no grouping, no subquery: a changed row is tested
 //!   against the `WHERE` clause and projected, alone; its result key is its primary key.
@@ -12,10 +12,14 @@
 //!   ("anchors") whose output it can alter, and only those anchors are re-evaluated
 //!   ([`join_anchors`]). O(anchors touched × their fan-out), with index lookups where the
 //!   join columns are indexed (a scan of an intermediate table where they are not).
-//! - [`Operator::Reeval`] — `IN (SELECT …)`, aggregates over joins, computed join keys: the
-//!   query is re-run when a commit touches one of the tables it reads, and the result
-//!   compared with the view by key. Correct for every shape, but O(view) per relevant
-//!   commit; subquery operators are the next step (see ARCHITECTURE.md).
+//! - [`Operator::Subquery`] — one table filtered by `column IN (SELECT …)` (nested to any
+//!   supported depth): changed rows of the table are re-tested alone; a change to a table a
+//!   subquery reads re-runs the subqueries (O(their result)) and re-tests only the rows whose
+//!   `IN` column holds a value that entered or left a set ([`subquery_deltas`]).
+//! - [`Operator::Reeval`] — aggregates over joins or subqueries, computed join keys,
+//!   subqueries outside `WHERE`: the query is re-run when a commit touches one of the tables
+//!   it reads, and the result compared with the view by key. Correct for every shape, but
+//!   O(view) per relevant commit.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
