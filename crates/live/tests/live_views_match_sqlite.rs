@@ -4,8 +4,8 @@
 //! applied to a client-side materialisation exactly as a client does it (a snapshot replaces
 //! the state; a diff's changes apply in order: `remove` by key, `add` at `index`, `change`
 //! moves the row to `index`), and that materialisation must equal
-//! - the one-shot engine (`sluice_query::query`) on the same `Db`, value for value and in
-//!   order where the query orders;
+//! - the one-shot engine (`sluice_query`) on the same `Db`, value for value (type and bits)
+//!   and in order where the query orders;
 //! - SQLite running the same SQL on the same rows (REAL within a relative tolerance, BOOLEAN
 //!   as 0/1, unordered results as multisets);
 //!
@@ -21,7 +21,7 @@
 //! rebuilds the views of its table.
 //!
 //! `SLUICE_LIVE_SEED` picks the seed (printed on failure), `SLUICE_LIVE_OPS` the number of
-//! write ops (default 3000).
+//! write ops (default 2000).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -36,7 +36,7 @@ use sluice_live::checksum::{canonical_bytes, checksum, render};
 use sluice_live::{Event, EventKind, Live, Sink, Subscribe};
 use sluice_query::Params;
 
-const DEFAULT_OPS: usize = 3000;
+const DEFAULT_OPS: usize = 2000;
 /// Diffs a view keeps for resuming subscribers: small, so resumes also fall off its end.
 const HISTORY: usize = 8;
 /// Subscribers at once (active, not dormant).
@@ -392,6 +392,8 @@ struct Gen<'a> {
     ptys: Vec<PTy>,
     values: Vec<Value>,
     used: BTreeSet<String>,
+    /// Tables read so far, counting repeats and subqueries.
+    refs: usize,
 }
 
 impl<'a> Gen<'a> {
@@ -404,14 +406,20 @@ impl<'a> Gen<'a> {
             ptys: Vec::new(),
             values: Vec::new(),
             used: BTreeSet::new(),
+            refs: 0,
         }
     }
 
-    fn query(self) -> Query {
-        match self.rng.below(20) {
-            0..=5 => self.single(),
-            6..=10 => self.join(),
-            11..=13 => self.in_subquery(),
+    /// A query of shape `n` (0–3), or of a random shape.
+    fn query(self, n: Option<usize>) -> Query {
+        match n.unwrap_or_else(|| self.rng.below(20)) {
+            0 => self.single(),
+            1 => self.join(),
+            2 => self.in_subquery(),
+            3 => self.group(),
+            4..=8 => self.single(),
+            9..=13 => self.join(),
+            14..=16 => self.in_subquery(),
             _ => self.group(),
         }
     }
@@ -429,6 +437,7 @@ impl<'a> Gen<'a> {
     }
 
     fn table(&mut self) -> usize {
+        self.refs += 1;
         let t = self.rng.below(self.tables.len());
         self.used.insert(self.tables[t].name.clone());
         t
@@ -808,7 +817,10 @@ impl<'a> Gen<'a> {
                 aliases[k]
             ));
         }
-        if self.rng.chance(70) {
+        if self.rng.chance(10) {
+            let a = self.rng.below(n);
+            sql.push_str(&format!(" WHERE {}", self.in_sub(aliases[a], ts[a])));
+        } else if self.rng.chance(70) {
             let a = self.rng.below(n);
             sql.push_str(&format!(" WHERE {}", self.pred(aliases[a], ts[a], 1)));
             if self.rng.chance(30) {
@@ -861,22 +873,43 @@ impl<'a> Gen<'a> {
     }
 
     /// `IN (SELECT …)` nested 1–3 deep: re-evaluated.
+    /// `{x}.column [NOT] IN (SELECT …)`, nested 1–3 deep; a REAL column may be tested
+    /// against INTEGER values.
+    fn in_sub(&mut self, x: &str, t: usize) -> String {
+        // A view reads at most `view_tables_max` (8) tables, counting subqueries'.
+        let budget = 8 - self.refs.min(8);
+        if budget == 0 {
+            return self.pred(x, t, 1);
+        }
+        let ty = *self.rng.pick(&[Ty::Int, Ty::Int, Ty::Text, Ty::Real]);
+        let c = self.col(x, t, ty);
+        let not = self.not(25);
+        let max = (self.rng.range(1, 3) as u32).min(budget as u32);
+        let inner = if ty == Ty::Real { Ty::Int } else { ty };
+        let sub = self.subquery(inner, 1, max);
+        format!("{c}{not} IN ({sub})")
+    }
+
+    /// `IN (SELECT …)` nested 1–3 deep, alone or under `AND`/`OR`/`NOT`, twice, or in the
+    /// projection.
     fn in_subquery(mut self) -> Query {
         let t = self.table();
-        let ty = *self.rng.pick(&[Ty::Int, Ty::Text]);
-        let c = self.col("x", t, ty);
-        let not = self.not(25);
-        let max = self.rng.range(1, 3) as u32;
-        let sub = self.subquery(ty, 1, max);
-        let proj = if self.rng.chance(30) {
+        let cond = match self.rng.below(10) {
+            0..=4 => self.in_sub("x", t),
+            5 => format!("({} OR {})", self.in_sub("x", t), self.pred("x", t, 1)),
+            6 => format!("NOT ({})", self.in_sub("x", t)),
+            7 => format!("{} AND {}", self.in_sub("x", t), self.in_sub("x", t)),
+            _ => self.pred("x", t, 0),
+        };
+        let mut proj = if self.rng.chance(30) {
             "*".to_string()
         } else {
             format!("x.id, {}, {}", self.any_col("x", t), self.any_col("x", t))
         };
-        let mut sql = format!(
-            "SELECT {proj} FROM {} x WHERE {c}{not} IN ({sub})",
-            self.name(t)
-        );
+        if !cond.contains(" IN (SELECT ") || self.rng.chance(10) {
+            proj = format!("{proj}, {} AS e9", self.in_sub("x", t));
+        }
+        let mut sql = format!("SELECT {proj} FROM {} x WHERE {cond}", self.name(t));
         if self.rng.chance(40) {
             sql.push_str(&format!(" AND {}", self.pred("x", t, 1)));
         }
@@ -945,7 +978,15 @@ impl<'a> Gen<'a> {
             .map(|i| format!("{} AS a{i}", self.agg(t, joined)))
             .collect();
         let aggs = aggs.join(", ");
-        let filter = self.filter("x", t);
+        let mut filter = self.filter("x", t);
+        if self.rng.chance(10) {
+            let sub = self.in_sub("x", t);
+            filter = if filter.is_empty() {
+                format!(" WHERE {sub}")
+            } else {
+                format!("{filter} AND {sub}")
+            };
+        }
         if self.rng.chance(20) {
             return self.done(format!("SELECT {aggs} FROM {from}{filter}"), false, "group");
         }
@@ -1079,8 +1120,8 @@ impl Client {
         )
     }
 
-    /// Applies one event; `Ok(None)` for an error event (whose code is returned in `Err`
-    /// only if it is not a slow-subscriber close).
+    /// Applies one event. `Ok(None)`: the server closed this (tiny-queue) subscription as a
+    /// slow subscriber; any other error event is an `Err`.
     fn receive(&mut self, e: &Event, ordered: bool) -> Result<Option<Got>, String> {
         if e.kind == EventKind::Error {
             let body: Json = parse!(&e.json)?;
@@ -1625,7 +1666,9 @@ impl Oracle {
     }
 
     fn new_query(&mut self) -> usize {
-        let q = Gen::new(&mut self.rng, &self.tables).query();
+        // The first views have one of each shape.
+        let n = self.queries.len();
+        let q = Gen::new(&mut self.rng, &self.tables).query((n < 4).then_some(n));
         *self.counts.shapes.entry(q.shape).or_default() += 1;
         self.queries.push(q);
         self.queries.len() - 1
@@ -2030,13 +2073,15 @@ fn live_views_follow_random_commits_like_sqlite() {
     eprintln!("{c:#?}");
     assert!(c.checks > 0 && c.snapshots > 0);
     if ops >= 1000 {
-        // Not vacuous: every operator ran and diffs flowed.
-        for op in ["filter", "aggregate", "join", "reevaluate"] {
+        // Not vacuous: every shape was followed (by whichever operators the engine picked),
+        // and diffs flowed.
+        for shape in ["filter", "join", "subquery", "group"] {
             assert!(
-                c.operators.get(op).is_some_and(|n| *n > 0),
-                "no {op} view: {c:?}"
+                c.shapes.get(shape).is_some_and(|n| *n > 0),
+                "no {shape} view: {c:?}"
             );
         }
+        assert!(c.operators.len() >= 3, "few operators: {c:?}");
         assert!(c.diffs > 100, "few diffs: {c:?}");
     }
 }
