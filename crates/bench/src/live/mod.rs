@@ -1252,7 +1252,7 @@ pub const SHAPES: [Shape; 6] = [
             "SELECT COUNT(*) AS n FROM msg WHERE room < 50 AND author IN \
              (SELECT id FROM users WHERE active = true)",
         ),
-        operator: "reevaluate",
+        operator: "subquery",
     },
     Shape {
         name: "subquery-3",
@@ -1262,7 +1262,7 @@ pub const SHAPES: [Shape; 6] = [
             "SELECT COUNT(*) AS n FROM msg WHERE author IN (SELECT id FROM users WHERE team IN \
              (SELECT id FROM teams WHERE org IN (SELECT id FROM orgs WHERE active = true)))",
         ),
-        operator: "reevaluate",
+        operator: "subquery",
     },
     Shape {
         name: "aggregate",

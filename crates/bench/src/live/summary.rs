@@ -449,9 +449,10 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
          Each write inserts one `msg` row (room < 50, an active author, newest ts), which \
          changes every one of these views. Operators follow crates/live/src/operator.rs at \
          this commit: the join uses the join operator (a changed row is walked back through \
-         the ON columns to the rows it affects); `IN (SELECT …)` uses the re-evaluating \
-         operator, which re-runs the whole query on every commit to a table it reads (O(view) \
-         per commit) — the numbers show that cost. One-shot query p50: the same SQL through \
+         the ON columns to the rows it affects); `IN (SELECT …)` uses the subquery \
+         operator (a changed `msg` row is re-tested alone; a change to a subquery's table \
+         re-runs the subqueries and re-tests only the rows whose `IN` column holds a value \
+         that entered or left a set). One-shot query p50: the same SQL through \
          `POST /v1/query` (HTTP and JSON of every row included), for scale. Rows in view: at \
          the end of the case (the table grows by one row per write)."
             .into(),
