@@ -664,8 +664,8 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
     {
         report.notes.push(format!(
             "Subscribing to the {}-row view took {} to the last byte of its snapshot; a write to \
-             an unrelated table waited up to {} for its ack meanwhile (the view is built and its \
-             snapshot rendered on the live thread under the state's read lock).",
+             an unrelated table waited up to {} for its ack meanwhile (the live thread reads the \
+             view's rows under the state's read lock; ordering and the snapshot come after).",
             fmt_rows(c.size.unwrap_or(0)),
             fmt_signed_us(c.snapshot_ms.unwrap_or(0.0) * 1e3),
             fmt_signed_us(c.probe_ack_max_ms.unwrap_or(0.0) * 1e3)
