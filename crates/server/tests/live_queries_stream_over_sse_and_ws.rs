@@ -37,28 +37,15 @@ struct Server {
 
 async fn start(name: &str, configure: impl FnOnce(&mut Config)) -> Server {
     let dir = TempDir::new(name);
-    let mut config = Config::new(dir.path());
-    config.durability = Durability::Disk;
-    configure(&mut config);
-    let core = tokio::task::spawn_blocking(move || Core::open(config))
-        .await
-        .unwrap()
-        .expect("open the database");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    // As `sluice serve` does: live events are small writes that must not wait for ACKs.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let router = sluice_server::api::router(core.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    let sql = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT NOT NULL, ts INTEGER NOT NULL, body TEXT)";
-    let changes = sluice_sql::parse_ddl(sql)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    core.ddl(changes, sql.into(), None).await.unwrap();
+    let (core, addr) = common::serve(
+        dir.path(),
+        |config| {
+            config.durability = Durability::Disk;
+            configure(config);
+        },
+        "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT NOT NULL, ts INTEGER NOT NULL, body TEXT)",
+    )
+    .await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     Server {
         core,

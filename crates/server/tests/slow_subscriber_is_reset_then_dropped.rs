@@ -12,7 +12,7 @@ use common::TempDir;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use sluice_log::Durability;
-use sluice_server::{Config, Core, Op};
+use sluice_server::{Core, Op};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -37,29 +37,15 @@ const ROWS: i64 = 4;
 const SQL: &str = "SELECT id, ts, body FROM msg WHERE room = $1 ORDER BY ts DESC LIMIT 2";
 
 async fn start(dir: &TempDir) -> (Core, SocketAddr) {
-    let mut config = Config::new(dir.path());
-    config.durability = Durability::Memory;
-    config.live.subscriber_queue_max = QUEUE_MAX;
-    let core = tokio::task::spawn_blocking(move || Core::open(config))
-        .await
-        .unwrap()
-        .expect("open the database");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    // As `sluice serve` does: live events are small writes that must not wait for ACKs.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let router = sluice_server::api::router(core.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    let sql = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT NOT NULL, ts INTEGER NOT NULL, body TEXT)";
-    let changes = sluice_sql::parse_ddl(sql)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    core.ddl(changes, sql.into(), None).await.unwrap();
-    (core, addr)
+    common::serve(
+        dir.path(),
+        |config| {
+            config.durability = Durability::Memory;
+            config.live.subscriber_queue_max = QUEUE_MAX;
+        },
+        "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT NOT NULL, ts INTEGER NOT NULL, body TEXT)",
+    )
+    .await
 }
 
 fn upsert(id: i64, ts: i64, body: &str) -> Op {

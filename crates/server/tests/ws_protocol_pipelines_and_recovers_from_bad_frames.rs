@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::TempDir;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use sluice_server::{Config, Core};
+use sluice_server::Core;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -24,24 +24,15 @@ export function transfer(tx, { from, to, amount }) {
 "#;
 
 async fn start(dir: &TempDir, body_max: usize) -> (Core, String) {
-    let mut config = Config::new(dir.path());
-    config.body_bytes_max = body_max;
-    config.functions_source = Some(BANK.to_string());
-    let core = tokio::task::spawn_blocking(move || Core::open(config))
-        .await
-        .unwrap()
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let router = sluice_server::api::router(core.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    let sql = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)";
-    let changes = sluice_sql::parse_ddl(sql)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    core.ddl(changes, sql.into(), None).await.unwrap();
+    let (core, addr) = common::serve(
+        dir.path(),
+        |config| {
+            config.body_bytes_max = body_max;
+            config.functions_source = Some(BANK.to_string());
+        },
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
+    )
+    .await;
     let ops = (0..10)
         .map(|id| sluice_server::Op::Insert {
             table: "accounts".into(),

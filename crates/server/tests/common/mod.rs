@@ -14,6 +14,38 @@ use serde_json::Value;
 use sluice_server::{Config, Core};
 use tower::ServiceExt;
 
+/// Opens a database in `dir` with the config `configure` makes of the defaults, serves its
+/// router on a loopback port (with TCP_NODELAY, as `sluice serve` does: live events are
+/// small writes that must not wait for delayed ACKs) and applies the DDL `sql`.
+pub async fn serve(
+    dir: &Path,
+    configure: impl FnOnce(&mut Config),
+    sql: &str,
+) -> (Core, std::net::SocketAddr) {
+    let mut config = Config::new(dir);
+    configure(&mut config);
+    let core = tokio::task::spawn_blocking(move || Core::open(config))
+        .await
+        .expect("the open task")
+        .expect("open the database");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let router = sluice_server::api::router(core.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let changes = sluice_sql::parse_ddl(sql)
+        .expect("the DDL parses")
+        .into_iter()
+        .map(|d| d.change)
+        .collect();
+    core.ddl(changes, sql.into(), None)
+        .await
+        .expect("the DDL applies");
+    (core, addr)
+}
+
 /// A response as the tests look at it.
 #[derive(Debug)]
 pub struct Reply {
