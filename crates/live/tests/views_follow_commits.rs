@@ -10,14 +10,18 @@ use sluice_query::Params;
 
 fn db() -> Db {
     let mut db = Db::new(Limits::default(), Changelog::new(Retention::default()));
-    let ddl = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT, ts INTEGER, body TEXT); CREATE INDEX msg_room ON msg (room);";
-    let changes = sluice_sql::parse_ddl(ddl)
+    ddl(&mut db, "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT, ts INTEGER, body TEXT); CREATE INDEX msg_room ON msg (room);");
+    db
+}
+
+/// Applies DDL to `db`; returns its commit.
+fn ddl(db: &mut Db, sql: &str) -> Arc<sluice_engine::Commit> {
+    let changes = sluice_sql::parse_ddl(sql)
         .unwrap()
         .into_iter()
         .map(|d| d.change)
         .collect();
-    db.apply_schema(changes, ddl.into()).unwrap();
-    db
+    db.apply_schema(changes, sql.into()).unwrap().unwrap()
 }
 
 fn put(db: &mut Db, live: &mut Live, rows: &[Json]) {
@@ -311,13 +315,7 @@ fn ddl_on_a_read_table_resets_or_ends_the_view() {
     put(&mut db, &mut live, &[m(1, "a", 1)]);
     let s = sub(&mut live, &db, "SELECT * FROM msg", Json::Null, None);
     next(&s);
-    let ddl = "ALTER TABLE msg ADD COLUMN likes INTEGER";
-    let changes = sluice_sql::parse_ddl(ddl)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    let commit = db.apply_schema(changes, ddl.into()).unwrap().unwrap();
+    let commit = ddl(&mut db, "ALTER TABLE msg ADD COLUMN likes INTEGER");
     live.apply(&commit, || &db);
     let (kind, snap) = next(&s);
     assert_eq!(kind, EventKind::Snapshot);
@@ -326,13 +324,7 @@ fn ddl_on_a_read_table_resets_or_ends_the_view() {
         snap["columns"],
         json!(["id", "room", "ts", "body", "likes"])
     );
-    let ddl = "DROP TABLE msg";
-    let changes = sluice_sql::parse_ddl(ddl)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    let commit = db.apply_schema(changes, ddl.into()).unwrap().unwrap();
+    let commit = ddl(&mut db, "DROP TABLE msg");
     live.apply(&commit, || &db);
     let (kind, e) = next(&s);
     assert_eq!(kind, EventKind::Error);
@@ -342,13 +334,7 @@ fn ddl_on_a_read_table_resets_or_ends_the_view() {
 #[test]
 fn joins_follow_changes_on_either_side_through_their_anchors() {
     let mut db = db();
-    let ddl = "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); ALTER TABLE msg ADD COLUMN author INTEGER";
-    let changes = sluice_sql::parse_ddl(ddl)
-        .unwrap()
-        .into_iter()
-        .map(|d| d.change)
-        .collect();
-    db.apply_schema(changes, ddl.into()).unwrap();
+    ddl(&mut db, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); ALTER TABLE msg ADD COLUMN author INTEGER");
     let mut live = Live::new(sluice_live::Limits::default());
     let write = |db: &mut Db, live: &mut Live, table: &str, row: Json| {
         let mut tx = db.transaction();
