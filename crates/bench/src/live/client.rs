@@ -20,10 +20,10 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::transfer::clients::connect_ws;
 
 /// The JSON subprotocol of `/v1/ws`.
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
@@ -548,22 +548,7 @@ impl WsConn {
     /// Connects with the JSON subprotocol; events go to `notes`.
     pub async fn connect(base: &str, notes: mpsc::UnboundedSender<Note>) -> anyhow::Result<WsConn> {
         let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
-        let mut request = url.as_str().into_client_request()?;
-        request.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            HeaderValue::from_static(JSON_PROTOCOL),
-        );
-        let (ws, response) = tokio_tungstenite::connect_async_with_config(request, None, true)
-            .await
-            .with_context(|| format!("cannot open a WebSocket to {url}"))?;
-        let agreed = response
-            .headers()
-            .get("Sec-WebSocket-Protocol")
-            .and_then(|v| v.to_str().ok());
-        anyhow::ensure!(
-            agreed == Some(JSON_PROTOCOL),
-            "the server answered subprotocol {agreed:?}, not {JSON_PROTOCOL}"
-        );
+        let ws = connect_ws(&url, JSON_PROTOCOL).await?;
         let (sink, stream) = ws.split();
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(read_ws(stream, stopped, notes));

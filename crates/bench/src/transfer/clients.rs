@@ -125,14 +125,14 @@ struct ErrorBody<'a> {
     message: Cow<'a, str>,
 }
 
-/// Opens `/v1/ws` at `url` (`ws://host:port/v1/ws`) asking for MessagePack frames, with
-/// Nagle off, and checks that the server agreed to MessagePack.
-pub async fn connect_ws(url: &str) -> anyhow::Result<WsStream> {
+/// Opens `/v1/ws` at `url` (`ws://host:port/v1/ws`) asking for `protocol`
+/// (`sluice.json.v1` or `sluice.msgpack.v1`), with Nagle off, and checks that the server
+/// agreed to it.
+pub async fn connect_ws(url: &str, protocol: &'static str) -> anyhow::Result<WsStream> {
     let mut request = url.into_client_request()?;
-    request.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static(MSGPACK_PROTOCOL),
-    );
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(protocol));
     let (ws, response) = tokio_tungstenite::connect_async_with_config(request, None, true)
         .await
         .with_context(|| format!("cannot open a WebSocket to {url}"))?;
@@ -141,8 +141,8 @@ pub async fn connect_ws(url: &str) -> anyhow::Result<WsStream> {
         .get("Sec-WebSocket-Protocol")
         .and_then(|v| v.to_str().ok());
     anyhow::ensure!(
-        agreed == Some(MSGPACK_PROTOCOL),
-        "the server answered subprotocol {agreed:?}, not {MSGPACK_PROTOCOL}"
+        agreed == Some(protocol),
+        "the server answered subprotocol {agreed:?}, not {protocol}"
     );
     Ok(ws)
 }

@@ -567,7 +567,7 @@ async fn drive(
         // up front rather than in the middle of the window.
         let mut sockets = Vec::with_capacity(clients);
         for _ in 0..clients {
-            sockets.push(connect_ws(&url).await?);
+            sockets.push(connect_ws(&url, clients::MSGPACK_PROTOCOL).await?);
         }
         for (c, ws) in sockets.into_iter().enumerate() {
             workers.push(ws_worker(
