@@ -63,8 +63,6 @@ struct State {
     /// A reset snapshot replaced this subscriber's backlog and is not delivered yet.
     resetting: bool,
     closed: bool,
-    /// Diffs dropped into reset snapshots, over the sink's life.
-    coalesced: u64,
 }
 
 /// What became of a push.
@@ -114,7 +112,6 @@ impl Sink {
                 );
                 return Pushed::Gone;
             }
-            s.coalesced += s.queue.len() as u64;
             s.queue.clear();
             s.bytes = 0;
             s.resetting = true;
@@ -171,11 +168,6 @@ impl Sink {
     /// Events queued and not yet taken.
     pub fn pending(&self) -> usize {
         self.state.lock().queue.len()
-    }
-
-    /// Diffs that were coalesced into reset snapshots so far.
-    pub fn coalesced(&self) -> u64 {
-        self.state.lock().coalesced
     }
 
     /// Takes the next event without waiting.

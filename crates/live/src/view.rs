@@ -175,10 +175,6 @@ impl Materialized {
         self.rows.is_empty()
     }
 
-    pub fn checksum(&self) -> u64 {
-        self.checksum
-    }
-
     /// Replaces the contents (the initial load, or a rebuild).
     pub fn load(&mut self, rows: impl IntoIterator<Item = (RKey, Out)>) {
         self.rows.clear();
