@@ -149,19 +149,6 @@ fn tables_of(select: &Select, out: &mut BTreeSet<String>) {
     }
 }
 
-/// Whether `db` has DDL after `seq` on one of `tables` (unknown past the changelog horizon:
-/// then no).
-fn ddl_pending(db: &Db, seq: u64, tables: &BTreeSet<String>) -> bool {
-    db.changelog.since(seq).is_ok_and(|mut commits| {
-        commits.any(|c| match &c.body {
-            CommitBody::Schema { changes, .. } => {
-                changes.iter().any(|x| tables.contains(x.table()))
-            }
-            CommitBody::Rows(_) => false,
-        })
-    })
-}
-
 /// Brings a view that reads the `Db` (join, re-evaluated) from its seq to `db.seq`. A join
 /// view re-evaluates only the anchors the commits in between touched, found through the
 /// changelog (commits after `view.seq` up to `db.seq`, which may be ahead of the commit being
@@ -550,11 +537,7 @@ impl Live {
                     let (seq, deltas) = match view.op {
                         Operator::Reeval | Operator::Join | Operator::Subquery { .. } => {
                             let db = state.get_or_insert_with(&db);
-                            // The changelog may no longer reach back to `view.seq`, so
-                            // the plan is also checked against `db` itself.
-                            if ddl_pending(db, view.seq, &view.shape.tables)
-                                || !planned_for(&view.shape.plan.select, db)
-                            {
+                            if !planned_for(&view.shape.plan.select, db) {
                                 // The plan no longer fits `db`; the DDL commit, still in
                                 // this thread's queue, rebuilds the view.
                                 continue;
