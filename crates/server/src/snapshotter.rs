@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use sluice_log::snapshot::{list_snapshots, write_snapshot};
 use tokio::sync::oneshot;
 
@@ -29,21 +31,27 @@ pub(crate) struct Job {
 pub(crate) struct Snapshotter {
     shared: Arc<Shared>,
     jobs: mpsc::SyncSender<Job>,
+    /// One snapshot write at a time: the shutdown snapshot (on the writer thread) may start
+    /// while the snapshot thread is still writing one for the same seq.
+    gate: Arc<Mutex<()>>,
 }
 
 impl Snapshotter {
     pub fn spawn(shared: Arc<Shared>) -> Snapshotter {
         let (jobs, rx) = mpsc::sync_channel::<Job>(0);
         let thread_shared = shared.clone();
+        let gate = Arc::new(Mutex::new(()));
+        let thread_gate = gate.clone();
         std::thread::Builder::new()
             .name("sluice-snapshot".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
+                    let _one_at_a_time = thread_gate.lock();
                     run(&thread_shared, job);
                 }
             })
             .expect("spawn the snapshot thread");
-        Snapshotter { shared, jobs }
+        Snapshotter { shared, jobs, gate }
     }
 
     /// Hands `job` to the snapshot thread if it is idle; gives it back otherwise.
@@ -58,6 +66,7 @@ impl Snapshotter {
 
     /// Writes `job` on the calling thread (graceful shutdown).
     pub fn run_inline(&self, job: Job) -> Result<u64, ApiError> {
+        let _one_at_a_time = self.gate.lock();
         write(&self.shared, &job)
     }
 }
@@ -73,6 +82,10 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, ApiError> {
     let result = (|| {
         shared.log.sync_barrier(job.seq)?;
         let dir = &shared.config.data_dir;
+        let newest = list_snapshots(dir)?.last().map(|(seq, _)| *seq);
+        if newest.is_some_and(|n| n >= job.seq) {
+            return Ok(job.seq); // already on disk (the snapshot thread just wrote it)
+        }
         write_snapshot(dir, job.seq, &job.frames)?;
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
