@@ -163,7 +163,7 @@ impl Core {
             counters: Counters::default(),
             live,
         });
-        let writer = Writer::spawn(shared.clone(), rx, log_bytes_since_snapshot)?;
+        let writer = Writer::spawn(shared.clone(), rx, tx.downgrade(), log_bytes_since_snapshot)?;
         Ok(Core {
             shared,
             requests: tx,

@@ -4,17 +4,18 @@
 //! seq S is only written once the log itself is synced through S, so a crash can never
 //! leave a snapshot that is ahead of the log it continues.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use sluice_log::snapshot::{list_snapshots, write_snapshot};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc as request_mpsc, oneshot};
 
 use crate::api::ApiError;
 use crate::core::Shared;
+use crate::writer::Request;
 
 /// Snapshots kept on disk: the newest, and one older as a fallback if the newest fails
 /// its checks at startup.
@@ -34,31 +35,62 @@ pub(crate) struct Snapshotter {
     /// One snapshot write at a time: the shutdown snapshot (on the writer thread) may start
     /// while the snapshot thread is still writing one for the same seq.
     gate: Arc<Mutex<()>>,
+    /// Set from the moment a job is handed over until the thread has finished it: the
+    /// writer does not encode a snapshot it could not hand over.
+    busy: Arc<AtomicBool>,
 }
 
 impl Snapshotter {
-    pub fn spawn(shared: Arc<Shared>) -> Snapshotter {
-        let (jobs, rx) = mpsc::sync_channel::<Job>(0);
+    /// Starts the snapshot thread. After each job it wakes the writer through `wake` (a
+    /// weak sender: it does not keep the request channel open) with
+    /// [`Request::SnapshotIdle`], so snapshot requests that found it busy are served next.
+    pub fn spawn(shared: Arc<Shared>, wake: request_mpsc::WeakSender<Request>) -> Snapshotter {
+        // One slot: `busy` (set by `offer`, cleared by the thread once the job is done)
+        // keeps it to one job at a time, so the slot is always free when `offer` sends.
+        let (jobs, rx) = mpsc::sync_channel::<Job>(1);
         let thread_shared = shared.clone();
         let gate = Arc::new(Mutex::new(()));
         let thread_gate = gate.clone();
+        let busy = Arc::new(AtomicBool::new(false));
+        let thread_busy = busy.clone();
         std::thread::Builder::new()
             .name("sluice-snapshot".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
-                    let _one_at_a_time = thread_gate.lock();
-                    run(&thread_shared, job);
+                    {
+                        let _one_at_a_time = thread_gate.lock();
+                        run(&thread_shared, job);
+                    }
+                    thread_busy.store(false, Ordering::Release);
+                    if let Some(requests) = wake.upgrade() {
+                        // A full queue means the writer has rounds to run anyway.
+                        let _ = requests.try_send(Request::SnapshotIdle);
+                    }
                 }
             })
             .expect("spawn the snapshot thread");
-        Snapshotter { shared, jobs, gate }
+        Snapshotter {
+            shared,
+            jobs,
+            gate,
+            busy,
+        }
+    }
+
+    /// Whether the snapshot thread has a job it has not finished.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
     }
 
     /// Hands `job` to the snapshot thread if it is idle; gives it back otherwise.
     pub fn offer(&self, job: Job) -> Result<(), Job> {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Err(job);
+        }
         match self.jobs.try_send(job) {
             Ok(()) => Ok(()),
             Err(mpsc::TrySendError::Full(job)) | Err(mpsc::TrySendError::Disconnected(job)) => {
+                self.busy.store(false, Ordering::Release);
                 Err(job)
             }
         }

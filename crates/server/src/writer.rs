@@ -77,6 +77,8 @@ pub(crate) enum Request {
     Snapshot {
         reply: Reply<u64>,
     },
+    /// From the snapshot thread: it finished a job and can take the next one.
+    SnapshotIdle,
     Shutdown {
         reply: Reply<()>,
     },
@@ -155,6 +157,9 @@ pub(crate) struct Writer {
     payload: Vec<u8>,
     /// This round's commits, for the live-query thread.
     published: Vec<Arc<Commit>>,
+    /// Snapshot requests that arrived while the snapshot thread was busy; served by the
+    /// first round after it is idle again.
+    snapshot_waiting: Vec<Reply<u64>>,
 }
 
 impl Writer {
@@ -165,6 +170,7 @@ impl Writer {
     pub fn spawn(
         shared: Arc<Shared>,
         rx: mpsc::Receiver<Request>,
+        wake: mpsc::WeakSender<Request>,
         log_bytes_since_snapshot: u64,
     ) -> Result<std::thread::JoinHandle<()>, OpenError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -185,7 +191,7 @@ impl Writer {
                     }
                 }
                 let _ = ready_tx.send(Ok(()));
-                let snapshotter = Snapshotter::spawn(shared.clone());
+                let snapshotter = Snapshotter::spawn(shared.clone(), wake);
                 Writer {
                     shared,
                     functions,
@@ -194,6 +200,7 @@ impl Writer {
                     frames: Vec::new(),
                     payload: Vec::new(),
                     published: Vec::new(),
+                    snapshot_waiting: Vec::new(),
                 }
                 .run(rx)
             })
@@ -237,7 +244,7 @@ impl Writer {
         let shared = self.shared.clone();
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
-        let mut snapshot_replies = Vec::new();
+        let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
         let mut shutdown = None;
         let applied = {
             let mut guard: Option<DbGuard> = Some(shared.db.write_arc());
@@ -323,6 +330,7 @@ impl Writer {
                         let _ = reply.send(Ok(self.functions.exports().to_vec()));
                     }
                     Request::Snapshot { reply } => snapshot_replies.push(reply),
+                    Request::SnapshotIdle => {}
                     Request::Shutdown { reply } => shutdown = Some(reply),
                 }
             }
@@ -358,18 +366,20 @@ impl Writer {
             return shutdown;
         }
         let due = self.log_bytes_since_snapshot >= shared.config.snapshot_log_bytes;
-        if !snapshot_replies.is_empty() || due {
+        if (!snapshot_replies.is_empty() || due) && !self.snapshotter.busy() {
             let job = self.snapshot_job(snapshot_replies);
-            if let Err(job) = self.snapshotter.offer(job) {
-                // A snapshot is already being written; requesters wait for the next round.
-                for reply in job.replies {
-                    let _ = reply.send(Err(ApiError::busy(
-                        "a snapshot is already being written; try again",
-                    )));
+            match self.snapshotter.offer(job) {
+                Ok(()) => self.log_bytes_since_snapshot = 0,
+                // Not busy, so the slot was free: the thread itself is gone.
+                Err(job) => {
+                    for reply in job.replies {
+                        let _ = reply.send(Err(ApiError::busy("the snapshot thread has stopped")));
+                    }
                 }
-            } else {
-                self.log_bytes_since_snapshot = 0;
             }
+        } else {
+            // Busy: requesters wait for the `SnapshotIdle` the thread sends when it is done.
+            self.snapshot_waiting = snapshot_replies;
         }
         None
     }
@@ -447,6 +457,7 @@ fn refuse(req: Request, err: ApiError) {
         Request::Snapshot { reply } => {
             let _ = reply.send(Err(err));
         }
+        Request::SnapshotIdle => {}
         Request::Shutdown { reply } => {
             let _ = reply.send(Err(err));
         }
