@@ -70,7 +70,8 @@ struct View {
     history: VecDeque<Arc<Event>>,
     history_bytes: usize,
     history_from: u64,
-    subs: BTreeSet<SubId>,
+    /// Almost always one or a few: a `Vec` costs one small allocation.
+    subs: Vec<SubId>,
     idle_since: Option<Instant>,
     route: Route,
 }
@@ -88,7 +89,48 @@ enum Route {
 #[derive(Default)]
 struct TableRoutes {
     all: BTreeSet<ViewId>,
-    equal: BTreeMap<usize, BTreeMap<Value, BTreeSet<ViewId>>>,
+    equal: BTreeMap<usize, BTreeMap<Value, Ids>>,
+}
+
+/// The views routed through one `(table, column, value)`: almost always exactly one, which
+/// then needs no allocation of its own (100 K scoped views are 100 K of these).
+enum Ids {
+    One(ViewId),
+    Many(Vec<ViewId>),
+}
+
+impl Ids {
+    fn add(&mut self, id: ViewId) {
+        match self {
+            Ids::One(first) => *self = Ids::Many(vec![*first, id]),
+            Ids::Many(ids) => ids.push(id),
+        }
+    }
+
+    /// Removes `id`; whether none is left.
+    fn remove(&mut self, id: ViewId) -> bool {
+        match self {
+            Ids::One(only) => *only == id,
+            Ids::Many(ids) => {
+                ids.retain(|&i| i != id);
+                match ids[..] {
+                    [] => true,
+                    [only] => {
+                        *self = Ids::One(only);
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[ViewId] {
+        match self {
+            Ids::One(id) => std::slice::from_ref(id),
+            Ids::Many(ids) => ids,
+        }
+    }
 }
 
 /// Counters for `/metrics` and the bench.
@@ -106,7 +148,8 @@ pub struct LiveStats {
 
 pub struct Live {
     limits: Limits,
-    views: HashMap<ViewId, View>,
+    /// Boxed: the map's spare slots then cost a pointer, not a whole view.
+    views: HashMap<ViewId, Box<View>>,
     /// By normalised text and the canonical bytes of the parameters (so `1` and `1.0` differ).
     by_query: HashMap<(Arc<str>, Vec<u8>), ViewId>,
     plans: HashMap<String, Arc<Shape>>,
@@ -307,7 +350,7 @@ impl Live {
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
-                self.views.insert(id, view);
+                self.views.insert(id, Box::new(view));
                 self.by_query.insert(qkey, id);
                 id
             }
@@ -315,7 +358,7 @@ impl Live {
         let sub = self.next_id;
         self.next_id += 1;
         let view = self.views.get_mut(&id).expect("registered");
-        view.subs.insert(sub);
+        view.subs.push(sub);
         view.idle_since = None;
         // A view built just now has no past to vouch for: its first event is a snapshot.
         let resumable = req
@@ -386,7 +429,7 @@ impl Live {
             history: VecDeque::new(),
             history_bytes: 0,
             history_from: seq,
-            subs: BTreeSet::new(),
+            subs: Vec::new(),
             idle_since: Some(Instant::now()),
             route,
         })
@@ -400,15 +443,19 @@ impl Live {
                 }
             }
             Route::Equal { column, value } => {
-                self.routes
+                let by_value = self
+                    .routes
                     .entry(view.shape.plan.select.sources[0].schema.name.clone())
                     .or_default()
                     .equal
                     .entry(*column)
-                    .or_default()
-                    .entry(value.clone())
-                    .or_default()
-                    .insert(id);
+                    .or_default();
+                match by_value.get_mut(value) {
+                    Some(ids) => ids.add(id),
+                    None => {
+                        by_value.insert(value.clone(), Ids::One(id));
+                    }
+                }
             }
         }
     }
@@ -426,11 +473,8 @@ impl Live {
                 let table = &view.shape.plan.select.sources[0].schema.name;
                 if let Some(r) = self.routes.get_mut(table) {
                     if let Some(by_value) = r.equal.get_mut(column) {
-                        if let Some(ids) = by_value.get_mut(value) {
-                            ids.remove(&id);
-                            if ids.is_empty() {
-                                by_value.remove(value);
-                            }
+                        if by_value.get_mut(value).is_some_and(|ids| ids.remove(id)) {
+                            by_value.remove(value);
                         }
                         if by_value.is_empty() {
                             r.equal.remove(column);
@@ -445,7 +489,7 @@ impl Live {
         if let Some((view_id, sink)) = self.subs.remove(&sub) {
             sink.close();
             if let Some(view) = self.views.get_mut(&view_id) {
-                view.subs.remove(&sub);
+                view.subs.retain(|&s| s != sub);
                 if view.subs.is_empty() {
                     view.idle_since = Some(Instant::now());
                 }
@@ -518,7 +562,7 @@ impl Live {
                     for (column, by_value) in &r.equal {
                         for image in [&c.old, &c.row].into_iter().flatten() {
                             if let Some(ids) = by_value.get(&image[*column]) {
-                                for id in ids {
+                                for id in ids.as_slice() {
                                     push_unique(reached.entry(*id).or_default(), c);
                                 }
                             }
@@ -651,7 +695,7 @@ impl Live {
                         Pushed::Gone => gone.push(*sub),
                     }
                 }
-                self.views.insert(id, fresh);
+                self.views.insert(id, Box::new(fresh));
                 for sub in gone {
                     self.stats.slow_closed += 1;
                     self.unsubscribe(sub);

@@ -24,6 +24,7 @@ pub mod checksum;
 pub mod engine;
 pub mod operator;
 pub mod sink;
+pub mod store;
 pub mod thread;
 pub mod view;
 

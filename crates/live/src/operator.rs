@@ -325,7 +325,7 @@ pub(crate) fn join_deltas(
             deltas.insert(
                 r.key,
                 Some(Out {
-                    sort: r.sort,
+                    sort: r.sort.into(),
                     row: r.row.into(),
                 }),
             );
@@ -537,7 +537,7 @@ fn evaluate(
             (
                 k.key,
                 Out {
-                    sort: k.sort,
+                    sort: k.sort.into(),
                     row: k.row.into(),
                 },
             )

@@ -1,0 +1,426 @@
+//! [`Store`]: a view's rows by result key and, for ordered views, by position.
+//!
+//! Most live views are small (a room's last 20 messages, one user's rows) and most of a
+//! server's views are idle, so a small view must cost little: up to [`SMALL_ROWS_MAX`] rows
+//! are kept in one `Vec` sorted by position (or by key when the view is unordered) — one
+//! allocation plus each row's key and sort values. A view that grows past that switches to a
+//! `BTreeMap` by key plus a `BTreeSet` of positions, so lookups and moves stay O(log n) at a
+//! million rows; it switches back once it shrinks below a quarter of the threshold (the gap
+//! keeps a view hovering at the boundary from converting on every commit).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use sluice_engine::Value;
+
+/// A row's identity in a result (see [`sluice_query::Keyed::key`]).
+pub type RKey = Vec<Value>;
+
+/// The direction of each `ORDER BY` key: `(desc, nulls_first)`.
+pub type Order = Arc<[(bool, Option<bool>)]>;
+
+/// Rows a view keeps in its compact form.
+pub const SMALL_ROWS_MAX: usize = 32;
+
+/// One result row with its `ORDER BY` values.
+#[derive(Clone, Debug)]
+pub struct Out {
+    pub sort: Box<[Value]>,
+    pub row: Arc<[Value]>,
+}
+
+/// Compares two sort values under one `ORDER BY` key's direction and `NULLS` placement
+/// (without `NULLS FIRST/LAST`, NULL is the smallest value, as in SQLite).
+fn cmp_sort_value(a: &Value, b: &Value, desc: bool, nulls_first: Option<bool>) -> Ordering {
+    match (nulls_first, a.is_null(), b.is_null()) {
+        (Some(first), true, false) => {
+            if first {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            }
+        }
+        (Some(first), false, true) => {
+            if first {
+                Ordering::Greater
+            } else {
+                Ordering::Less
+            }
+        }
+        (Some(_), true, true) => Ordering::Equal,
+        _ => {
+            let o = a.cmp(b);
+            if desc {
+                o.reverse()
+            } else {
+                o
+            }
+        }
+    }
+}
+
+/// Position order: the sort values under `order`, ties broken by result key.
+fn cmp_position(
+    order: &[(bool, Option<bool>)],
+    a: (&[Value], &RKey),
+    b: (&[Value], &RKey),
+) -> Ordering {
+    order
+        .iter()
+        .zip(a.0.iter().zip(b.0))
+        .map(|(&(desc, nulls_first), (x, y))| cmp_sort_value(x, y, desc, nulls_first))
+        .find(|o| o.is_ne())
+        .unwrap_or(Ordering::Equal)
+        .then_with(|| a.1.cmp(b.1))
+}
+
+/// A sort value carrying its key's direction, so [`Pos`]itions order as `ORDER BY` says.
+#[derive(Clone, Debug)]
+struct SortVal {
+    v: Value,
+    desc: bool,
+    nulls_first: Option<bool>,
+}
+
+impl Ord for SortVal {
+    fn cmp(&self, other: &Self) -> Ordering {
+        cmp_sort_value(&self.v, &other.v, self.desc, self.nulls_first)
+    }
+}
+impl PartialOrd for SortVal {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl PartialEq for SortVal {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for SortVal {}
+
+/// A row's place in a large ordered view: its sort values, ties broken by result key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Pos {
+    sort: Box<[SortVal]>,
+    key: RKey,
+}
+
+enum Repr {
+    /// At most [`SMALL_ROWS_MAX`] rows, sorted by position (ordered views) or by key.
+    Small(Vec<(RKey, Out)>),
+    Large {
+        rows: BTreeMap<RKey, Out>,
+        /// Every row's position, when the view is ordered.
+        positions: BTreeSet<Pos>,
+    },
+}
+
+pub struct Store {
+    order: Order,
+    ordered: bool,
+    repr: Repr,
+}
+
+impl Store {
+    pub fn new(order: Order, ordered: bool) -> Store {
+        Store {
+            order,
+            ordered,
+            repr: Repr::Small(Vec::new()),
+        }
+    }
+
+    pub fn ordered(&self) -> bool {
+        self.ordered
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.repr {
+            Repr::Small(v) => v.len(),
+            Repr::Large { rows, .. } => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn pos(&self, key: &RKey, out: &Out) -> Pos {
+        Pos {
+            sort: self
+                .order
+                .iter()
+                .zip(out.sort.iter())
+                .map(|(&(desc, nulls_first), v)| SortVal {
+                    v: v.clone(),
+                    desc,
+                    nulls_first,
+                })
+                .collect(),
+            key: key.clone(),
+        }
+    }
+
+    /// Where `(key, out)` goes in a small view's `Vec`: the number of rows before it.
+    fn small_slot(&self, v: &[(RKey, Out)], key: &RKey, out: &Out) -> usize {
+        if self.ordered {
+            v.partition_point(|(k, o)| {
+                cmp_position(&self.order, (&o.sort, k), (&out.sort, key)).is_lt()
+            })
+        } else {
+            v.partition_point(|(k, _)| k < key)
+        }
+    }
+
+    /// Replaces the contents.
+    pub fn load(&mut self, mut rows: Vec<(RKey, Out)>) {
+        if rows.len() <= SMALL_ROWS_MAX {
+            if self.ordered {
+                let order = self.order.clone();
+                rows.sort_by(|(ka, a), (kb, b)| cmp_position(&order, (&a.sort, ka), (&b.sort, kb)));
+            } else {
+                rows.sort_by(|(a, _), (b, _)| a.cmp(b));
+            }
+            rows.shrink_to_fit();
+            self.repr = Repr::Small(rows);
+        } else {
+            self.repr = self.large(rows);
+        }
+    }
+
+    fn large(&self, rows: Vec<(RKey, Out)>) -> Repr {
+        let positions = if self.ordered {
+            rows.iter().map(|(k, o)| self.pos(k, o)).collect()
+        } else {
+            BTreeSet::new()
+        };
+        Repr::Large {
+            rows: rows.into_iter().collect(),
+            positions,
+        }
+    }
+
+    pub fn get(&self, key: &RKey) -> Option<&Out> {
+        match &self.repr {
+            Repr::Small(v) if self.ordered => v.iter().find(|(k, _)| k == key).map(|(_, o)| o),
+            Repr::Small(v) => v
+                .binary_search_by(|(k, _)| k.cmp(key))
+                .ok()
+                .map(|i| &v[i].1),
+            Repr::Large { rows, .. } => rows.get(key),
+        }
+    }
+
+    /// The number of rows positioned before where `(key, out)` stands or would stand
+    /// (ordered views; O(log n) small, O(position) large).
+    pub fn rank(&self, key: &RKey, out: &Out) -> usize {
+        debug_assert!(self.ordered);
+        match &self.repr {
+            Repr::Small(v) => self.small_slot(v, key, out),
+            Repr::Large { positions, .. } => positions.range(..&self.pos(key, out)).count(),
+        }
+    }
+
+    /// Sets the row at `key` (replacing and repositioning any row there).
+    pub fn insert(&mut self, key: RKey, out: Out) {
+        self.remove(&key);
+        match &mut self.repr {
+            Repr::Small(v) => {
+                let v = std::mem::take(v);
+                let at = self.small_slot(&v, &key, &out);
+                let mut v = v;
+                v.insert(at, (key, out));
+                if v.len() > SMALL_ROWS_MAX {
+                    self.repr = self.large(v);
+                } else {
+                    self.repr = Repr::Small(v);
+                }
+            }
+            Repr::Large { .. } => {
+                let p = self.ordered.then(|| self.pos(&key, &out));
+                let Repr::Large { rows, positions } = &mut self.repr else {
+                    unreachable!()
+                };
+                if let Some(p) = p {
+                    positions.insert(p);
+                }
+                rows.insert(key, out);
+            }
+        }
+    }
+
+    /// Removes the row at `key`, returning it.
+    pub fn remove(&mut self, key: &RKey) -> Option<Out> {
+        let (removed, shrink) = match &mut self.repr {
+            Repr::Small(v) => {
+                let at = if self.ordered {
+                    v.iter().position(|(k, _)| k == key)
+                } else {
+                    v.binary_search_by(|(k, _)| k.cmp(key)).ok()
+                };
+                (at.map(|i| v.remove(i).1), false)
+            }
+            Repr::Large { rows, .. } => {
+                let out = rows.remove(key);
+                let shrink = rows.len() < SMALL_ROWS_MAX / 4;
+                (out, shrink)
+            }
+        };
+        if let (Some(out), true, Repr::Large { .. }) = (&removed, self.ordered, &self.repr) {
+            let p = self.pos(key, out);
+            if let Repr::Large { positions, .. } = &mut self.repr {
+                positions.remove(&p);
+            }
+        }
+        if shrink {
+            let rows: Vec<(RKey, Out)> = self.iter().map(|(k, o)| (k.clone(), o.clone())).collect();
+            self.repr = Repr::Small(rows);
+        }
+        removed
+    }
+
+    /// Every row, in position order (ordered views) or key order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&RKey, &Out)> + '_> {
+        match &self.repr {
+            Repr::Small(v) => Box::new(v.iter().map(|(k, o)| (k, o))),
+            Repr::Large { rows, positions } if self.ordered => {
+                Box::new(positions.iter().map(|p| (&p.key, &rows[&p.key])))
+            }
+            Repr::Large { rows, .. } => Box::new(rows.iter()),
+        }
+    }
+
+    /// The keys of the rows whose key starts with `first` (a join anchor's rows).
+    pub fn keys_with_first(&self, first: &Value) -> Vec<RKey> {
+        match &self.repr {
+            Repr::Small(v) => v
+                .iter()
+                .filter(|(k, _)| k.first() == Some(first))
+                .map(|(k, _)| k.clone())
+                .collect(),
+            Repr::Large { rows, .. } => rows
+                .range(vec![first.clone()]..)
+                .take_while(|(k, _)| k.first() == Some(first))
+                .map(|(k, _)| k.clone())
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model: every row in a `Vec`, sorted from scratch after each operation.
+    fn model_order(order: &[(bool, Option<bool>)], ordered: bool, rows: &mut [(RKey, Out)]) {
+        if ordered {
+            rows.sort_by(|(ka, a), (kb, b)| cmp_position(order, (&a.sort, ka), (&b.sort, kb)));
+        } else {
+            rows.sort_by(|(a, _), (b, _)| a.cmp(b));
+        }
+    }
+
+    fn tag(o: &Out) -> i64 {
+        match o.row[0] {
+            Value::Integer(i) => i,
+            _ => unreachable!("rows are tagged with integers"),
+        }
+    }
+
+    fn out(sort: Vec<Value>, tag: i64) -> Out {
+        Out {
+            sort: sort.into(),
+            row: vec![Value::Integer(tag)].into(),
+        }
+    }
+
+    /// Random inserts, replacements and removals that grow views past the compact form and
+    /// shrink them back, checked after every step against the model.
+    #[test]
+    fn store_matches_a_sorted_vec_across_both_forms() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let orders: [(Order, bool); 4] = [
+            (Arc::from(vec![]), false),
+            (Arc::from(vec![(false, None)]), true),
+            (Arc::from(vec![(true, Some(false)), (false, None)]), true),
+            (Arc::from(vec![(true, Some(true))]), true),
+        ];
+        for (order, ordered) in orders {
+            let mut store = Store::new(order.clone(), ordered);
+            let mut model: Vec<(RKey, Out)> = Vec::new();
+            let mut was_large = false;
+            let mut shrank = false;
+            for step in 0..3_000 {
+                // Grow for a while, then shrink, then grow again.
+                let growing = (step / 500) % 2 == 0;
+                let mut key = vec![
+                    Value::Integer(next(4) as i64),
+                    Value::Integer(next(40) as i64),
+                ];
+                let insert = if growing { next(10) < 8 } else { next(10) < 1 };
+                if !growing && !model.is_empty() && next(10) < 9 {
+                    key = model[next(model.len() as u64) as usize].0.clone(); // a hit
+                }
+                if insert {
+                    let sort: Vec<Value> = order
+                        .iter()
+                        .map(|_| match next(5) {
+                            0 => Value::Null,
+                            n => Value::Integer(n as i64),
+                        })
+                        .collect();
+                    let o = out(sort, step);
+                    model.retain(|(k, _)| *k != key);
+                    model.push((key.clone(), o.clone()));
+                    store.insert(key.clone(), o);
+                } else {
+                    let had = model.iter().any(|(k, _)| *k == key);
+                    model.retain(|(k, _)| *k != key);
+                    assert_eq!(store.remove(&key).is_some(), had);
+                }
+                model_order(&order, ordered, &mut model);
+                let large = matches!(store.repr, Repr::Large { .. });
+                shrank |= was_large && !large;
+                was_large |= large;
+                assert_eq!(store.len(), model.len());
+                let got: Vec<(&RKey, i64)> = store.iter().map(|(k, o)| (k, tag(o))).collect();
+                let want: Vec<(&RKey, i64)> = model.iter().map(|(k, o)| (k, tag(o))).collect();
+                if ordered {
+                    assert_eq!(got, want, "step {step}");
+                    for (i, (k, o)) in model.iter().enumerate().step_by(5) {
+                        assert_eq!(store.rank(k, o), i, "step {step}");
+                    }
+                } else {
+                    let mut got = got;
+                    got.sort();
+                    assert_eq!(got, want, "step {step}");
+                }
+                for (k, o) in &model {
+                    assert_eq!(store.get(k).unwrap().row, o.row);
+                }
+                let first = Value::Integer(next(4) as i64);
+                let mut with_first = store.keys_with_first(&first);
+                with_first.sort();
+                let mut expected: Vec<RKey> = model
+                    .iter()
+                    .filter(|(k, _)| k[0] == first)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                expected.sort();
+                assert_eq!(with_first, expected);
+            }
+            assert!(
+                was_large && shrank,
+                "both forms and both switches were exercised"
+            );
+        }
+    }
+}
