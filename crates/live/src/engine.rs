@@ -144,6 +144,8 @@ pub struct LiveStats {
     pub diffs: u64,
     pub resets: u64,
     pub slow_closed: u64,
+    /// Top-k views whose kept rows ran short of their window and were read again.
+    pub refills: u64,
 }
 
 pub struct Live {
@@ -346,7 +348,7 @@ impl Live {
                 }
                 let (op, rows, seq) = self.load(db, &shape, &params)?;
                 drop(guard);
-                let view = Self::finish(shape, params, op, rows, seq)?;
+                let view = Self::finish(shape, params, op, rows, seq, &self.limits)?;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
@@ -385,7 +387,7 @@ impl Live {
 
     fn build(&self, db: &Db, shape: Arc<Shape>, params: Vec<Value>) -> Result<View, QueryError> {
         let (op, rows, seq) = self.load(db, &shape, &params)?;
-        Self::finish(shape, params, op, rows, seq)
+        Self::finish(shape, params, op, rows, seq, &self.limits)
     }
 
     /// The part of building a view that reads the `Db`.
@@ -409,10 +411,20 @@ impl Live {
         op: Operator,
         rows: Vec<(crate::view::RKey, crate::view::Out)>,
         seq: u64,
+        limits: &Limits,
     ) -> Result<View, QueryError> {
         let select = &shape.plan.select;
         let (offset, limit) = sluice_query::window(select, &params)?;
-        let mut mat = Materialized::new(shape.columns.clone(), shape.order.clone(), offset, limit);
+        // A top-k filter keeps only its first rows and refills them from the table (through
+        // the plan's index, if any) when rows leave; other shapes keep their whole result.
+        let spare = matches!(op, Operator::Filter { .. }).then_some(limits.top_k_spare_rows);
+        let mut mat = Materialized::new(
+            shape.columns.clone(),
+            shape.order.clone(),
+            offset,
+            limit,
+            spare,
+        );
         mat.load(rows);
         let route = match (&op, equality_route(select, &params)) {
             (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {
@@ -596,8 +608,27 @@ impl Live {
                         }
                         _ => {
                             let select = &view.shape.plan.select;
-                            let d = view.op.deltas(select, &view.params, &changes);
-                            (commit.seq, d)
+                            let mut d = view.op.deltas(select, &view.params, &changes);
+                            if view.mat.admit(&mut d) {
+                                (commit.seq, d)
+                            } else {
+                                // The rows a top-k view keeps no longer cover its window:
+                                // read them again, at the Db's seq (folding any commits the
+                                // live thread has not reached yet, as Db-reading views do).
+                                let db = state.get_or_insert_with(&db);
+                                if !planned_for(select, db) {
+                                    continue; // the queued DDL commit rebuilds the view
+                                }
+                                self.stats.refills += 1;
+                                let rows_max = self.limits.view_rows_max;
+                                match view.op.load(select, db, &view.params, rows_max) {
+                                    Ok(rows) => (db.seq, view.mat.refill(rows)),
+                                    Err(e) => {
+                                        self.fail_view(id, &e);
+                                        continue;
+                                    }
+                                }
+                            }
                         }
                     };
                     self.publish(id, seq, deltas);
@@ -713,6 +744,15 @@ impl Live {
             }
         }
         self.drop_view(id);
+    }
+
+    /// Rows the (first) view of this query holds: its whole result, or a top-k view's kept
+    /// prefix (for tests and the bench).
+    pub fn view_rows_of(&self, sql: &str) -> Option<usize> {
+        self.views
+            .values()
+            .find(|v| v.shape.sql == sql)
+            .map(|v| v.mat.len())
     }
 
     /// Which operator follows the view of this query (for tests, the bench and docs).

@@ -57,6 +57,10 @@ pub struct Limits {
     pub idle_ttl: Duration,
     /// Planned queries cached (the cache is cleared when full and on DDL).
     pub plans_max: usize,
+    /// Rows a top-k view (one table, `ORDER BY … LIMIT n`) keeps beyond `OFFSET + LIMIT`,
+    /// and may gain before it is trimmed back: more means fewer refills from the table
+    /// when rows leave the window, fewer means less memory per view.
+    pub top_k_spare_rows: usize,
 }
 
 impl Default for Limits {
@@ -71,6 +75,7 @@ impl Default for Limits {
             history_bytes_max: 1 << 20,
             idle_ttl: Duration::from_secs(60),
             plans_max: 10_000,
+            top_k_spare_rows: 16,
         }
     }
 }

@@ -292,6 +292,45 @@ impl Store {
         }
     }
 
+    /// Position order (ordered views) or key order.
+    pub fn cmp(&self, a: (&RKey, &Out), b: (&RKey, &Out)) -> Ordering {
+        if self.ordered {
+            cmp_position(&self.order, (&a.1.sort, a.0), (&b.1.sort, b.0))
+        } else {
+            a.0.cmp(b.0)
+        }
+    }
+
+    /// The last row in [`Store::iter`] order.
+    pub fn last(&self) -> Option<(&RKey, &Out)> {
+        match &self.repr {
+            Repr::Small(v) => v.last().map(|(k, o)| (k, o)),
+            Repr::Large { rows, positions } if self.ordered => {
+                positions.last().map(|p| (&p.key, &rows[&p.key]))
+            }
+            Repr::Large { rows, .. } => rows.last_key_value(),
+        }
+    }
+
+    /// Drops rows from the end until at most `n` are left.
+    pub fn truncate(&mut self, n: usize) {
+        while self.len() > n {
+            let key = self.last().expect("not empty").0.clone();
+            self.remove(&key);
+        }
+    }
+
+    /// Reduces `rows` to the first `n` in this store's order (in no particular order):
+    /// O(rows), not a full sort.
+    pub fn first_n(&self, rows: &mut Vec<(RKey, Out)>, n: usize) {
+        if rows.len() > n {
+            if n > 0 {
+                rows.select_nth_unstable_by(n - 1, |(ka, a), (kb, b)| self.cmp((ka, a), (kb, b)));
+            }
+            rows.truncate(n);
+        }
+    }
+
     /// The keys of the rows whose key starts with `first` (a join anchor's rows).
     pub fn keys_with_first(&self, first: &Value) -> Vec<RKey> {
         match &self.repr {

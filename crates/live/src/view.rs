@@ -37,13 +37,26 @@ pub enum Op {
     },
 }
 
+/// How much of its result a top-k view keeps: the first `keep` rows (`OFFSET + LIMIT` plus
+/// spare ones), so its memory follows the window, not the rows its filter selects.
+///
+/// Invariant: unless `complete`, the store holds exactly the rows of the result positioned
+/// up to its last row (a prefix of the result); when `complete` it holds the whole result.
+struct Prefix {
+    keep: usize,
+    /// Rows past `keep` the store may grow by before it is trimmed back.
+    spare: usize,
+    complete: bool,
+}
+
 pub struct Materialized {
     pub columns: Arc<[String]>,
     windowed: bool,
     offset: usize,
     limit: usize,
-    /// Every row of the full result (not only the window).
+    /// The full result, or (top-k views) its first rows.
     store: Store,
+    prefix: Option<Prefix>,
     /// Of the rows the subscriber sees.
     checksum: u64,
 }
@@ -56,20 +69,34 @@ pub fn key_json(key: &[Value]) -> Json {
 }
 
 impl Materialized {
+    /// A view of `columns` ordered by `order` with the window `offset`/`limit`. With
+    /// `spare_rows`, a view with a `LIMIT` keeps only its first `offset + limit + spare_rows`
+    /// rows (the caller then follows [`Materialized::admit`] and refills it when that says
+    /// so); without, it keeps its whole result.
     pub fn new(
         columns: Arc<[String]>,
         order: Order,
         offset: usize,
         limit: Option<usize>,
+        spare_rows: Option<usize>,
     ) -> Materialized {
         let windowed = offset > 0 || limit.is_some();
         let ordered = windowed || !order.is_empty();
+        let prefix = match (limit, spare_rows) {
+            (Some(limit), Some(spare)) => Some(Prefix {
+                keep: offset.saturating_add(limit).saturating_add(spare),
+                spare,
+                complete: true,
+            }),
+            _ => None,
+        };
         Materialized {
             columns,
             windowed,
             offset,
             limit: limit.unwrap_or(usize::MAX),
             store: Store::new(order, ordered),
+            prefix,
             checksum: 0,
         }
     }
@@ -83,8 +110,12 @@ impl Materialized {
         self.store.is_empty()
     }
 
-    /// Replaces the contents (the initial load, or a rebuild).
-    pub fn load(&mut self, rows: Vec<(RKey, Out)>) {
+    /// Replaces the contents (the initial load, or a rebuild) with `rows`, the full result.
+    pub fn load(&mut self, mut rows: Vec<(RKey, Out)>) {
+        if let Some(p) = &mut self.prefix {
+            p.complete = rows.len() <= p.keep;
+            self.store.first_n(&mut rows, p.keep);
+        }
         self.store.load(rows);
         self.checksum = self
             .visible()
@@ -111,6 +142,61 @@ impl Materialized {
             Box::new(self.store.iter().skip(self.offset).take(self.limit))
         } else {
             self.store.iter()
+        }
+    }
+
+    /// For a view that keeps a prefix of its result: drops from `deltas` the rows that land
+    /// past the last kept row (the store does not hold their neighbours), and says whether
+    /// the rows kept then still cover the window. `false` means the view must be refilled
+    /// from the table ([`Materialized::refill`]) instead of applying `deltas`.
+    pub fn admit(&self, deltas: &mut BTreeMap<RKey, Option<Out>>) -> bool {
+        let Some(p) = &self.prefix else {
+            return true;
+        };
+        if p.complete {
+            return true;
+        }
+        let frontier = self.store.last();
+        let mut len = self.store.len();
+        for (key, delta) in deltas.iter_mut() {
+            if let Some(out) = delta {
+                let past = frontier.is_none_or(|f| self.store.cmp((key, out), f).is_gt());
+                if past {
+                    *delta = None;
+                }
+            }
+            match (self.store.get(key).is_some(), delta.is_some()) {
+                (true, false) => len -= 1,
+                (false, true) => len += 1,
+                _ => {}
+            }
+        }
+        len >= self.offset.saturating_add(self.limit)
+    }
+
+    /// The deltas that replace a prefix view's rows with the first ones of `rows` (the full
+    /// result read again); apply them with [`Materialized::apply`].
+    pub fn refill(&mut self, mut rows: Vec<(RKey, Out)>) -> BTreeMap<RKey, Option<Out>> {
+        let p = self
+            .prefix
+            .as_mut()
+            .expect("only prefix views are refilled");
+        p.complete = rows.len() <= p.keep;
+        self.store.first_n(&mut rows, p.keep);
+        let mut deltas: BTreeMap<RKey, Option<Out>> =
+            self.store.iter().map(|(k, _)| (k.clone(), None)).collect();
+        deltas.extend(rows.into_iter().map(|(k, o)| (k, Some(o))));
+        deltas
+    }
+
+    /// Trims a prefix view that grew past its spare rows back to the rows it keeps (none of
+    /// them visible: `keep` ≥ `offset + limit`).
+    fn trim(&mut self) {
+        if let Some(p) = &mut self.prefix {
+            if self.store.len() > p.keep.saturating_add(p.spare) {
+                self.store.truncate(p.keep);
+                p.complete = false;
+            }
         }
     }
 
@@ -258,6 +344,7 @@ impl Materialized {
         }
         debug_assert_eq!(working.len(), new_window.len());
         self.checksum = sum;
+        self.trim();
         ops
     }
 

@@ -1291,6 +1291,8 @@ struct Counts {
     ddl: usize,
     checks: usize,
     commits: usize,
+    /// Top-k views whose kept rows ran short and were read again.
+    refills: u64,
 }
 
 struct Oracle {
@@ -1338,10 +1340,13 @@ impl Oracle {
         let lite = rusqlite::Connection::open_in_memory().expect("SQLite opens");
         lite.execute_batch(&ddl).expect("SQLite takes the DDL");
         lite.set_prepared_statement_cache_capacity(1024);
+        // Few spare rows: top-k views trim and refill all the time.
+        let top_k_spare_rows = rng.range(0, 3) as usize;
         let live = Live::new(sluice_live::Limits {
             history_diffs_max: HISTORY,
             history_bytes_max: 64 << 20,
             plans_max: 32,
+            top_k_spare_rows,
             ..sluice_live::Limits::default()
         });
         Oracle {
@@ -1393,6 +1398,7 @@ impl Oracle {
             }
         }
         self.flush();
+        self.counts.refills = self.live.stats().refills;
         for c in &mut self.clients {
             c.paused = 0;
             c.check = true;

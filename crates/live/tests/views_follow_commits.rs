@@ -111,6 +111,78 @@ fn top_k_window_reports_positions_and_refills() {
     );
 }
 
+/// Applies a diff's changes to the keys a client shows, as `docs/protocol.md` says.
+fn apply_keys(keys: &mut Vec<i64>, diff: &Json) {
+    for c in diff["changes"].as_array().unwrap() {
+        let key = c["key"].as_i64().unwrap();
+        if let Some(at) = keys.iter().position(|k| *k == key) {
+            keys.remove(at);
+        }
+        if c["op"] != "remove" {
+            keys.insert(c["index"].as_u64().unwrap() as usize, key);
+        }
+    }
+}
+
+#[test]
+fn top_k_keeps_its_window_plus_spare_rows_and_refills_from_the_table() {
+    let mut db = db();
+    let mut live = Live::new(sluice_live::Limits {
+        top_k_spare_rows: 2,
+        ..sluice_live::Limits::default()
+    });
+    let rows: Vec<Json> = (1..=100).map(|i| m(i, "a", i * 10)).collect();
+    put(&mut db, &mut live, &rows);
+    let sql = "SELECT id, ts FROM msg WHERE room = $1 ORDER BY ts DESC LIMIT 3";
+    let s = sub(&mut live, &db, sql, json!(["a"]), None);
+    let (_, snap) = next(&s);
+    let mut shown: Vec<i64> = serde_json::from_value(snap["keys"].clone()).unwrap();
+    assert_eq!(shown, vec![100, 99, 98]);
+    // The window and two spare rows, not the room's hundred.
+    assert_eq!(live.view_rows_of(sql), Some(5));
+
+    // Newer messages push into the top; the kept rows are trimmed back as they grow.
+    let mut present: Vec<i64> = (1..=100).collect();
+    for i in 101..=110 {
+        put(&mut db, &mut live, &[m(i, "a", i * 10)]);
+        present.push(i);
+        apply_keys(&mut shown, &next(&s).1);
+        assert_eq!(shown, vec![i, i - 1, i - 2]);
+        assert!(live.view_rows_of(sql).unwrap() <= 3 + 2 + 2);
+    }
+    // Deleting from the top runs through the spare rows, then reads the room again.
+    for _ in 0..30 {
+        let top = present.pop().unwrap();
+        del(&mut db, &mut live, top);
+        apply_keys(&mut shown, &next(&s).1);
+        let n = present.len();
+        assert_eq!(
+            shown,
+            present[n - 3..].iter().rev().copied().collect::<Vec<_>>()
+        );
+        assert!(live.view_rows_of(sql).unwrap() <= 3 + 2 + 2);
+    }
+    assert!(live.stats().refills >= 5, "{:?}", live.stats());
+    // A row changed below the kept rows moves into the window when it sorts first.
+    let low = present[0];
+    put(&mut db, &mut live, &[m(low, "a", 100_000)]);
+    apply_keys(&mut shown, &next(&s).1);
+    let n = present.len();
+    assert_eq!(shown, vec![low, present[n - 1], present[n - 2]]);
+    // Down to fewer rows than the window: the view holds them all. (Deleting a row the
+    // window does not show sends nothing.)
+    for id in present.clone() {
+        if id != low {
+            del(&mut db, &mut live, id);
+            while let Some(e) = s.try_recv() {
+                apply_keys(&mut shown, &serde_json::from_str(&e.json).unwrap());
+            }
+        }
+    }
+    assert_eq!(shown, vec![low]);
+    assert_eq!(live.view_rows_of(sql), Some(1));
+}
+
 #[test]
 fn aggregates_update_their_groups_only() {
     let mut db = db();

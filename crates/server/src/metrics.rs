@@ -59,6 +59,11 @@ pub(crate) fn render(core: &Core) -> String {
         live.slow_closed,
     );
     counter(
+        "sluice_live_refills_total",
+        "Top-k views whose kept rows ran short of their window and were read again.",
+        live.refills,
+    );
+    counter(
         "sluice_log_syncs_total",
         "fdatasync calls on the log.",
         log.syncs,

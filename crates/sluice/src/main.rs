@@ -88,6 +88,10 @@ struct ServeArgs {
     /// Rows one live view may hold (its whole result, before LIMIT).
     #[arg(long, default_value_t = sluice_live::Limits::default().view_rows_max)]
     live_view_rows_max: usize,
+    /// Rows a top-k live view (one table, ORDER BY … LIMIT n) keeps beyond its window; it
+    /// reads the table again when rows leaving the window use them up.
+    #[arg(long, default_value_t = sluice_live::Limits::default().top_k_spare_rows)]
+    live_top_k_spare_rows: usize,
     /// Events queued for one live subscriber before its backlog becomes a reset snapshot.
     #[arg(long, default_value_t = sluice_live::Limits::default().subscriber_queue_max)]
     live_queue_events: usize,
@@ -136,6 +140,7 @@ impl ServeArgs {
         config.live.views_max = self.live_views_max;
         config.live.view_rows_max = self.live_view_rows_max;
         config.live.subscriber_queue_max = self.live_queue_events;
+        config.live.top_k_spare_rows = self.live_top_k_spare_rows;
         config.live.idle_ttl = std::time::Duration::from_secs(self.live_ttl_secs);
         config.live_heartbeat = std::time::Duration::from_millis(self.live_heartbeat_ms);
         config.live_subscriptions_per_connection_max = self.live_subscriptions_per_connection;
