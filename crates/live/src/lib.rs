@@ -23,6 +23,7 @@
 pub mod checksum;
 pub mod engine;
 pub mod operator;
+mod ranked;
 pub mod sink;
 pub mod store;
 pub mod thread;

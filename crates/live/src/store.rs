@@ -9,10 +9,12 @@
 //! keeps a view hovering at the boundary from converting on every commit).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sluice_engine::Value;
+
+use crate::ranked::Ranked;
 
 /// A row's identity in a result (see [`sluice_query::Keyed::key`]).
 pub type RKey = Vec<Value>;
@@ -112,8 +114,9 @@ enum Repr {
     Small(Vec<(RKey, Out)>),
     Large {
         rows: BTreeMap<RKey, Out>,
-        /// Every row's position, when the view is ordered.
-        positions: BTreeSet<Pos>,
+        /// Every row's position, when the view is ordered; ranked, so a change's `index`
+        /// costs O(rows / chunk), not O(position).
+        positions: Ranked<Pos>,
     },
 }
 
@@ -194,7 +197,7 @@ impl Store {
         let positions = if self.ordered {
             rows.iter().map(|(k, o)| self.pos(k, o)).collect()
         } else {
-            BTreeSet::new()
+            Ranked::new()
         };
         Repr::Large {
             rows: rows.into_iter().collect(),
@@ -214,12 +217,12 @@ impl Store {
     }
 
     /// The number of rows positioned before where `(key, out)` stands or would stand
-    /// (ordered views; O(log n) small, O(position) large).
+    /// (ordered views; O(log n) small, O(n / chunk) large).
     pub fn rank(&self, key: &RKey, out: &Out) -> usize {
         debug_assert!(self.ordered);
         match &self.repr {
             Repr::Small(v) => self.small_slot(v, key, out),
-            Repr::Large { positions, .. } => positions.range(..&self.pos(key, out)).count(),
+            Repr::Large { positions, .. } => positions.rank(&self.pos(key, out)),
         }
     }
 
@@ -279,6 +282,18 @@ impl Store {
             self.repr = Repr::Small(rows);
         }
         removed
+    }
+
+    /// The rows from the `skip`-th on, in [`Store::iter`] order: O(rows / chunk) to get
+    /// there in a large ordered view (a window's `OFFSET`).
+    pub fn iter_from(&self, skip: usize) -> Box<dyn Iterator<Item = (&RKey, &Out)> + '_> {
+        match &self.repr {
+            Repr::Small(v) => Box::new(v[skip.min(v.len())..].iter().map(|(k, o)| (k, o))),
+            Repr::Large { rows, positions } if self.ordered => {
+                Box::new(positions.iter_from(skip).map(|p| (&p.key, &rows[&p.key])))
+            }
+            Repr::Large { rows, .. } => Box::new(rows.iter().skip(skip)),
+        }
     }
 
     /// Every row, in position order (ordered views) or key order.

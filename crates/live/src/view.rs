@@ -139,7 +139,7 @@ impl Materialized {
     /// The rows the subscriber sees, in order: the window costs O(offset + limit).
     pub fn visible(&self) -> Box<dyn Iterator<Item = (&RKey, &Out)> + '_> {
         if self.windowed {
-            Box::new(self.store.iter().skip(self.offset).take(self.limit))
+            Box::new(self.store.iter_from(self.offset).take(self.limit))
         } else {
             self.store.iter()
         }
