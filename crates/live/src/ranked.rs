@@ -35,10 +35,6 @@ impl<T: Ord> Ranked<T> {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The first chunk whose last element is not below `x` (`chunks.len()` if none).
     fn chunk_of(&self, x: &T) -> usize {
         self.chunks

@@ -142,7 +142,10 @@ impl Store {
     pub fn len(&self) -> usize {
         match &self.repr {
             Repr::Small(v) => v.len(),
-            Repr::Large { rows, .. } => rows.len(),
+            Repr::Large { rows, positions } => {
+                debug_assert!(!self.ordered || positions.len() == rows.len());
+                rows.len()
+            }
         }
     }
 
