@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sluice_engine::Value;
+use sluice_query::sort_value_cmp;
 
 use crate::ranked::Ranked;
 
@@ -32,36 +33,6 @@ pub struct Out {
     pub row: Arc<[Value]>,
 }
 
-/// Compares two sort values under one `ORDER BY` key's direction and `NULLS` placement
-/// (without `NULLS FIRST/LAST`, NULL is the smallest value, as in SQLite).
-fn cmp_sort_value(a: &Value, b: &Value, desc: bool, nulls_first: Option<bool>) -> Ordering {
-    match (nulls_first, a.is_null(), b.is_null()) {
-        (Some(first), true, false) => {
-            if first {
-                Ordering::Less
-            } else {
-                Ordering::Greater
-            }
-        }
-        (Some(first), false, true) => {
-            if first {
-                Ordering::Greater
-            } else {
-                Ordering::Less
-            }
-        }
-        (Some(_), true, true) => Ordering::Equal,
-        _ => {
-            let o = a.cmp(b);
-            if desc {
-                o.reverse()
-            } else {
-                o
-            }
-        }
-    }
-}
-
 /// Position order: the sort values under `order`, ties broken by result key.
 fn cmp_position(
     order: &[(bool, Option<bool>)],
@@ -71,7 +42,7 @@ fn cmp_position(
     order
         .iter()
         .zip(a.0.iter().zip(b.0))
-        .map(|(&(desc, nulls_first), (x, y))| cmp_sort_value(x, y, desc, nulls_first))
+        .map(|(&(desc, nulls_first), (x, y))| sort_value_cmp(x, y, desc, nulls_first))
         .find(|o| o.is_ne())
         .unwrap_or(Ordering::Equal)
         .then_with(|| a.1.cmp(b.1))
@@ -87,7 +58,7 @@ struct SortVal {
 
 impl Ord for SortVal {
     fn cmp(&self, other: &Self) -> Ordering {
-        cmp_sort_value(&self.v, &other.v, self.desc, self.nulls_first)
+        sort_value_cmp(&self.v, &other.v, self.desc, self.nulls_first)
     }
 }
 impl PartialOrd for SortVal {

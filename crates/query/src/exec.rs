@@ -384,37 +384,41 @@ fn count(v: &Value, what: &str) -> Result<Option<usize>, QueryError> {
 
 /// Compares two rows of `ORDER BY` values under `keys`.
 pub fn sort_cmp(keys: &[SortKey], a: &[Value], b: &[Value]) -> Ordering {
-    for (k, (x, y)) in keys.iter().zip(a.iter().zip(b)) {
-        let o = match (k.nulls_first, x.is_null(), y.is_null()) {
-            (Some(first), true, false) => {
-                if first {
-                    Ordering::Less
-                } else {
-                    Ordering::Greater
-                }
+    keys.iter()
+        .zip(a.iter().zip(b))
+        .map(|(k, (x, y))| sort_value_cmp(x, y, k.desc, k.nulls_first))
+        .find(|o| o.is_ne())
+        .unwrap_or(Ordering::Equal)
+}
+
+/// Compares two values of one `ORDER BY` key: `desc` reverses, `nulls_first` places NULL
+/// (without it NULL is the smallest value, as in SQLite).
+pub fn sort_value_cmp(x: &Value, y: &Value, desc: bool, nulls_first: Option<bool>) -> Ordering {
+    match (nulls_first, x.is_null(), y.is_null()) {
+        (Some(first), true, false) => {
+            if first {
+                Ordering::Less
+            } else {
+                Ordering::Greater
             }
-            (Some(first), false, true) => {
-                if first {
-                    Ordering::Greater
-                } else {
-                    Ordering::Less
-                }
+        }
+        (Some(first), false, true) => {
+            if first {
+                Ordering::Greater
+            } else {
+                Ordering::Less
             }
-            (Some(_), true, true) => Ordering::Equal,
-            _ => {
-                let o = x.cmp(y);
-                if k.desc {
-                    o.reverse()
-                } else {
-                    o
-                }
+        }
+        (Some(_), true, true) => Ordering::Equal,
+        _ => {
+            let o = x.cmp(y);
+            if desc {
+                o.reverse()
+            } else {
+                o
             }
-        };
-        if o != Ordering::Equal {
-            return o;
         }
     }
-    Ordering::Equal
 }
 
 /// The key a value would have in a primary key of type `ty`, if it can equal one.

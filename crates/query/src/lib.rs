@@ -36,7 +36,8 @@ use sqlparser::parser::Parser;
 
 pub use error::QueryError;
 pub use exec::{
-    evaluate, evaluate_anchor, index_range, sort_cmp, subquery_values, to_key, window, Keyed,
+    evaluate, evaluate_anchor, index_range, sort_cmp, sort_value_cmp, subquery_values, to_key,
+    window, Keyed,
 };
 pub use expr::Expr;
 pub use plan::{Access, Aggregate, Join, Plan, Select, SUBQUERY_DEPTH_MAX};
