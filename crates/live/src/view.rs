@@ -122,10 +122,6 @@ impl Materialized {
             .fold(0u64, |acc, (_, o)| acc.wrapping_add(row_hash(&o.row)));
     }
 
-    pub fn get(&self, key: &RKey) -> Option<&Out> {
-        self.store.get(key)
-    }
-
     /// The keys of the rows whose key starts with `first` (a join anchor's rows).
     pub fn keys_with_first(&self, first: &Value) -> Vec<RKey> {
         self.store.keys_with_first(first)
