@@ -334,8 +334,8 @@ async fn run_cases(
     Ok(cases)
 }
 
-fn api_err(e: sluice_server::api::ApiError) -> anyhow::Error {
-    anyhow::anyhow!("{} ({}): {}", e.code, e.status, e.message)
+fn api_err(e: sluice_server::CoreError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
 async fn inproc_case(

@@ -23,13 +23,22 @@ pub struct Limits {
     pub row_bytes_max: usize,
     /// Columns in one table (`--max-columns`).
     pub columns_per_table_max: usize,
+    /// Encoded size of one transaction's commit record (`--max-commit-bytes`): enforced op
+    /// by op while the transaction is built, so a commit always fits in one log frame.
+    pub commit_bytes_max: usize,
 }
+
+/// Largest accepted `commit_bytes_max`: with the per-change bound's slack, a commit record
+/// stays well inside one log frame (`FRAME_PAYLOAD_BYTES_MAX`, 64 MiB).
+pub const COMMIT_BYTES_MAX_CEILING: usize = 32 << 20;
+const _: () = assert!(COMMIT_BYTES_MAX_CEILING * 3 / 2 < sluice_log::frame::FRAME_PAYLOAD_BYTES_MAX);
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             row_bytes_max: 1 << 20,
             columns_per_table_max: 256,
+            commit_bytes_max: 16 << 20,
         }
     }
 }
@@ -512,12 +521,23 @@ pub struct TxState {
     seq: u64,
     undo: Vec<Undo>,
     changes: Vec<Change>,
+    /// Upper bound of the commit record's encoded size so far (see [`Limits::commit_bytes_max`]).
+    commit_bytes: usize,
+    /// Set once an op was refused for the commit size: the transaction must not commit even
+    /// if its caller (a JavaScript function that caught the error) carries on.
+    over_limit: Option<TxError>,
 }
 
 impl TxState {
     /// The seq this transaction will have if it commits.
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// The commit-size refusal this transaction met, if any: such a transaction **must** be
+    /// rolled back, never committed (an op it tried was too big to log).
+    pub fn over_limit(&self) -> Option<&TxError> {
+        self.over_limit.as_ref()
     }
 }
 
@@ -611,6 +631,8 @@ impl Db {
             seq: self.seq + 1,
             undo: Vec::new(),
             changes: Vec::new(),
+            commit_bytes: COMMIT_HEADER_BYTES_MAX,
+            over_limit: None,
         }
     }
 
@@ -622,7 +644,12 @@ impl Db {
 
     /// Commits `st` (see [`Tx::commit`]); `st` is left empty.
     pub fn commit_state(&mut self, st: &mut TxState) -> Option<Arc<Commit>> {
+        assert!(
+            st.over_limit.is_none(),
+            "a transaction refused for its commit size must be rolled back"
+        );
         st.undo.clear();
+        st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
         if st.changes.is_empty() {
             return None;
         }
@@ -639,6 +666,8 @@ impl Db {
     /// Undoes every op of `st`, newest first; `st` is left empty.
     pub fn rollback_state(&mut self, st: &mut TxState) {
         st.changes.clear();
+        st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
+        st.over_limit = None;
         while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
             let t = self
                 .tables
@@ -734,7 +763,7 @@ impl TxRef<'_> {
             Some(old) => (ChangeOp::Update, old.version + 1),
             None => (ChangeOp::Insert, 1),
         };
-        Ok(self.write(table_name, key, Some(values.into()), op, version))
+        self.write(table_name, key, Some(values.into()), op, version)
     }
 
     /// Sets some columns of an existing row.
@@ -767,13 +796,13 @@ impl TxRef<'_> {
         check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
         let version = old.version + 1;
-        Ok(self.write(
+        self.write(
             table_name,
             key,
             Some(values.into()),
             ChangeOp::Update,
             version,
-        ))
+        )
     }
 
     pub fn delete(
@@ -790,7 +819,7 @@ impl TxRef<'_> {
             return Err(not_found(table_name, &key));
         };
         let version = old.version;
-        Ok(self.write(table_name, key, None, ChangeOp::Delete, version))
+        self.write(table_name, key, None, ChangeOp::Delete, version)
     }
 
     fn check_row_size(&self, table: &str, values: &[Value]) -> Result<(), TxError> {
@@ -812,7 +841,22 @@ impl TxRef<'_> {
         row: Option<Arc<[Value]>>,
         op: ChangeOp,
         version: u64,
-    ) -> WriteResult {
+    ) -> Result<WriteResult, TxError> {
+        let bytes = change_bytes_bound(table_name, &key, row.as_deref());
+        let total = self.st.commit_bytes.saturating_add(bytes);
+        let max = self.db.limits.commit_bytes_max;
+        if total > max {
+            let e = TxError::new(
+                ErrorCode::Limit,
+                format!(
+                    "the transaction's commit would exceed commit_bytes_max (--max-commit-bytes) of {max} bytes (at least {total} bytes after {} changes); nothing was written",
+                    self.st.changes.len() + 1
+                ),
+            );
+            self.st.over_limit = Some(e.clone());
+            return Err(e);
+        }
+        self.st.commit_bytes = total;
         let table = self
             .db
             .tables
@@ -843,12 +887,24 @@ impl TxRef<'_> {
             old: before,
             version,
         });
-        WriteResult {
+        Ok(WriteResult {
             table: table_name.to_string(),
             key,
             version,
-        }
+        })
     }
+}
+
+/// Most bytes a commit record's header takes (record type, seq, change count).
+const COMMIT_HEADER_BYTES_MAX: usize = 1 + 8 + 10;
+
+/// An upper bound of one change's encoded size in a commit record (`codec::encode_commit`):
+/// table name, op, version, key and values, each with its largest length prefix.
+fn change_bytes_bound(table: &str, key: &Key, row: Option<&[Value]>) -> usize {
+    const VARINT_MAX: usize = 10;
+    let value = |v: &Value| v.encoded_len() + 2;
+    let values: usize = row.map_or(0, |r| VARINT_MAX + r.iter().map(value).sum::<usize>());
+    VARINT_MAX + table.len() + 1 + VARINT_MAX + value(&key.to_value()) + values
 }
 
 fn column_of(schema: &TableSchema, name: &str) -> Result<usize, TxError> {

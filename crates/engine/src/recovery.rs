@@ -411,6 +411,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, RecoveryError> {
         limits: Limits {
             row_bytes_max: usize::MAX,
             columns_per_table_max: usize::MAX,
+            commit_bytes_max: usize::MAX,
         },
         retention: Retention {
             commits_max: 1,

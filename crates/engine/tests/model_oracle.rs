@@ -1535,6 +1535,7 @@ impl Harness {
             Limits {
                 row_bytes_max: 160,
                 columns_per_table_max: 6,
+                ..Limits::default()
             }
         } else {
             Limits::default()
@@ -1940,6 +1941,7 @@ impl Harness {
             _ => Limits {
                 row_bytes_max: 64,
                 columns_per_table_max: 2,
+                ..Limits::default()
             },
         };
         RecoveryOptions {

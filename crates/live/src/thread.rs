@@ -37,9 +37,7 @@ impl LiveHandle {
         let stats = Arc::new(Mutex::new(LiveStats::default()));
         let shared = stats.clone();
         let mut live = Live::new(limits.clone());
-        std::thread::Builder::new()
-            .name("sluice-live".into())
-            .spawn(move || run(&mut live, &db, &rx, &shared))?;
+        sluice_engine::critical::spawn("live", move || run(&mut live, &db, &rx, &shared))?;
         Ok(LiveHandle { tx, stats, limits })
     }
 
@@ -88,6 +86,7 @@ fn run(live: &mut Live, db: &RwLock<Db>, rx: &mpsc::Receiver<Input>, stats: &Mut
         {
             match input {
                 Input::Commits(commits) => {
+                    sluice_engine::critical::injected_panic_point("live");
                     for c in &commits {
                         live.apply(c, || db.read());
                     }

@@ -13,8 +13,10 @@
 //! - [`segment`]: segment file names, scanning, torn-tail classification.
 //! - [`writer`]: [`Log`], the group-commit thread; durability classes; poisoning.
 //! - [`snapshot`]: snapshot file writer and reader (framed, written atomically).
+//! - [`critical`]: threads whose panic ends the process (and the test hook that injects one).
 //! - [`io`]: the file abstraction the writer syncs through, with a fault-injecting variant.
 
+pub mod critical;
 pub mod frame;
 pub mod io;
 pub mod segment;

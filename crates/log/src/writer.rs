@@ -159,9 +159,7 @@ impl<W: Waiter> Log<W> {
         });
         let dir = config.dir.clone();
         let thread_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("sluice-log".into())
-            .spawn(move || {
+        let thread = crate::critical::spawn("log", move || {
                 LogThread {
                     shared: thread_shared,
                     config,
@@ -171,8 +169,8 @@ impl<W: Waiter> Log<W> {
                     last_sync: Instant::now(),
                 }
                 .run()
-            })
-            .map_err(|e| LogError::io(&dir, e))?;
+        })
+        .map_err(|e| LogError::io(&dir, e))?;
         Ok(Log {
             shared,
             thread: Some(thread),
@@ -390,6 +388,7 @@ impl<W: Waiter> LogThread<W> {
         }
         let mut must_sync = shutdown || sync_requested_seq > self.progress.synced_seq;
         if !buf.is_empty() {
+            crate::critical::injected_panic_point("log");
             if self.segment_bytes >= self.config.segment_bytes_max {
                 let first_seq = self.progress.written_seq + 1;
                 if let Err(err) = self.roll(first_seq) {

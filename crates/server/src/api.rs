@@ -17,9 +17,10 @@ use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use sluice_engine::db::row_to_json;
 use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, TxError};
-use sluice_log::{Durability, LogError};
+use sluice_log::Durability;
 
 use crate::core::{Core, Op};
+use crate::error::CoreError;
 
 /// An error as the client sees it.
 #[derive(Clone, Debug)]
@@ -66,20 +67,26 @@ impl ApiError {
             format!("the log is poisoned after a failed write or sync ({reason}); writes are refused until restart"),
         )
     }
-    pub fn from_log(e: &LogError) -> Self {
-        match e {
-            LogError::Poisoned(reason) => Self::poisoned(reason),
-            LogError::Closed => Self::shutting_down(),
-            other => Self::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                other.to_string(),
-            ),
-        }
-    }
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.details.insert(key.to_string(), value.into());
         self
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> Self {
+        match e {
+            CoreError::Tx(e) => e.into(),
+            CoreError::Function(e) => e.into(),
+            CoreError::Query(e) => e.into(),
+            CoreError::Limit(message) => ApiError::limit(message),
+            CoreError::ShuttingDown => ApiError::shutting_down(),
+            CoreError::Poisoned(reason) => ApiError::poisoned(&reason),
+            CoreError::Busy(message) => ApiError::busy(message),
+            CoreError::Internal(message) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
     }
 }
 
@@ -265,7 +272,8 @@ async fn sql(State(core): St, body: Body) -> ApiResult {
     match core.ddl(changes, sql_text, durability).await {
         Ok(Some(seq)) => Ok(Json(json!({"seq": seq, "changed": true}))),
         Ok(None) => Ok(Json(json!({"seq": core.confirmed_seq(), "changed": false}))),
-        Err(mut e) => {
+        Err(e) => {
+            let mut e = ApiError::from(e);
             // For SQL, the failing op is a statement.
             if let Some(i) = e.details.remove("op") {
                 e.details.insert("statement".into(), i);

@@ -12,9 +12,9 @@ use sluice_engine::{Db, SchemaChange, TxError, WriteResult};
 use sluice_log::{Durability, Log, LogConfig, LogError};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::api::ApiError;
 use crate::config::Config;
 use crate::confirm::Confirmations;
+use crate::error::{CoreError, WriterResult};
 use crate::writer::{Ack, Request, Writer};
 
 /// One write op of a mutate, already checked for shape (not yet against the schema).
@@ -91,6 +91,8 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// The live-query thread; the writer hands it every commit after applying it.
     pub live: sluice_live::LiveHandle,
+    /// Set when a graceful shutdown begins: live streams and WebSockets end with a reason.
+    pub closing: watch::Sender<bool>,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -162,6 +164,7 @@ impl Core {
             confirm,
             counters: Counters::default(),
             live,
+            closing: watch::Sender::new(false),
         });
         let writer = Writer::spawn(shared.clone(), rx, tx.downgrade(), log_bytes_since_snapshot)?;
         Ok(Core {
@@ -198,22 +201,42 @@ impl Core {
     /// receiver of its reply. Requests queued in order are applied in that order.
     pub(crate) async fn enqueue<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Request,
-    ) -> Result<oneshot::Receiver<Result<T, ApiError>>, ApiError> {
+        make: impl FnOnce(oneshot::Sender<WriterResult<T>>) -> Request,
+    ) -> Result<oneshot::Receiver<WriterResult<T>>, CoreError> {
         let (reply, rx) = oneshot::channel();
         self.requests
             .send(make(reply))
             .await
-            .map_err(|_| ApiError::shutting_down())?;
+            .map_err(|_| CoreError::ShuttingDown)?;
         Ok(rx)
+    }
+
+    /// The writer's reply to a queued request. A refusal decided on the database's state is
+    /// returned only once that state is confirmed — like a success — so a `conflict` or a
+    /// `not_found` never contradicts what recovery will show; if the log fails first, the
+    /// caller gets that failure instead.
+    pub(crate) async fn settle<T>(
+        &self,
+        rx: oneshot::Receiver<WriterResult<T>>,
+    ) -> Result<T, CoreError> {
+        match rx.await {
+            Err(_) => Err(CoreError::ShuttingDown),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(refusal)) => {
+                if refusal.read_seq > 0 && refusal.error.read_state() {
+                    self.wait_confirmed(refusal.read_seq).await?;
+                }
+                Err(refusal.error)
+            }
+        }
     }
 
     async fn call<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Request,
-    ) -> Result<T, ApiError> {
+        make: impl FnOnce(oneshot::Sender<WriterResult<T>>) -> Request,
+    ) -> Result<T, CoreError> {
         let rx = self.enqueue(make).await?;
-        rx.await.map_err(|_| ApiError::shutting_down())?
+        self.settle(rx).await
     }
 
     /// Applies `ops` atomically; returns once the commit reached `durability`.
@@ -221,7 +244,7 @@ impl Core {
         &self,
         ops: Vec<Op>,
         durability: Option<Durability>,
-    ) -> Result<MutateOk, ApiError> {
+    ) -> Result<MutateOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         self.call(|reply| Request::Mutate {
             ops,
@@ -238,7 +261,7 @@ impl Core {
         name: String,
         args: Json,
         durability: Option<Durability>,
-    ) -> Result<CallOk, ApiError> {
+    ) -> Result<CallOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         let ok = self
             .call(|reply| Request::Call {
@@ -255,13 +278,13 @@ impl Core {
     }
 
     /// Replaces the functions module; on a compile error the old module stays.
-    pub async fn load_functions(&self, source: String) -> Result<Vec<String>, ApiError> {
+    pub async fn load_functions(&self, source: String) -> Result<Vec<String>, CoreError> {
         self.call(|reply| Request::LoadFunctions { source, reply })
             .await
     }
 
     /// Names the loaded module exports.
-    pub async fn functions(&self) -> Result<Vec<String>, ApiError> {
+    pub async fn functions(&self) -> Result<Vec<String>, CoreError> {
         self.call(|reply| Request::ListFunctions { reply }).await
     }
 
@@ -271,7 +294,7 @@ impl Core {
         changes: Vec<SchemaChange>,
         sql: String,
         durability: Option<Durability>,
-    ) -> Result<Option<u64>, ApiError> {
+    ) -> Result<Option<u64>, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         self.call(|reply| Request::Schema {
             changes,
@@ -287,18 +310,18 @@ impl Core {
     pub async fn read<T>(
         &self,
         f: impl FnOnce(&Db) -> Result<T, TxError>,
-    ) -> Result<(T, u64), ApiError> {
+    ) -> Result<(T, u64), CoreError> {
         let (value, seq) = {
             let db = self.db();
             let seq = db.seq;
-            (f(&db).map_err(ApiError::from)?, seq)
+            (f(&db)?, seq)
         };
         self.wait_confirmed(seq).await?;
         Ok((value, seq))
     }
 
     /// Waits until every commit up to `seq` reached its durability class.
-    pub async fn wait_confirmed(&self, seq: u64) -> Result<(), ApiError> {
+    pub async fn wait_confirmed(&self, seq: u64) -> Result<(), CoreError> {
         // The common case on the fan-out path (every live event) needs no watch receiver.
         if self.shared.confirm.confirmed() >= seq {
             return Ok(());
@@ -309,10 +332,10 @@ impl Core {
                 tokio::time::timeout(Duration::from_millis(100), rx.wait_for(|&c| c >= seq)).await;
             match waited {
                 Ok(Ok(_)) => return Ok(()),
-                Ok(Err(_)) => return Err(ApiError::shutting_down()),
+                Ok(Err(_)) => return Err(CoreError::ShuttingDown),
                 Err(_) => {
                     if let Some(reason) = self.poisoned() {
-                        return Err(ApiError::poisoned(&reason));
+                        return Err(CoreError::Poisoned(reason));
                     }
                 }
             }
@@ -326,13 +349,26 @@ impl Core {
     }
 
     /// Asks the writer for a snapshot now and waits until it is durable.
-    pub async fn snapshot(&self) -> Result<u64, ApiError> {
+    pub async fn snapshot(&self) -> Result<u64, CoreError> {
         self.call(|reply| Request::Snapshot { reply }).await
+    }
+
+    /// Starts a graceful shutdown: every live stream gets a final `shutting_down` error event
+    /// and every WebSocket a close frame (1001, going away), so their connections end and
+    /// the server can stop within its grace period. Writes still work until [`Core::shutdown`].
+    pub fn begin_shutdown(&self) {
+        self.shared.closing.send_replace(true);
+    }
+
+    /// Whether [`Core::begin_shutdown`] was called; `changed()` wakes on it.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.shared.closing.subscribe()
     }
 
     /// Stops taking requests, lets the writer finish what is queued, writes a final
     /// snapshot, and syncs and closes the log.
-    pub async fn shutdown(&self) -> Result<(), ApiError> {
+    pub async fn shutdown(&self) -> Result<(), CoreError> {
+        self.begin_shutdown();
         let result = self.call(|reply| Request::Shutdown { reply }).await;
         let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {

@@ -12,12 +12,14 @@
 //! - [`core`]: [`Core`], the handle the API and the bench use: `mutate`, `ddl`, reads.
 //! - `writer`: the writer thread; `confirm`: which seqs reached their class.
 //! - `snapshotter`: the background snapshot thread.
+//! - [`error`]: [`CoreError`], the core's own errors; each transport maps them.
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - `metrics`: Prometheus text rendering.
 
 pub mod api;
 pub mod config;
 pub mod core;
+pub mod error;
 
 mod confirm;
 mod live;
@@ -28,3 +30,4 @@ pub mod ws;
 
 pub use crate::config::Config;
 pub use crate::core::{CallOk, Core, MutateOk, Op};
+pub use crate::error::CoreError;

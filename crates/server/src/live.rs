@@ -54,7 +54,22 @@ impl Subscription {
 
     /// The next event, once its seq is confirmed; `None` when the subscription ended.
     pub(crate) async fn next(&self) -> Option<Arc<Event>> {
-        let event = self.sink.recv().await?;
+        let mut closing = self.core.closing();
+        let received = tokio::select! {
+            event = self.sink.recv() => Some(event),
+            _ = closing.wait_for(|&c| c) => None,
+        };
+        let event = match received {
+            Some(event) => event?,
+            None => {
+                // Graceful shutdown: the stream ends with a reason instead of hanging on.
+                self.sink.fail(
+                    "shutting_down",
+                    "the server is shutting down; reconnect and resume from your last seq",
+                );
+                self.sink.recv().await?
+            }
+        };
         if event.kind != EventKind::Error && self.core.wait_confirmed(event.seq).await.is_err() {
             return None;
         }

@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use sluice_log::snapshot::{list_snapshots, write_snapshot};
 use tokio::sync::{mpsc as request_mpsc, oneshot};
 
-use crate::api::ApiError;
 use crate::core::Shared;
+use crate::error::{CoreError, Refusal, WriterResult};
 use crate::writer::Request;
 
 /// Snapshots kept on disk: the newest, and one older as a fallback if the newest fails
@@ -26,7 +26,7 @@ pub(crate) struct Job {
     /// The changelog horizon when the snapshot was taken; segments after it stay.
     pub horizon: u64,
     pub frames: Vec<Vec<u8>>,
-    pub replies: Vec<oneshot::Sender<Result<u64, ApiError>>>,
+    pub replies: Vec<oneshot::Sender<WriterResult<u64>>>,
 }
 
 pub(crate) struct Snapshotter {
@@ -53,10 +53,9 @@ impl Snapshotter {
         let thread_gate = gate.clone();
         let busy = Arc::new(AtomicBool::new(false));
         let thread_busy = busy.clone();
-        std::thread::Builder::new()
-            .name("sluice-snapshot".into())
-            .spawn(move || {
+        sluice_log::critical::spawn("snapshot", move || {
                 while let Ok(job) = rx.recv() {
+                    sluice_log::critical::injected_panic_point("snapshot");
                     {
                         let _one_at_a_time = thread_gate.lock();
                         run(&thread_shared, job);
@@ -97,7 +96,7 @@ impl Snapshotter {
     }
 
     /// Writes `job` on the calling thread (graceful shutdown).
-    pub fn run_inline(&self, job: Job) -> Result<u64, ApiError> {
+    pub fn run_inline(&self, job: Job) -> Result<u64, CoreError> {
         let _one_at_a_time = self.gate.lock();
         write(&self.shared, &job)
     }
@@ -106,11 +105,11 @@ impl Snapshotter {
 fn run(shared: &Shared, job: Job) {
     let result = write(shared, &job);
     for reply in job.replies {
-        let _ = reply.send(result.clone());
+        let _ = reply.send(result.clone().map_err(Refusal::now));
     }
 }
 
-fn write(shared: &Shared, job: &Job) -> Result<u64, ApiError> {
+fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
     let result = (|| {
         shared.log.sync_barrier(job.seq)?;
         let dir = &shared.config.data_dir;
@@ -150,5 +149,5 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, ApiError> {
             tracing::error!(error = %e, "snapshot failed");
         }
     }
-    result.map_err(|e| ApiError::from_log(&e))
+    result.map_err(|e| CoreError::from_log(&e))
 }

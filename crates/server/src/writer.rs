@@ -17,8 +17,8 @@ use sluice_functions::{Functions, TxAccess};
 use sluice_log::{frame, Durability, LogError, Waiter};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::ApiError;
 use crate::core::{CallOk, MutateOk, Op, OpenError, Shared};
+use crate::error::{CoreError, Refusal, WriterResult};
 
 type DbGuard = ArcRwLockWriteGuard<RawRwLock, Db>;
 
@@ -47,7 +47,7 @@ use crate::snapshotter::{Job, Snapshotter};
 /// Most requests applied in one writer round (one write lock, one log submit).
 pub(crate) const WRITER_BATCH_MAX: usize = 4096;
 
-type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+type Reply<T> = oneshot::Sender<WriterResult<T>>;
 
 pub(crate) enum Request {
     Mutate {
@@ -98,7 +98,7 @@ enum AckReply {
 
 impl AckReply {
     fn send(self, result: Result<(), &LogError>) {
-        let err = |e: &LogError| ApiError::from_log(e);
+        let err = |e: &LogError| Refusal::now(CoreError::from_log(e));
         // A dropped receiver means the client went away; the commit stands regardless.
         match self {
             AckReply::Mutate(reply, ok) => {
@@ -174,9 +174,7 @@ impl Writer {
         log_bytes_since_snapshot: u64,
     ) -> Result<std::thread::JoinHandle<()>, OpenError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("sluice-writer".into())
-            .spawn(move || {
+        let handle = sluice_log::critical::spawn("writer", move || {
                 let mut functions = match Functions::new(shared.config.function_limits) {
                     Ok(f) => f,
                     Err(e) => {
@@ -230,10 +228,10 @@ impl Writer {
                 rx.close();
                 // Whatever was queued behind the shutdown is refused.
                 while let Ok(r) = rx.try_recv() {
-                    refuse(r, ApiError::shutting_down());
+                    refuse(r, CoreError::ShuttingDown);
                 }
                 let result = self.snapshot_now();
-                let _ = reply.send(result.map(|_| ()));
+                let _ = reply.send(result.map(|_| ()).map_err(Refusal::now));
                 return;
             }
         }
@@ -241,6 +239,9 @@ impl Writer {
 
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
     fn round(&mut self, batch: &mut Vec<Request>) -> Option<Reply<()>> {
+        if batch.iter().any(|r| matches!(r, Request::Mutate { .. } | Request::Call { .. })) {
+            sluice_log::critical::injected_panic_point("writer");
+        }
         let shared = self.shared.clone();
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
@@ -254,7 +255,7 @@ impl Writer {
                     Request::Mutate { .. } | Request::Schema { .. } | Request::Call { .. },
                 ) = (&poisoned, &req)
                 {
-                    refuse(req, ApiError::poisoned(reason));
+                    refuse(req, CoreError::Poisoned(reason.clone()));
                     continue;
                 }
                 let db: &mut Db = guard.as_mut().expect("the writer holds the lock");
@@ -266,7 +267,7 @@ impl Writer {
                     } => match apply_ops(db, &ops) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                            let _ = reply.send(Err(e.into()));
+                            let _ = reply.send(Err(refused(e.into(), db)));
                         }
                         Ok((commit, results)) => {
                             self.log_commit(&commit);
@@ -285,7 +286,7 @@ impl Writer {
                     } => match db.apply_schema(changes, sql) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                            let _ = reply.send(Err(e.into()));
+                            let _ = reply.send(Err(refused(e.into(), db)));
                         }
                         Ok(None) => {
                             let _ = reply.send(Ok(None));
@@ -311,7 +312,8 @@ impl Writer {
                                     .counters
                                     .call_failures
                                     .fetch_add(1, Ordering::Relaxed);
-                                let _ = reply.send(Err(e));
+                                let db = guard.as_ref().expect("the writer holds the lock");
+                                let _ = reply.send(Err(refused(e, db)));
                             }
                             Ok((None, ok)) => {
                                 let _ = reply.send(Ok(ok));
@@ -324,7 +326,7 @@ impl Writer {
                     }
                     Request::LoadFunctions { source, reply } => {
                         let loaded = self.functions.load(&source).map(<[String]>::to_vec);
-                        let _ = reply.send(loaded.map_err(ApiError::from));
+                        let _ = reply.send(loaded.map_err(|e| Refusal::now(e.into())));
                     }
                     Request::ListFunctions { reply } => {
                         let _ = reply.send(Ok(self.functions.exports().to_vec()));
@@ -361,7 +363,7 @@ impl Writer {
         }
         if shutdown.is_some() {
             for reply in snapshot_replies {
-                let _ = reply.send(Err(ApiError::shutting_down()));
+                let _ = reply.send(Err(Refusal::now(CoreError::ShuttingDown)));
             }
             return shutdown;
         }
@@ -373,7 +375,8 @@ impl Writer {
                 // Not busy, so the slot was free: the thread itself is gone.
                 Err(job) => {
                     for reply in job.replies {
-                        let _ = reply.send(Err(ApiError::busy("the snapshot thread has stopped")));
+                        let busy = CoreError::Busy("the snapshot thread has stopped".into());
+                        let _ = reply.send(Err(Refusal::now(busy)));
                     }
                 }
             }
@@ -391,13 +394,19 @@ impl Writer {
         db: DbGuard,
         name: &str,
         args: &serde_json::Value,
-    ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), ApiError>) {
+    ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64);
         let st = db.begin();
         let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
+        // A call that met the commit-size limit is refused even if it caught the error.
+        let result = match (result, lent.st.over_limit()) {
+            (Ok(_), Some(e)) => Err(CoreError::Tx(e.clone())),
+            (Err(_), Some(e)) => Err(CoreError::Tx(e.clone())),
+            (result, None) => result.map_err(CoreError::from),
+        };
         let outcome = match result {
             Ok(value) => {
                 let commit = lent.db.commit_state(&mut lent.st);
@@ -410,7 +419,7 @@ impl Writer {
             }
             Err(e) => {
                 lent.db.rollback_state(&mut lent.st);
-                Err(ApiError::from(e))
+                Err(e)
             }
         };
         (lent.db, outcome)
@@ -420,8 +429,10 @@ impl Writer {
         self.published.push(commit.clone());
         self.payload.clear();
         encode_commit(commit, &mut self.payload);
-        // Request bodies are bounded well below the frame limit (see Config::validate).
-        frame::encode_into(&mut self.frames, &self.payload).expect("a commit fits in a frame");
+        // Every transaction is bounded by `commit_bytes_max` (≤ COMMIT_BYTES_MAX_CEILING, well
+        // inside a frame) while it is built, and DDL by the request body limit.
+        frame::encode_into(&mut self.frames, &self.payload)
+            .expect("commit_bytes_max keeps every commit inside one log frame");
     }
 
     fn snapshot_job(&self, replies: Vec<Reply<u64>>) -> Job {
@@ -434,13 +445,23 @@ impl Writer {
         }
     }
 
-    fn snapshot_now(&mut self) -> Result<u64, ApiError> {
+    fn snapshot_now(&mut self) -> Result<u64, CoreError> {
         let job = self.snapshot_job(Vec::new());
         self.snapshotter.run_inline(job)
     }
 }
 
-fn refuse(req: Request, err: ApiError) {
+/// A refusal decided on `db`'s applied state: the client hears it only once that state is
+/// confirmed, so a refusal never contradicts what recovery will show.
+fn refused(error: CoreError, db: &Db) -> Refusal {
+    Refusal {
+        error,
+        read_seq: db.seq,
+    }
+}
+
+fn refuse(req: Request, err: CoreError) {
+    let err = Refusal::now(err);
     match req {
         Request::Mutate { reply, .. } => {
             let _ = reply.send(Err(err));

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
 use std::future::Future;
@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{durability_of, parse_ops, query_json, results_json, ApiError};
 use crate::core::{CallOk, Core, MutateOk};
+use crate::error::{CoreError, WriterResult};
 use crate::live::Subscription;
 use crate::writer::Request;
 
@@ -93,6 +94,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(OUTBOUND_QUEUE_MAX);
     // Live-query events, from one forwarding task per subscription.
     let (events_tx, mut events_rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE_MAX);
+    let sender_closing = core.closing();
     let sender = tokio::spawn(async move {
         let mut inflight: FuturesOrdered<ReplyFuture> = FuturesOrdered::new();
         let mut open = true;
@@ -134,12 +136,29 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                 else => break,
             }
         }
+        if *sender_closing.borrow() {
+            let frame = CloseFrame {
+                code: close_code::AWAY,
+                reason: "the server is shutting down".into(),
+            };
+            let _ = sink.send(Message::Close(Some(frame))).await;
+        }
         let _ = sink.close().await;
     });
     let body_max = core.config().body_bytes_max;
     let mut subs = Subscriptions::default();
     let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(v)) };
-    while let Some(message) = stream.next().await {
+    let mut closing = core.closing();
+    loop {
+        let message = tokio::select! {
+            message = stream.next() => match message {
+                Some(message) => message,
+                None => break,
+            },
+            // Graceful shutdown: stop reading, finish the replies in flight, then close
+            // with 1001 (going away) and a reason.
+            _ = closing.wait_for(|&c| c) => break,
+        };
         let parsed = match message {
             Ok(Message::Text(text)) => {
                 if text.len() > body_max {
@@ -313,16 +332,15 @@ fn too_big(len: usize, max: usize) -> ApiError {
 /// A queued request whose reply is still to come.
 enum Pending {
     Now(Value),
-    Call(oneshot::Receiver<Result<CallOk, ApiError>>),
-    Mutate(oneshot::Receiver<Result<MutateOk, ApiError>>),
+    Call(oneshot::Receiver<WriterResult<CallOk>>),
+    Mutate(oneshot::Receiver<WriterResult<MutateOk>>),
 }
 
 impl Pending {
     async fn finish(self, core: &Core, id: &Value) -> Value {
-        let dropped = || ApiError::shutting_down();
-        let result = match self {
+        let result: Result<Value, CoreError> = match self {
             Pending::Now(v) => Ok(v),
-            Pending::Call(rx) => match rx.await.unwrap_or_else(|_| Err(dropped())) {
+            Pending::Call(rx) => match core.settle(rx).await {
                 Ok(ok) => {
                     let confirmed = if ok.wrote {
                         Ok(())
@@ -333,9 +351,9 @@ impl Pending {
                 }
                 Err(e) => Err(e),
             },
-            Pending::Mutate(rx) => rx
+            Pending::Mutate(rx) => core
+                .settle(rx)
                 .await
-                .unwrap_or_else(|_| Err(dropped()))
                 .map(|ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok)})),
         };
         match result {
@@ -343,7 +361,7 @@ impl Pending {
                 v["id"] = id.clone();
                 v
             }
-            Err(e) => error_reply(id, e),
+            Err(e) => error_reply(id, e.into()),
         }
     }
 }

@@ -54,6 +54,10 @@ struct ServeArgs {
     /// Largest encoded row in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_row_bytes: usize,
+    /// Largest transaction, as the encoded size of its commit record in bytes (a mutate, a
+    /// function call); checked op by op while the transaction is built. At most 32 MiB.
+    #[arg(long, default_value_t = sluice_engine::Limits::default().commit_bytes_max)]
+    max_commit_bytes: usize,
     /// Most columns in one table.
     #[arg(long, default_value_t = 256)]
     max_columns: usize,
@@ -101,6 +105,11 @@ struct ServeArgs {
     /// Interval of heartbeat comments on idle SSE streams, in milliseconds.
     #[arg(long, default_value_t = 15_000)]
     live_heartbeat_ms: u64,
+    /// After SIGINT/SIGTERM, how long open connections get to finish (live streams and
+    /// WebSockets are told to close at once) before they are cut and the final snapshot is
+    /// written, in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    shutdown_grace_ms: u64,
     /// Live subscriptions one WebSocket connection may hold.
     #[arg(long, default_value_t = 1024)]
     live_subscriptions_per_connection: usize,
@@ -116,6 +125,12 @@ impl ServeArgs {
             "--max-body-bytes {} is above the ceiling of {BODY_BYTES_MAX_CEILING} bytes (a commit must fit in one log frame)",
             self.max_body_bytes
         );
+        let ceiling = sluice_engine::db::COMMIT_BYTES_MAX_CEILING;
+        anyhow::ensure!(
+            self.max_commit_bytes <= ceiling,
+            "--max-commit-bytes {} is above the ceiling of {ceiling} bytes (a commit must fit in one log frame)",
+            self.max_commit_bytes
+        );
         anyhow::ensure!(
             self.max_ops > 0 && self.max_page_rows > 0 && self.retain_commits > 0,
             "--max-ops, --max-page-rows and --retain-commits must be at least 1"
@@ -126,6 +141,7 @@ impl ServeArgs {
         config.ops_per_mutate_max = self.max_ops;
         config.limits.row_bytes_max = self.max_row_bytes;
         config.limits.columns_per_table_max = self.max_columns;
+        config.limits.commit_bytes_max = self.max_commit_bytes;
         config.page_rows_max = self.max_page_rows;
         config.retention.commits_max = self.retain_commits;
         config.retention.bytes_max = self.retain_bytes;
@@ -208,11 +224,29 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let _ = tcp.set_nodelay(true);
         });
         tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on http://{addr}");
-        axum::serve(listener, sluice_server::api::router(core.clone()))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+        let closing = core.clone();
+        let server = axum::serve(listener, sluice_server::api::router(core.clone()))
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                tracing::info!("shutting down: ending live streams and WebSockets");
+                closing.begin_shutdown();
+                let _ = signalled_tx.send(());
+            });
+        let grace = std::time::Duration::from_millis(args.shutdown_grace_ms);
+        tokio::select! {
+            served = server => served?,
+            () = async {
+                match signalled_rx.await {
+                    Ok(()) => tokio::time::sleep(grace).await,
+                    Err(_) => std::future::pending().await,
+                }
+            } => {
+                tracing::warn!(grace_ms = args.shutdown_grace_ms, "connections still open after the grace period (--shutdown-grace-ms); closing them");
+            }
+        }
         tracing::info!("shutting down: writing a final snapshot");
-        core.shutdown().await.map_err(|e| anyhow::anyhow!(e.message))?;
+        core.shutdown().await.map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!("stopped cleanly");
         Ok(ExitCode::SUCCESS)
     })
