@@ -33,7 +33,7 @@ use std::time::Duration;
 
 pub use engine::{Live, LiveStats, SubId, Subscribe};
 pub use sink::{Event, EventKind, Sink};
-pub use thread::LiveHandle;
+pub use thread::{HandoffState, LiveHandle};
 
 use sluice_query::QueryError;
 
@@ -62,6 +62,10 @@ pub struct Limits {
     /// and may gain before it is trimmed back: more means fewer refills from the table
     /// when rows leave the window, fewer means less memory per view.
     pub top_k_spare_rows: usize,
+    /// Commits handed over by the writer and not yet applied by the live thread before
+    /// the writer waits (`--live-handoff-commits`): back-pressure instead of a queue that
+    /// grows without bound when views cannot keep up with writes.
+    pub handoff_commits_max: usize,
 }
 
 impl Default for Limits {
@@ -77,6 +81,7 @@ impl Default for Limits {
             idle_ttl: Duration::from_secs(60),
             plans_max: 10_000,
             top_k_spare_rows: 16,
+            handoff_commits_max: 65_536,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use sluice_engine::{Commit, Db};
 use sluice_query::QueryError;
 use tokio::sync::oneshot;
@@ -22,6 +22,8 @@ enum Input {
         reply: oneshot::Sender<Result<SubId, QueryError>>,
     },
     Unsubscribe(SubId),
+    /// Nothing to do; lets a waiting writer notice that the thread is gone.
+    Ping,
 }
 
 /// The handle the server keeps; dropping the last one stops the thread.
@@ -29,6 +31,23 @@ pub struct LiveHandle {
     tx: mpsc::Sender<Input>,
     stats: Arc<Mutex<LiveStats>>,
     limits: Limits,
+    handoff: Arc<Handoff>,
+}
+
+/// The writer → live thread hand-off's bound: commits handed over and not yet applied.
+#[derive(Default)]
+struct Handoff {
+    queued: Mutex<HandoffState>,
+    applied: Condvar,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HandoffState {
+    /// Commits handed over and not yet applied, now and at most so far.
+    pub queued_commits: usize,
+    pub queued_commits_peak: usize,
+    /// Hand-overs that waited for the live thread (back-pressure on the writer).
+    pub waits: u64,
 }
 
 impl LiveHandle {
@@ -37,8 +56,17 @@ impl LiveHandle {
         let stats = Arc::new(Mutex::new(LiveStats::default()));
         let shared = stats.clone();
         let mut live = Live::new(limits.clone());
-        sluice_engine::critical::spawn("live", move || run(&mut live, &db, &rx, &shared))?;
-        Ok(LiveHandle { tx, stats, limits })
+        let handoff = Arc::new(Handoff::default());
+        let thread_handoff = handoff.clone();
+        sluice_engine::critical::spawn("live", move || {
+            run(&mut live, &db, &rx, &shared, &thread_handoff)
+        })?;
+        Ok(LiveHandle {
+            tx,
+            stats,
+            limits,
+            handoff,
+        })
     }
 
     pub fn limits(&self) -> &Limits {
@@ -46,10 +74,34 @@ impl LiveHandle {
     }
 
     /// Hands over one writer round's commits, in seq order.
+    /// Waits while more than `handoff_commits_max` commits are queued (one round larger
+    /// than the bound still goes in once the queue is empty).
     pub fn publish(&self, commits: Vec<Arc<Commit>>) {
-        if !commits.is_empty() {
-            let _ = self.tx.send(Input::Commits(commits));
+        if commits.is_empty() {
+            return;
         }
+        let n = commits.len();
+        let max = self.limits.handoff_commits_max;
+        let mut state = self.handoff.queued.lock();
+        if state.queued_commits > 0 && state.queued_commits + n > max {
+            state.waits += 1;
+            while state.queued_commits > 0 && state.queued_commits + n > max {
+                if self.handoff.applied.wait_for(&mut state, Duration::from_millis(50)).timed_out() && self.tx.send(Input::Ping).is_err() {
+                    return; // the live thread is gone
+                }
+            }
+        }
+        state.queued_commits += n;
+        state.queued_commits_peak = state.queued_commits_peak.max(state.queued_commits);
+        drop(state);
+        if self.tx.send(Input::Commits(commits)).is_err() {
+            self.handoff.queued.lock().queued_commits -= n;
+        }
+    }
+
+    /// The hand-off's queue and counters.
+    pub fn handoff(&self) -> HandoffState {
+        *self.handoff.queued.lock()
     }
 
     pub async fn subscribe(&self, req: Subscribe, sink: Arc<Sink>) -> Result<SubId, QueryError> {
@@ -71,7 +123,13 @@ impl LiveHandle {
     }
 }
 
-fn run(live: &mut Live, db: &RwLock<Db>, rx: &mpsc::Receiver<Input>, stats: &Mutex<LiveStats>) {
+fn run(
+    live: &mut Live,
+    db: &RwLock<Db>,
+    rx: &mpsc::Receiver<Input>,
+    stats: &Mutex<LiveStats>,
+    handoff: &Handoff,
+) {
     let tick = Duration::from_millis(500);
     let mut last_expiry = Instant::now();
     loop {
@@ -90,12 +148,15 @@ fn run(live: &mut Live, db: &RwLock<Db>, rx: &mpsc::Receiver<Input>, stats: &Mut
                     for c in &commits {
                         live.apply(c, || db.read());
                     }
+                    handoff.queued.lock().queued_commits -= commits.len();
+                    handoff.applied.notify_all();
                 }
                 Input::Subscribe { req, sink, reply } => {
                     let result = live.subscribe_with(|| db.read(), &req, sink);
                     let _ = reply.send(result);
                 }
                 Input::Unsubscribe(sub) => live.unsubscribe(sub),
+                Input::Ping => {}
             }
         }
         if last_expiry.elapsed() >= tick {

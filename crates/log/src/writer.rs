@@ -48,6 +48,10 @@ pub struct LogConfig {
     /// bounding what a power loss can take.
     pub background_sync_interval: Duration,
     pub files: Arc<dyn LogFileFactory>,
+    /// Bytes submitted and not yet taken by the log thread before [`Log::submit`] waits
+    /// (`--log-pending-bytes`): back-pressure on the writer when commits (`memory`/`disk`
+    /// classes above all, which nobody waits for) arrive faster than the disk takes them.
+    pub pending_bytes_max: usize,
 }
 
 impl LogConfig {
@@ -57,6 +61,7 @@ impl LogConfig {
             segment_bytes_max: 64 << 20,
             background_sync_interval: Duration::from_secs(1),
             files: Arc::new(RealFiles),
+            pending_bytes_max: 64 << 20,
         }
     }
 }
@@ -78,6 +83,12 @@ pub struct LogStats {
     pub sync_latency_us_sum: u64,
     pub segments_created: u64,
     pub segments_retired: u64,
+    /// Bytes submitted and not yet taken by the log thread, now and at most so far.
+    pub pending_bytes: u64,
+    pub pending_bytes_peak: u64,
+    pub pending_bytes_max: u64,
+    /// Submits that waited for the log thread to take pending bytes (back-pressure).
+    pub submit_waits: u64,
 }
 
 struct Pending<W> {
@@ -93,6 +104,9 @@ struct Pending<W> {
 struct Shared<W> {
     pending: Mutex<Pending<W>>,
     work: Condvar,
+    /// Signalled when the log thread takes the pending bytes (wakes a waiting submit).
+    taken: Condvar,
+    pending_bytes_max: usize,
     progress: Mutex<Progress>,
     progress_changed: Condvar,
     poison: Mutex<Option<String>>,
@@ -150,6 +164,8 @@ impl<W: Waiter> Log<W> {
                 shutdown: false,
             }),
             work: Condvar::new(),
+            taken: Condvar::new(),
+            pending_bytes_max: config.pending_bytes_max,
             progress: Mutex::new(progress),
             progress_changed: Condvar::new(),
             poison: Mutex::new(None),
@@ -206,7 +222,29 @@ impl<W: Waiter> Log<W> {
             last_seq >= pending.last_seq,
             "frames must be submitted in seq order"
         );
+        // Back-pressure: wait while the log thread has not taken enough of what is pending.
+        // A submission larger than the bound alone still goes in, once nothing is pending.
+        let max = self.shared.pending_bytes_max;
+        if !pending.buf.is_empty() && pending.buf.len() + frames.len() > max {
+            lock(&self.shared.stats).submit_waits += 1;
+            while !pending.buf.is_empty() && pending.buf.len() + frames.len() > max {
+                if let Some(reason) = lock(&self.shared.poison).clone() {
+                    drop(pending);
+                    return refuse(LogError::Poisoned(reason), &mut waiters.into_iter());
+                }
+                pending = self
+                    .shared
+                    .taken
+                    .wait_timeout(pending, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
         pending.buf.extend_from_slice(frames);
+        {
+            let mut stats = lock(&self.shared.stats);
+            stats.pending_bytes_peak = stats.pending_bytes_peak.max(pending.buf.len() as u64);
+        }
         pending.frames += frame_count;
         pending.last_seq = last_seq;
         pending.waiters.extend(waiters);
@@ -248,7 +286,11 @@ impl<W: Waiter> Log<W> {
     }
 
     pub fn stats(&self) -> LogStats {
-        lock(&self.shared.stats).clone()
+        let pending_bytes = lock(&self.shared.pending).buf.len() as u64;
+        let mut stats = lock(&self.shared.stats).clone();
+        stats.pending_bytes = pending_bytes;
+        stats.pending_bytes_max = self.shared.pending_bytes_max as u64;
+        stats
     }
 
     /// Deletes every segment whose frames all have seq < `keep_from_seq`, except the active
@@ -344,6 +386,7 @@ impl<W: Waiter> LogThread<W> {
                 }
                 std::mem::swap(&mut buf, &mut pending.buf);
                 std::mem::swap(&mut waiters, &mut pending.waiters);
+                self.shared.taken.notify_all();
                 let frames = std::mem::take(&mut pending.frames);
                 (
                     frames,

@@ -29,6 +29,16 @@ pub struct Config {
     pub segment_bytes_max: u64,
     /// Requests queued for the writer before callers wait (back-pressure).
     pub writer_queue_max: usize,
+    /// Log bytes submitted and not yet written before the writer waits (`--log-pending-bytes`).
+    pub log_pending_bytes_max: usize,
+    /// Requests in flight on one WebSocket connection before the server stops reading it
+    /// (`--ws-inflight-requests`).
+    pub ws_inflight_max: usize,
+    /// Messages (replies and live events) queued for one WebSocket connection's socket
+    /// (`--ws-outbound-messages`).
+    pub ws_outbound_max: usize,
+    /// Segment files are opened through this (tests swap in slow or failing disks).
+    pub log_files: LogFiles,
     /// Source of the JavaScript functions module loaded at start (`--functions FILE`).
     pub functions_source: Option<String>,
     /// Time and memory of one function call (`--function-time-ms`, `--function-memory-bytes`).
@@ -55,11 +65,31 @@ impl Config {
             snapshot_log_bytes: 256 << 20,
             segment_bytes_max: 64 << 20,
             writer_queue_max: 65_536,
+            log_pending_bytes_max: 64 << 20,
+            ws_inflight_max: 1024,
+            ws_outbound_max: 64,
+            log_files: LogFiles::default(),
             functions_source: None,
             function_limits: sluice_functions::FunctionLimits::default(),
             live: sluice_live::Limits::default(),
             live_heartbeat: std::time::Duration::from_secs(15),
             live_subscriptions_per_connection_max: 1024,
         }
+    }
+}
+
+/// The factory that opens log segment files: real files unless a test injects another.
+#[derive(Clone)]
+pub struct LogFiles(pub std::sync::Arc<dyn sluice_log::io::LogFileFactory>);
+
+impl Default for LogFiles {
+    fn default() -> Self {
+        LogFiles(std::sync::Arc::new(sluice_log::io::RealFiles))
+    }
+}
+
+impl std::fmt::Debug for LogFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogFiles")
     }
 }

@@ -69,6 +69,9 @@ pub(crate) struct Counters {
     pub writer_batches: AtomicU64,
     pub calls: AtomicU64,
     pub call_failures: AtomicU64,
+    pub ws_connections: AtomicU64,
+    /// WebSocket requests read and not yet answered, over all connections.
+    pub ws_inflight: AtomicU64,
 }
 
 /// Facts from startup, for logs and `/metrics`.
@@ -151,6 +154,8 @@ impl Core {
         let confirm = Arc::new(Confirmations::new(seq));
         let mut log_config = LogConfig::new(&dir);
         log_config.segment_bytes_max = config.segment_bytes_max;
+        log_config.pending_bytes_max = config.log_pending_bytes_max;
+        log_config.files = config.log_files.0.clone();
         let progress_confirm = confirm.clone();
         let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;
         let (tx, rx) = mpsc::channel(config.writer_queue_max);

@@ -6,6 +6,7 @@
 //! right away; `disk` and `fsync` ones when the log thread gets there. The writer never
 //! waits for a sync: while the log syncs one batch, the writer applies the next.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -46,6 +47,12 @@ use crate::snapshotter::{Job, Snapshotter};
 
 /// Most requests applied in one writer round (one write lock, one log submit).
 pub(crate) const WRITER_BATCH_MAX: usize = 4096;
+
+/// Frame bytes after which a writer round stops taking requests: half the log's pending
+/// bound (so a submit fits beside what is pending), at most 8 MiB. One commit may exceed it.
+pub(crate) fn round_frame_bytes_max(log_pending_bytes_max: usize) -> usize {
+    (log_pending_bytes_max / 2).min(8 << 20)
+}
 
 type Reply<T> = oneshot::Sender<WriterResult<T>>;
 
@@ -215,18 +222,26 @@ impl Writer {
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        let mut batch = Vec::with_capacity(WRITER_BATCH_MAX);
-        while let Some(first) = rx.blocking_recv() {
-            batch.push(first);
+        let mut batch = VecDeque::with_capacity(WRITER_BATCH_MAX);
+        loop {
+            if batch.is_empty() {
+                match rx.blocking_recv() {
+                    Some(first) => batch.push_back(first),
+                    None => return,
+                }
+            }
             while batch.len() < WRITER_BATCH_MAX {
                 match rx.try_recv() {
-                    Ok(r) => batch.push(r),
+                    Ok(r) => batch.push_back(r),
                     Err(_) => break,
                 }
             }
             if let Some(reply) = self.round(&mut batch) {
                 rx.close();
                 // Whatever was queued behind the shutdown is refused.
+                for r in batch.drain(..) {
+                    refuse(r, CoreError::ShuttingDown);
+                }
                 while let Ok(r) = rx.try_recv() {
                     refuse(r, CoreError::ShuttingDown);
                 }
@@ -238,7 +253,7 @@ impl Writer {
     }
 
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
-    fn round(&mut self, batch: &mut Vec<Request>) -> Option<Reply<()>> {
+    fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
         if batch.iter().any(|r| matches!(r, Request::Mutate { .. } | Request::Call { .. })) {
             sluice_log::critical::injected_panic_point("writer");
         }
@@ -249,7 +264,14 @@ impl Writer {
         let mut shutdown = None;
         let applied = {
             let mut guard: Option<DbGuard> = Some(shared.db.write_arc());
-            for req in batch.drain(..) {
+            // A round ends early once its frames reach the bound, so what one submit hands
+            // the log stays bounded too (the rest of the batch goes to the next round).
+            let round_bytes_max = round_frame_bytes_max(shared.config.log_pending_bytes_max);
+            while let Some(req) = batch.pop_front() {
+                if self.frames.len() >= round_bytes_max || shutdown.is_some() {
+                    batch.push_front(req);
+                    break;
+                }
                 if let (
                     Some(reason),
                     Request::Mutate { .. } | Request::Schema { .. } | Request::Call { .. },

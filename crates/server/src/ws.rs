@@ -3,10 +3,11 @@
 //!
 //! The reader queues each request for the writer in the order it arrived (so a client's
 //! pipelined writes apply in its order) and hands the reply-to-be to the connection's sender,
-//! which holds at most [`INFLIGHT_PER_CONNECTION_MAX`] of them and writes replies in request
+//! which holds at most `ws_inflight_max` (`--ws-inflight-requests`) of them and writes replies in request
 //! order as they complete; when it is full the reader stops reading, which pushes back on a
 //! client that sends faster than replies drain.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -34,10 +35,6 @@ use crate::writer::Request;
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
-/// Requests in flight on one connection before the server stops reading from it.
-pub const INFLIGHT_PER_CONNECTION_MAX: usize = 1024;
-/// Requests handed from the reader to the sender beyond those in flight.
-const OUTBOUND_QUEUE_MAX: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Encoding {
@@ -88,24 +85,33 @@ type ReplyFuture = Pin<Box<dyn Future<Output = Value> + Send>>;
 async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let (mut sink, mut stream) = socket.split();
     // The reader hands each request's reply-to-be to the sender in arrival order; the sender
-    // keeps at most INFLIGHT_PER_CONNECTION_MAX of them and writes replies in that order
+    // keeps at most `ws_inflight_max` of them and writes replies in that order
     // (the writer applies a connection's requests in that order anyway), flushing once per
     // batch of ready replies. No task per request.
-    let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(OUTBOUND_QUEUE_MAX);
+    let inflight_max = core.config().ws_inflight_max;
+    let outbound_max = core.config().ws_outbound_max;
+    let counters = core.clone();
+    counters.counters().ws_connections.fetch_add(1, Ordering::Relaxed);
+    let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(outbound_max);
     // Live-query events, from one forwarding task per subscription.
-    let (events_tx, mut events_rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE_MAX);
+    let (events_tx, mut events_rx) = mpsc::channel::<Message>(outbound_max);
     let sender_closing = core.closing();
     let sender = tokio::spawn(async move {
-        let mut inflight: FuturesOrdered<ReplyFuture> = FuturesOrdered::new();
+        let mut inflight = Inflight {
+            replies: FuturesOrdered::new(),
+            core: counters,
+        };
         let mut open = true;
         loop {
             tokio::select! {
                 biased;
-                Some(reply) = inflight.next(), if !inflight.is_empty() => {
+                Some(reply) = inflight.replies.next(), if !inflight.replies.is_empty() => {
+                    inflight.answered(1);
                     if sink.feed(encode(encoding, &reply)).await.is_err() {
                         return;
                     }
-                    while let Some(Some(reply)) = inflight.next().now_or_never() {
+                    while let Some(Some(reply)) = inflight.replies.next().now_or_never() {
+                        inflight.answered(1);
                         if sink.feed(encode(encoding, &reply)).await.is_err() {
                             return;
                         }
@@ -127,9 +133,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                         return;
                     }
                 }
-                next = pending_rx.recv(), if open && inflight.len() < INFLIGHT_PER_CONNECTION_MAX => {
+                next = pending_rx.recv(), if open && inflight.replies.len() < inflight_max => {
                     match next {
-                        Some(reply) => inflight.push_back(reply),
+                        Some(reply) => inflight.push(reply),
                         None => open = false,
                     }
                 }
@@ -232,6 +238,29 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
+}
+
+/// A connection's replies in flight, counted in `/metrics` (`sluice_ws_inflight_requests`).
+struct Inflight {
+    replies: FuturesOrdered<ReplyFuture>,
+    core: Arc<Core>,
+}
+
+impl Inflight {
+    fn push(&mut self, reply: ReplyFuture) {
+        self.core.counters().ws_inflight.fetch_add(1, Ordering::Relaxed);
+        self.replies.push_back(reply);
+    }
+    fn answered(&self, n: u64) {
+        self.core.counters().ws_inflight.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.answered(self.replies.len() as u64);
+        self.core.counters().ws_connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The live subscriptions of one connection, by `qid`.

@@ -110,6 +110,19 @@ struct ServeArgs {
     /// written, in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     shutdown_grace_ms: u64,
+    /// Log bytes handed to the log thread and not yet written before the writer waits
+    /// (back-pressure when commits arrive faster than the disk takes them).
+    #[arg(long, default_value_t = 64 << 20)]
+    log_pending_bytes: usize,
+    /// Commits handed to the live-query thread and not yet applied before the writer waits.
+    #[arg(long, default_value_t = sluice_live::Limits::default().handoff_commits_max)]
+    live_handoff_commits: usize,
+    /// Requests in flight on one WebSocket connection before the server stops reading it.
+    #[arg(long, default_value_t = 1024)]
+    ws_inflight_requests: usize,
+    /// Messages (replies, live events) queued for one WebSocket connection's socket.
+    #[arg(long, default_value_t = 64)]
+    ws_outbound_messages: usize,
     /// Live subscriptions one WebSocket connection may hold.
     #[arg(long, default_value_t = 1024)]
     live_subscriptions_per_connection: usize,
@@ -160,6 +173,17 @@ impl ServeArgs {
         config.live.idle_ttl = std::time::Duration::from_secs(self.live_ttl_secs);
         config.live_heartbeat = std::time::Duration::from_millis(self.live_heartbeat_ms);
         config.live_subscriptions_per_connection_max = self.live_subscriptions_per_connection;
+        anyhow::ensure!(
+            self.log_pending_bytes >= 1 << 16
+                && self.live_handoff_commits >= 1
+                && self.ws_inflight_requests >= 1
+                && self.ws_outbound_messages >= 1,
+            "--log-pending-bytes must be at least 65536, and --live-handoff-commits, --ws-inflight-requests and --ws-outbound-messages at least 1"
+        );
+        config.log_pending_bytes_max = self.log_pending_bytes;
+        config.live.handoff_commits_max = self.live_handoff_commits;
+        config.ws_inflight_max = self.ws_inflight_requests;
+        config.ws_outbound_max = self.ws_outbound_messages;
         if let Some(path) = &self.functions {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;
