@@ -127,7 +127,13 @@ pub struct Server {
     pub stderr_path: PathBuf,
 }
 
-fn spawn_serve(data: &Path, addr: SocketAddr, stderr_path: &Path, extra: &[&str]) -> Child {
+fn spawn_serve(
+    data: &Path,
+    addr: SocketAddr,
+    stderr_path: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     let stderr = std::fs::File::create(stderr_path).expect("create the server's stderr file");
     Command::new(BIN)
         .arg("serve")
@@ -137,6 +143,7 @@ fn spawn_serve(data: &Path, addr: SocketAddr, stderr_path: &Path, extra: &[&str]
         .arg(addr.to_string())
         .args(extra)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -157,10 +164,20 @@ impl Server {
     /// until it accepts connections (it binds only after recovery). Its stderr goes to a file
     /// under `logs` (which must not be `data`).
     pub fn start(data: &Path, logs: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(data, logs, extra, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    pub fn start_with_env(
+        data: &Path,
+        logs: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         for attempt in 1..=START_ATTEMPTS_MAX {
             let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
             let stderr_path = stderr_file(logs);
-            let child = spawn_serve(data, addr, &stderr_path, extra);
+            let child = spawn_serve(data, addr, &stderr_path, extra, env);
             let mut server = Server {
                 child,
                 addr,
@@ -199,7 +216,7 @@ impl Server {
     ) -> (ExitStatus, String) {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let stderr_path = stderr_file(logs);
-        let child = spawn_serve(data, addr, &stderr_path, extra);
+        let child = spawn_serve(data, addr, &stderr_path, extra, &[]);
         let mut server = Server {
             child,
             addr,
@@ -249,14 +266,33 @@ impl Server {
         self.child.wait().expect("reap the server");
     }
 
-    /// Sends SIGTERM and waits (bounded) for the process to exit.
-    pub fn terminate(mut self) -> (ExitStatus, String) {
+    /// Waits up to `within` for the process to exit by itself; `None` if it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
         // SAFETY: kill(2) with a pid we spawned and have not reaped yet (so it cannot have
         // been reused) and a valid signal number; it touches no memory of ours.
         #[allow(unsafe_code)]
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(rc, 0, "kill(SIGTERM) failed");
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the process to exit.
+    pub fn terminate(mut self) -> (ExitStatus, String) {
+        self.signal_term();
         let deadline = Instant::now() + EXIT_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
