@@ -14,10 +14,13 @@
 //! - [`writer`]: [`Log`], the group-commit thread; durability classes; poisoning.
 //! - [`snapshot`]: snapshot file writer and reader (framed, written atomically).
 //! - [`io`]: the file abstraction the writer syncs through, with a fault-injecting variant.
+//! - [`sim`]: a simulated in-memory disk (power loss, crashes, torn and failed writes,
+//!   failed syncs) for simulation tests.
 
 pub mod frame;
 pub mod io;
 pub mod segment;
+pub mod sim;
 pub mod snapshot;
 pub mod writer;
 

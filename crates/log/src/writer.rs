@@ -134,7 +134,10 @@ impl<W: Waiter> Log<W> {
             .map_err(|e| LogError::io(&path, e))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         if existing.is_empty() {
-            sync_dir(&config.dir).map_err(|e| LogError::io(&config.dir, e))?;
+            config
+                .files
+                .sync_dir(&config.dir)
+                .map_err(|e| LogError::io(&config.dir, e))?;
         }
         let progress = Progress {
             written_seq: last_seq,
@@ -454,7 +457,10 @@ impl<W: Waiter> LogThread<W> {
             .files
             .open_append(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        sync_dir(&self.config.dir).map_err(|e| e.to_string())?;
+        self.config
+            .files
+            .sync_dir(&self.config.dir)
+            .map_err(|e| e.to_string())?;
         self.segment_bytes = 0;
         self.shared
             .active_first_seq
