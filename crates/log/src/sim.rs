@@ -106,6 +106,8 @@ pub struct SimStats {
     pub bytes_appended: u64,
     /// Injected faults that happened (not counting the cut).
     pub faults: u64,
+    /// The cut came from the plan (at an operation), not from [`SimDisk::halt_now`].
+    pub planned_cut: bool,
 }
 
 #[derive(Debug)]
@@ -127,8 +129,8 @@ struct State {
 
 struct Inner {
     state: Mutex<State>,
-    /// Set (before the failing call returns) by the first injected fault or the cut.
-    failed: AtomicBool,
+    /// Set (before the failing call returns) by the first injected fault.
+    faulted: AtomicBool,
 }
 
 /// The simulated disk. Cheap to clone; clones share the disk.
@@ -150,7 +152,7 @@ impl SimDisk {
                     rng: plan.seed ^ 0x2545_F491_4F6C_DD1D,
                     fault_reasons: Vec::new(),
                 }),
-                failed: AtomicBool::new(false),
+                faulted: AtomicBool::new(false),
             }),
         }
     }
@@ -164,7 +166,6 @@ impl SimDisk {
         let mut st = self.lock();
         if st.image.is_none() {
             st.halt(cut, None);
-            self.inner.failed.store(true, Ordering::SeqCst);
         }
         st.image.clone().expect("halted")
     }
@@ -179,11 +180,11 @@ impl SimDisk {
         self.lock().image.clone()
     }
 
-    /// True once any operation failed: an injected fault or the cut. Set before the failing
-    /// call returns, so a waiter completed `Ok` after it was set was acknowledged after a
-    /// failure.
-    pub fn failed(&self) -> bool {
-        self.inner.failed.load(Ordering::SeqCst)
+    /// True once an injected fault happened (the cut does not count). Set before the
+    /// failing call returns, so a waiter completed `Ok` after it was set was acknowledged
+    /// after a failed write or sync.
+    pub fn faulted(&self) -> bool {
+        self.inner.faulted.load(Ordering::SeqCst)
     }
 
     /// What the injected faults were, in order.
@@ -201,7 +202,7 @@ impl SimDisk {
     }
 
     fn fail(&self, st: &mut State, reason: String) -> std::io::Error {
-        self.inner.failed.store(true, Ordering::SeqCst);
+        self.inner.faulted.store(true, Ordering::SeqCst);
         st.stats.faults += 1;
         st.fault_reasons.push(reason.clone());
         std::io::Error::other(reason)
@@ -218,7 +219,7 @@ impl SimDisk {
         if let Some((at, cut)) = st.plan.halt {
             if st.ops >= at {
                 st.halt(cut, Some((path, bytes)));
-                self.inner.failed.store(true, Ordering::SeqCst);
+                st.stats.planned_cut = true;
                 return Err(halted());
             }
         }
@@ -253,7 +254,7 @@ impl SimDisk {
         if let Some((at, cut)) = st.plan.halt {
             if st.ops >= at {
                 st.halt(cut, None);
-                self.inner.failed.store(true, Ordering::SeqCst);
+                st.stats.planned_cut = true;
                 return Err(halted());
             }
         }
@@ -409,7 +410,7 @@ mod tests {
             Some(&b"hello world"[..])
         );
         assert!(f.append(b"!").is_err(), "a cut disk refuses further I/O");
-        assert!(disk.failed());
+        assert!(disk.halted() && !disk.faulted());
     }
 
     #[test]
@@ -465,9 +466,9 @@ mod tests {
         disk.sync_dir(&dir()).unwrap();
         f.append(b"one").unwrap();
         f.sync().unwrap();
-        assert!(!disk.failed());
+        assert!(!disk.faulted());
         assert!(f.append(b"twotwo").is_err());
-        assert!(disk.failed());
+        assert!(disk.faulted());
         assert!(f.sync().is_err());
         assert_eq!(disk.contents(&dir().join("a.log")).unwrap(), b"onetwo");
         assert_eq!(disk.stats().faults, 2);
