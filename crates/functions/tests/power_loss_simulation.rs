@@ -58,8 +58,8 @@ fn env_u64(name: &str) -> Option<u64> {
     Some(parsed.unwrap_or_else(|_| panic!("{name}={text:?} is not a number")))
 }
 
-const DEFAULT_SEEDS: [u64; 2] = [0x51_0001, 0x51_0002];
-const DEFAULT_CRASHES_PER_SEED: u64 = 150;
+const DEFAULT_SEEDS: [u64; 4] = [0x51_0001, 0x51_0002, 0x51_0003, 0x51_0004];
+const DEFAULT_CRASHES_PER_SEED: u64 = 500;
 
 fn crashes_per_seed() -> u64 {
     env_u64("SLUICE_SIM_CRASHES").unwrap_or(DEFAULT_CRASHES_PER_SEED)
@@ -444,7 +444,7 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
         ..FaultPlan::default()
     };
     if rng.percent(60) {
-        plan.halt = Some((1 + rng.below(transactions * 2), cut));
+        plan.halt = Some((1 + rng.below(transactions / 3 + 2), cut));
     }
     match rng.below(10) {
         0 | 1 => {
@@ -455,11 +455,11 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
                     keep: rng.below(200) as usize,
                 }
             };
-            plan.write = Some((1 + rng.below(transactions), fault));
+            plan.write = Some((1 + rng.below(transactions / 4 + 1), fault));
             totals.write_faults += 1;
         }
         2 | 3 => {
-            plan.sync = Some(1 + rng.below(transactions));
+            plan.sync = Some(1 + rng.below(transactions / 4 + 1));
             totals.sync_faults += 1;
         }
         _ => {}
