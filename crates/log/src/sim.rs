@@ -11,12 +11,14 @@
 //!   simulated process started (after recovery).
 //! - Faults, one of each at most, from a [`FaultPlan`]: the N-th `append` fails (nothing
 //!   written) or is short (a prefix written, then an error); the N-th `sync` fails (nothing
-//!   becomes durable).
+//!   more becomes durable, and the unsynced bytes become uncertain, see below).
 //! - A cut ([`SimDisk::halt_at_op`] or [`SimDisk::halt_now`]): at that instant the disk
 //!   freezes — the operation in flight and every later one fail, as if the process were
 //!   gone — and the image of what survives is taken, atomically with the freeze:
 //!   - [`Cut::ProcessCrash`]: the OS survives, so every appended byte is kept (of an append
-//!     in flight, a random prefix);
+//!     in flight, a random prefix) — except in a file whose `sync` failed: Linux may drop
+//!     the dirty pages of a failed `fdatasync` ("fsyncgate"), so there only a random prefix
+//!     of the unsynced bytes is kept, as on power loss;
 //!   - [`Cut::PowerLoss`]: synced bytes are kept; of each file's unsynced tail a random
 //!     prefix is kept (torn at any byte, possibly mid-frame), sometimes followed by zero
 //!     fill (the file's size reached the disk, its data did not); a file whose directory
@@ -106,6 +108,8 @@ pub struct SimStats {
     pub bytes_appended: u64,
     /// Injected faults that happened (not counting the cut).
     pub faults: u64,
+    /// Of those, failed syncs.
+    pub sync_faults: u64,
     /// The cut came from the plan (at an operation), not from [`SimDisk::halt_now`].
     pub planned_cut: bool,
 }
@@ -115,6 +119,9 @@ struct SimFile {
     data: Vec<u8>,
     synced_len: usize,
     entry_durable: bool,
+    /// A sync of this file failed: the kernel may have dropped its dirty pages, so even a
+    /// process crash keeps only a prefix of the unsynced bytes.
+    sync_failed: bool,
 }
 
 struct State {
@@ -260,6 +267,10 @@ impl SimDisk {
         }
         if st.plan.sync == Some(n) {
             let reason = format!("injected fdatasync failure: sync #{n} of {}", path.display());
+            st.stats.sync_faults += 1;
+            if let Some(file) = st.files.get_mut(path) {
+                file.sync_failed = true;
+            }
             return Err(self.fail(&mut st, reason));
         }
         let file = st.files.get_mut(path).expect("syncs go to opened files");
@@ -294,15 +305,17 @@ impl State {
             let mut data = self.files[&path].data.clone();
             let synced_len = self.files[&path].synced_len;
             let entry_durable = self.files[&path].entry_durable;
+            let sync_failed = self.files[&path].sync_failed;
             if let Some((p, bytes)) = in_flight.filter(|(p, _)| *p == path) {
                 debug_assert_eq!(p, path);
                 let keep = self.upto(bytes.len());
                 data.extend_from_slice(&bytes[..keep]);
             }
             let survived = match cut {
-                Cut::ProcessCrash => Some(data),
-                Cut::PowerLoss => {
-                    if !entry_durable && self.next() % 2 == 0 {
+                Cut::ProcessCrash if !sync_failed => Some(data),
+                Cut::ProcessCrash if self.next() % 2 == 0 => Some(data),
+                _ => {
+                    if cut == Cut::PowerLoss && !entry_durable && self.next() % 2 == 0 {
                         None
                     } else {
                         let unsynced = data.len() - synced_len;
@@ -340,11 +353,13 @@ impl LogFileFactory for SimDisk {
                     synced_len: data.len(),
                     data,
                     entry_durable: true,
+                    sync_failed: false,
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => SimFile {
                     data: Vec::new(),
                     synced_len: 0,
                     entry_durable: false,
+                    sync_failed: false,
                 },
                 Err(e) => return Err(e),
             };
