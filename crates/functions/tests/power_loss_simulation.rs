@@ -429,7 +429,13 @@ fn data_dir(seed: u64) -> PathBuf {
     std::env::temp_dir().join(format!("sluice-sim-{}-{seed:#x}", std::process::id()))
 }
 
-fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, totals: &mut Totals) -> Db {
+fn one_cycle(
+    rng: &mut Rng,
+    functions: &mut Functions,
+    mut db: Db,
+    dir: &Path,
+    totals: &mut Totals,
+) -> Db {
     totals.crash_points += 1;
     let base = db.seq;
 
@@ -550,7 +556,9 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
         }
         if rng.percent(15) {
             // A client that waits for its answer before sending the next request.
-            wait_for("acknowledgements", || acks.lock().unwrap().len() >= submitted - batch.2.len());
+            wait_for("acknowledgements", || {
+                acks.lock().unwrap().len() >= submitted - batch.2.len()
+            });
         }
         if disk.faulted() && !poison_checked {
             poison_checked = true;
@@ -568,7 +576,9 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
         assert!(matches!(err, LogError::Poisoned(_)), "{err}");
     }
     if !disk.halted() && rng.percent(50) {
-        wait_for("acknowledgements", || acks.lock().unwrap().len() >= submitted);
+        wait_for("acknowledgements", || {
+            acks.lock().unwrap().len() >= submitted
+        });
     }
     let image = disk.halt_now(cut);
     if disk.stats().faults > 0 {
@@ -591,7 +601,10 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
         );
     }
     if let Some(seq) = refused_seq {
-        assert!(disk.faulted() || disk.halted(), "a submit of seq {seq} was refused without a fault");
+        assert!(
+            disk.faulted() || disk.halted(),
+            "a submit of seq {seq} was refused without a fault"
+        );
     }
     totals.refused_after_fault += acks.iter().filter(|a| !a.ok && disk.faulted()).count() as u64;
     // A process crash keeps the page cache, unless an fdatasync failed: the kernel may have
@@ -634,7 +647,11 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
         acks.iter().filter(|a| a.ok).collect::<Vec<_>>(),
         disk.fault_reasons()
     );
-    assert!(r <= db.seq, "recovered seq {r} is past the last commit {}", db.seq);
+    assert!(
+        r <= db.seq,
+        "recovered seq {r} is past the last commit {}",
+        db.seq
+    );
     let expected = states
         .get(&r)
         .unwrap_or_else(|| panic!("recovered seq {r} is no commit of this cycle (base {base})"));
@@ -647,7 +664,8 @@ fn one_cycle(rng: &mut Rng, functions: &mut Functions, mut db: Db, dir: &Path, t
 
 #[test]
 fn acknowledged_commits_survive_simulated_crashes_and_power_losses() {
-    let seeds: Vec<u64> = env_u64("SLUICE_SIM_SEED").map_or_else(|| DEFAULT_SEEDS.to_vec(), |s| vec![s]);
+    let seeds: Vec<u64> =
+        env_u64("SLUICE_SIM_SEED").map_or_else(|| DEFAULT_SEEDS.to_vec(), |s| vec![s]);
     let crashes = crashes_per_seed();
     let started = Instant::now();
     let results: Vec<(u64, Result<Totals, String>)> = std::thread::scope(|scope| {

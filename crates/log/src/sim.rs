@@ -83,9 +83,9 @@ impl Image {
     /// opened are left as they are.
     pub fn materialize(&self, dir: &Path) -> std::io::Result<()> {
         for (path, bytes) in &self.files {
-            let name = path
-                .file_name()
-                .ok_or_else(|| std::io::Error::other(format!("{} has no file name", path.display())))?;
+            let name = path.file_name().ok_or_else(|| {
+                std::io::Error::other(format!("{} has no file name", path.display()))
+            })?;
             let target = dir.join(name);
             match bytes {
                 Some(bytes) => std::fs::write(&target, bytes)?,
@@ -266,7 +266,10 @@ impl SimDisk {
             }
         }
         if st.plan.sync == Some(n) {
-            let reason = format!("injected fdatasync failure: sync #{n} of {}", path.display());
+            let reason = format!(
+                "injected fdatasync failure: sync #{n} of {}",
+                path.display()
+            );
             st.stats.sync_faults += 1;
             if let Some(file) = st.files.get_mut(path) {
                 file.sync_failed = true;
@@ -447,7 +450,10 @@ mod tests {
             assert!(bytes.starts_with(b"durable"), "seed {seed}: {bytes:?}");
             let full = b"durable-volatile";
             let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            assert!(written >= 7 && full.starts_with(&bytes[..written]), "seed {seed}");
+            assert!(
+                written >= 7 && full.starts_with(&bytes[..written]),
+                "seed {seed}"
+            );
             assert!(bytes[written..].iter().all(|&b| b == 0));
             assert!(bytes.len() <= full.len(), "seed {seed}");
             outcomes.insert((written, bytes.len()));
