@@ -337,9 +337,10 @@ struct Totals {
     power_losses: u64,
     process_crashes: u64,
     cut_by_disk_op: u64,
-    write_faults: u64,
-    sync_faults: u64,
-    faults_hit: u64,
+    planned_write_faults: u64,
+    planned_sync_faults: u64,
+    write_faults_hit: u64,
+    sync_faults_hit: u64,
     commits: u64,
     acked_fsync: u64,
     acked_disk: u64,
@@ -478,11 +479,11 @@ fn one_cycle(
                 }
             };
             plan.write = Some((1 + rng.below(transactions / 4 + 1), fault));
-            totals.write_faults += 1;
+            totals.planned_write_faults += 1;
         }
         2 | 3 => {
             plan.sync = Some(1 + rng.below(transactions / 4 + 1));
-            totals.sync_faults += 1;
+            totals.planned_sync_faults += 1;
         }
         _ => {}
     }
@@ -581,9 +582,9 @@ fn one_cycle(
         });
     }
     let image = disk.halt_now(cut);
-    if disk.stats().faults > 0 {
-        totals.faults_hit += 1;
-    }
+    let stats = disk.stats();
+    totals.sync_faults_hit += stats.sync_faults;
+    totals.write_faults_hit += stats.faults - stats.sync_faults;
     if disk.stats().planned_cut {
         totals.cut_by_disk_op += 1;
     }
