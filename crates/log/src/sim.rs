@@ -316,9 +316,9 @@ impl State {
             }
             let survived = match cut {
                 Cut::ProcessCrash if !sync_failed => Some(data),
-                Cut::ProcessCrash if self.next() % 2 == 0 => Some(data),
+                Cut::ProcessCrash if self.next().is_multiple_of(2) => Some(data),
                 _ => {
-                    if cut == Cut::PowerLoss && !entry_durable && self.next() % 2 == 0 {
+                    if cut == Cut::PowerLoss && !entry_durable && self.next().is_multiple_of(2) {
                         None
                     } else {
                         let unsynced = data.len() - synced_len;
@@ -330,7 +330,7 @@ impl State {
                         };
                         let lost = unsynced - keep;
                         data.truncate(synced_len + keep);
-                        if lost > 0 && self.next() % 4 == 0 {
+                        if lost > 0 && self.next().is_multiple_of(4) {
                             let zeros = 1 + self.upto(lost - 1);
                             data.resize(data.len() + zeros, 0);
                         }
