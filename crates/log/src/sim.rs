@@ -29,8 +29,10 @@
 //! # What is not modelled
 //! Snapshots and segment retirement (plain `std::fs` with fsync and rename; they stay on the
 //! real file system), failing directory syncs, and garbage (non-zero bytes never written)
-//! or holes in the middle of an unsynced tail: recovery refuses those as corruption, by
-//! design, rather than guess.
+//! in an unsynced tail. Zeroed holes *inside* an unsynced tail (pages persisted out of order)
+//! only on request ([`FaultPlan::holes`]): recovery cannot tell such a hole from damage to
+//! synced frames, so it refuses to start rather than guess — no acknowledged data is lost,
+//! but an operator has to truncate the segment by hand.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,6 +62,10 @@ pub struct FaultPlan {
     pub halt: Option<(u64, Cut)>,
     /// Seeds the random choices of a cut (torn lengths, zero fill, vanishing files).
     pub seed: u64,
+    /// On power loss, sometimes also zero a range *inside* the kept unsynced tail, as file
+    /// systems that persist pages out of order and expose unwritten extents as zeros can.
+    /// Off by default: recovery refuses such a file as corruption (see the module docs).
+    pub holes: bool,
 }
 
 /// How the simulated process ends.
@@ -330,6 +336,11 @@ impl State {
                         };
                         let lost = unsynced - keep;
                         data.truncate(synced_len + keep);
+                        if self.plan.holes && keep > 1 && self.next().is_multiple_of(2) {
+                            let start = synced_len + self.upto(keep - 1);
+                            let end = start + 1 + self.upto(synced_len + keep - start - 1);
+                            data[start..end].fill(0);
+                        }
                         if lost > 0 && self.next().is_multiple_of(4) {
                             let zeros = 1 + self.upto(lost - 1);
                             data.resize(data.len() + zeros, 0);
