@@ -308,7 +308,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < Duration::from_secs(30),
             "gave up waiting for {what}"
         );
         std::thread::sleep(Duration::from_micros(200));
