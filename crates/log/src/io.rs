@@ -23,9 +23,15 @@ impl LogFile for File {
     }
 }
 
-/// Opens segment files. The default opens real files; tests swap in [`FailingSyncs`].
+/// Opens segment files and makes their creation durable. The default opens real files;
+/// tests swap in [`FailingSyncs`] or the simulated disk ([`crate::sim::SimDisk`]).
 pub trait LogFileFactory: Send + Sync {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>>;
+    /// Makes the creation of the files opened in `dir` durable (a new file whose directory
+    /// was not synced can vanish on power loss, synced data and all).
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        sync_dir(dir)
+    }
 }
 
 /// Real files, opened for appending (created if missing).

@@ -15,11 +15,14 @@
 //! - [`snapshot`]: snapshot file writer and reader (framed, written atomically).
 //! - [`critical`]: threads whose panic ends the process (and the test hook that injects one).
 //! - [`io`]: the file abstraction the writer syncs through, with a fault-injecting variant.
+//! - [`sim`]: a simulated in-memory disk (power loss, crashes, torn and failed writes,
+//!   failed syncs) for simulation tests.
 
 pub mod critical;
 pub mod frame;
 pub mod io;
 pub mod segment;
+pub mod sim;
 pub mod snapshot;
 pub mod writer;
 

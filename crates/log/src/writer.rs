@@ -148,7 +148,10 @@ impl<W: Waiter> Log<W> {
             .map_err(|e| LogError::io(&path, e))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         if existing.is_empty() {
-            sync_dir(&config.dir).map_err(|e| LogError::io(&config.dir, e))?;
+            config
+                .files
+                .sync_dir(&config.dir)
+                .map_err(|e| LogError::io(&config.dir, e))?;
         }
         let progress = Progress {
             written_seq: last_seq,
@@ -496,7 +499,10 @@ impl<W: Waiter> LogThread<W> {
             .files
             .open_append(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        sync_dir(&self.config.dir).map_err(|e| e.to_string())?;
+        self.config
+            .files
+            .sync_dir(&self.config.dir)
+            .map_err(|e| e.to_string())?;
         self.segment_bytes = 0;
         self.shared
             .active_first_seq
@@ -638,6 +644,50 @@ mod tests {
         assert_eq!(log.progress().synced_seq, 1);
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fsync_acknowledged_frames_in_new_segments_survive_power_loss() {
+        use crate::segment::scan;
+        use crate::sim::{Cut, FaultPlan, SimDisk};
+        for seed in 0..16 {
+            let dir = temp_dir(&format!("sim-roll-{seed}"));
+            let disk = SimDisk::new(FaultPlan {
+                seed,
+                ..FaultPlan::default()
+            });
+            let mut config = LogConfig::new(&dir);
+            config.segment_bytes_max = 60;
+            config.files = Arc::new(disk.clone());
+            let log = Log::open(config, 0, |_| {}).unwrap();
+            let (tx, rx) = mpsc::channel();
+            for seq in 1..=12u64 {
+                let waiter = TestWaiter {
+                    seq,
+                    durability: Durability::Fsync,
+                    done: tx.clone(),
+                };
+                log.submit(&one_frame(seq), 1, seq, [waiter]).unwrap();
+                assert_eq!(rx.recv().unwrap(), (seq, true));
+            }
+            let image = disk.halt_now(Cut::PowerLoss);
+            drop(log);
+            assert!(image.files.len() > 3, "seed {seed}: segments rolled");
+            let mut frames = 0;
+            for (path, bytes) in &image.files {
+                let bytes = bytes
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("seed {seed}: {} vanished", path.display()));
+                let end = scan(path, bytes, false, |_, _| {
+                    frames += 1;
+                    Ok::<(), LogError>(())
+                })
+                .unwrap();
+                assert!(end.torn.is_none());
+            }
+            assert_eq!(frames, 12, "seed {seed}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
