@@ -28,10 +28,10 @@ pub struct Limits {
     pub commit_bytes_max: usize,
 }
 
-/// Largest accepted `commit_bytes_max`: with the per-change bound's slack, a commit record
-/// stays well inside one log frame (`FRAME_PAYLOAD_BYTES_MAX`, 64 MiB).
+/// Largest accepted `commit_bytes_max`. The size counted against it is an upper bound of the
+/// encoded commit record, so a commit stays well inside one log frame (64 MiB).
 pub const COMMIT_BYTES_MAX_CEILING: usize = 32 << 20;
-const _: () = assert!(COMMIT_BYTES_MAX_CEILING * 3 / 2 < sluice_log::frame::FRAME_PAYLOAD_BYTES_MAX);
+const _: () = assert!(COMMIT_BYTES_MAX_CEILING < sluice_log::frame::FRAME_PAYLOAD_BYTES_MAX);
 
 impl Default for Limits {
     fn default() -> Self {

@@ -25,8 +25,8 @@ pub mod table;
 pub mod value;
 
 pub use changelog::{Changelog, Retention};
-pub use sluice_log::critical;
 pub use db::{Change, ChangeOp, Commit, CommitBody, Db, Limits, Tx, TxRef, TxState, WriteResult};
 pub use error::{ErrorCode, TxError};
 pub use schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+pub use sluice_log::critical;
 pub use value::{ColumnType, Key, Value};

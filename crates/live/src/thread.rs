@@ -86,7 +86,13 @@ impl LiveHandle {
         if state.queued_commits > 0 && state.queued_commits + n > max {
             state.waits += 1;
             while state.queued_commits > 0 && state.queued_commits + n > max {
-                if self.handoff.applied.wait_for(&mut state, Duration::from_millis(50)).timed_out() && self.tx.send(Input::Ping).is_err() {
+                if self
+                    .handoff
+                    .applied
+                    .wait_for(&mut state, Duration::from_millis(50))
+                    .timed_out()
+                    && self.tx.send(Input::Ping).is_err()
+                {
                     return; // the live thread is gone
                 }
             }

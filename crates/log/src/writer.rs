@@ -179,15 +179,15 @@ impl<W: Waiter> Log<W> {
         let dir = config.dir.clone();
         let thread_shared = shared.clone();
         let thread = crate::critical::spawn("log", move || {
-                LogThread {
-                    shared: thread_shared,
-                    config,
-                    file,
-                    segment_bytes: size,
-                    progress,
-                    last_sync: Instant::now(),
-                }
-                .run()
+            LogThread {
+                shared: thread_shared,
+                config,
+                file,
+                segment_bytes: size,
+                progress,
+                last_sync: Instant::now(),
+            }
+            .run()
         })
         .map_err(|e| LogError::io(&dir, e))?;
         Ok(Log {

@@ -28,7 +28,9 @@ pub enum CoreError {
     #[error("the server is shutting down")]
     ShuttingDown,
     /// A log write or sync failed; nothing more can be promised until a restart.
-    #[error("the log is poisoned after a failed write or sync ({0}); writes are refused until restart")]
+    #[error(
+        "the log is poisoned after a failed write or sync ({0}); writes are refused until restart"
+    )]
     Poisoned(String),
     /// The core cannot take this request now; try again.
     #[error("{0}")]

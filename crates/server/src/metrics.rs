@@ -124,21 +124,76 @@ pub(crate) fn render(core: &Core) -> String {
     let ws_inflight = c.ws_inflight.load(Ordering::Relaxed);
     let config = core.config();
     let mut gauge = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
     };
-    gauge("sluice_log_pending_bytes", "Log bytes submitted and not yet taken by the log thread.", log.pending_bytes);
-    gauge("sluice_log_pending_bytes_peak", "Most log bytes pending at once since start.", log.pending_bytes_peak);
-    gauge("sluice_log_pending_bytes_max", "Bound of the log's pending bytes (--log-pending-bytes).", log.pending_bytes_max);
-    gauge("sluice_log_submit_waits", "Writer rounds that waited for the log to take pending bytes.", log.submit_waits);
-    gauge("sluice_live_handoff_commits", "Commits handed to the live thread and not yet applied.", handoff.queued_commits as u64);
-    gauge("sluice_live_handoff_commits_peak", "Most commits queued for the live thread at once since start.", handoff.queued_commits_peak as u64);
-    gauge("sluice_live_handoff_commits_max", "Bound of the live hand-off (--live-handoff-commits).", config.live.handoff_commits_max as u64);
-    gauge("sluice_live_handoff_waits", "Writer rounds that waited for the live thread.", handoff.waits);
-    gauge("sluice_writer_queue_max", "Requests queued for the writer before callers wait.", config.writer_queue_max as u64);
-    gauge("sluice_ws_connections", "WebSocket connections open.", c.ws_connections.load(Ordering::Relaxed));
-    gauge("sluice_ws_inflight_requests", "WebSocket requests in flight (read, reply not yet written), all connections.", ws_inflight);
-    gauge("sluice_ws_inflight_requests_max", "Bound of requests in flight per connection (--ws-inflight-requests).", config.ws_inflight_max as u64);
-    gauge("sluice_ws_outbound_messages_max", "Bound of messages queued per connection (--ws-outbound-messages).", config.ws_outbound_max as u64);
+    gauge(
+        "sluice_log_pending_bytes",
+        "Log bytes submitted and not yet taken by the log thread.",
+        log.pending_bytes,
+    );
+    gauge(
+        "sluice_log_pending_bytes_peak",
+        "Most log bytes pending at once since start.",
+        log.pending_bytes_peak,
+    );
+    gauge(
+        "sluice_log_pending_bytes_max",
+        "Bound of the log's pending bytes (--log-pending-bytes).",
+        log.pending_bytes_max,
+    );
+    gauge(
+        "sluice_log_submit_waits",
+        "Writer rounds that waited for the log to take pending bytes.",
+        log.submit_waits,
+    );
+    gauge(
+        "sluice_live_handoff_commits",
+        "Commits handed to the live thread and not yet applied.",
+        handoff.queued_commits as u64,
+    );
+    gauge(
+        "sluice_live_handoff_commits_peak",
+        "Most commits queued for the live thread at once since start.",
+        handoff.queued_commits_peak as u64,
+    );
+    gauge(
+        "sluice_live_handoff_commits_max",
+        "Bound of the live hand-off (--live-handoff-commits).",
+        config.live.handoff_commits_max as u64,
+    );
+    gauge(
+        "sluice_live_handoff_waits",
+        "Writer rounds that waited for the live thread.",
+        handoff.waits,
+    );
+    gauge(
+        "sluice_writer_queue_max",
+        "Requests queued for the writer before callers wait.",
+        config.writer_queue_max as u64,
+    );
+    gauge(
+        "sluice_ws_connections",
+        "WebSocket connections open.",
+        c.ws_connections.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_ws_inflight_requests",
+        "WebSocket requests in flight (read, reply not yet written), all connections.",
+        ws_inflight,
+    );
+    gauge(
+        "sluice_ws_inflight_requests_max",
+        "Bound of requests in flight per connection (--ws-inflight-requests).",
+        config.ws_inflight_max as u64,
+    );
+    gauge(
+        "sluice_ws_outbound_messages_max",
+        "Bound of messages queued per connection (--ws-outbound-messages).",
+        config.ws_outbound_max as u64,
+    );
     let r = core.recovery();
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
     let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);

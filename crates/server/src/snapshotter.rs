@@ -54,20 +54,20 @@ impl Snapshotter {
         let busy = Arc::new(AtomicBool::new(false));
         let thread_busy = busy.clone();
         sluice_log::critical::spawn("snapshot", move || {
-                while let Ok(job) = rx.recv() {
-                    sluice_log::critical::injected_panic_point("snapshot");
-                    {
-                        let _one_at_a_time = thread_gate.lock();
-                        run(&thread_shared, job);
-                    }
-                    thread_busy.store(false, Ordering::Release);
-                    if let Some(requests) = wake.upgrade() {
-                        // A full queue means the writer has rounds to run anyway.
-                        let _ = requests.try_send(Request::SnapshotIdle);
-                    }
+            while let Ok(job) = rx.recv() {
+                sluice_log::critical::injected_panic_point("snapshot");
+                {
+                    let _one_at_a_time = thread_gate.lock();
+                    run(&thread_shared, job);
                 }
-            })
-            .expect("spawn the snapshot thread");
+                thread_busy.store(false, Ordering::Release);
+                if let Some(requests) = wake.upgrade() {
+                    // A full queue means the writer has rounds to run anyway.
+                    let _ = requests.try_send(Request::SnapshotIdle);
+                }
+            }
+        })
+        .expect("spawn the snapshot thread");
         Snapshotter {
             shared,
             jobs,

@@ -182,34 +182,34 @@ impl Writer {
     ) -> Result<std::thread::JoinHandle<()>, OpenError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let handle = sluice_log::critical::spawn("writer", move || {
-                let mut functions = match Functions::new(shared.config.function_limits) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                if let Some(source) = &shared.config.functions_source {
-                    if let Err(e) = functions.load(source) {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
+            let mut functions = match Functions::new(shared.config.function_limits) {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-                let _ = ready_tx.send(Ok(()));
-                let snapshotter = Snapshotter::spawn(shared.clone(), wake);
-                Writer {
-                    shared,
-                    functions,
-                    snapshotter,
-                    log_bytes_since_snapshot,
-                    frames: Vec::new(),
-                    payload: Vec::new(),
-                    published: Vec::new(),
-                    snapshot_waiting: Vec::new(),
+            };
+            if let Some(source) = &shared.config.functions_source {
+                if let Err(e) = functions.load(source) {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-                .run(rx)
-            })
-            .expect("spawn the writer thread");
+            }
+            let _ = ready_tx.send(Ok(()));
+            let snapshotter = Snapshotter::spawn(shared.clone(), wake);
+            Writer {
+                shared,
+                functions,
+                snapshotter,
+                log_bytes_since_snapshot,
+                frames: Vec::new(),
+                payload: Vec::new(),
+                published: Vec::new(),
+                snapshot_waiting: Vec::new(),
+            }
+            .run(rx)
+        })
+        .expect("spawn the writer thread");
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(handle),
             Ok(Err(e)) => Err(OpenError::Functions(e)),
@@ -254,7 +254,10 @@ impl Writer {
 
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
-        if batch.iter().any(|r| matches!(r, Request::Mutate { .. } | Request::Call { .. })) {
+        if batch
+            .iter()
+            .any(|r| matches!(r, Request::Mutate { .. } | Request::Call { .. }))
+        {
             sluice_log::critical::injected_panic_point("writer");
         }
         let shared = self.shared.clone();

@@ -35,7 +35,6 @@ use crate::writer::Request;
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Encoding {
     Json,
@@ -91,7 +90,10 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let inflight_max = core.config().ws_inflight_max;
     let outbound_max = core.config().ws_outbound_max;
     let counters = core.clone();
-    counters.counters().ws_connections.fetch_add(1, Ordering::Relaxed);
+    counters
+        .counters()
+        .ws_connections
+        .fetch_add(1, Ordering::Relaxed);
     let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(outbound_max);
     // Live-query events, from one forwarding task per subscription.
     let (events_tx, mut events_rx) = mpsc::channel::<Message>(outbound_max);
@@ -248,18 +250,27 @@ struct Inflight {
 
 impl Inflight {
     fn push(&mut self, reply: ReplyFuture) {
-        self.core.counters().ws_inflight.fetch_add(1, Ordering::Relaxed);
+        self.core
+            .counters()
+            .ws_inflight
+            .fetch_add(1, Ordering::Relaxed);
         self.replies.push_back(reply);
     }
     fn answered(&self, n: u64) {
-        self.core.counters().ws_inflight.fetch_sub(n, Ordering::Relaxed);
+        self.core
+            .counters()
+            .ws_inflight
+            .fetch_sub(n, Ordering::Relaxed);
     }
 }
 
 impl Drop for Inflight {
     fn drop(&mut self) {
         self.answered(self.replies.len() as u64);
-        self.core.counters().ws_connections.fetch_sub(1, Ordering::Relaxed);
+        self.core
+            .counters()
+            .ws_connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

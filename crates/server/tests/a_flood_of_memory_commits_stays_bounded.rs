@@ -110,6 +110,9 @@ async fn memory_commits_faster_than_the_disk_wait_for_it_and_are_all_logged() {
             None => break,
         }
     }
-    assert_eq!(seen, total, "every acknowledged commit survived the restart");
+    assert_eq!(
+        seen, total,
+        "every acknowledged commit survived the restart"
+    );
     db.close().await;
 }

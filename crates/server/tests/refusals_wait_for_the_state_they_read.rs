@@ -96,7 +96,11 @@ const REFUSED: [(&str, &str, &str); 4] = [
         r#"{"ops":[{"op":"delete","table":"t","id":2}],"durability":"memory"}"#,
         "not_found",
     ),
-    ("/v1/call/must_be_new", r#"{"args":{"id":1}}"#, "function_error"),
+    (
+        "/v1/call/must_be_new",
+        r#"{"args":{"id":1}}"#,
+        "function_error",
+    ),
 ];
 
 async fn pending_insert_and_refusals(
@@ -163,7 +167,11 @@ async fn refusals_are_answered_only_after_the_state_they_read_is_durable() {
     assert_eq!(inserted.status, 200, "{}", inserted.text);
     for (r, (uri, body, code)) in refusals.into_iter().zip(REFUSED) {
         let reply = r.await.unwrap();
-        assert_eq!(reply.json["error"]["code"], code, "{uri} {body}: {}", reply.text);
+        assert_eq!(
+            reply.json["error"]["code"], code,
+            "{uri} {body}: {}",
+            reply.text
+        );
     }
     let row: Value = db.get_ok("/v1/tables/t/rows/1").await;
     assert_eq!(row["row"]["v"], "first");
@@ -182,7 +190,11 @@ async fn when_that_state_never_becomes_durable_the_refusals_say_so_instead() {
     // found" (both decided on it) may be told; every one of them hears the poisoning.
     gate.set(GateState::Broken);
     let inserted = insert.await.unwrap();
-    assert_eq!(inserted.json["error"]["code"], "log_poisoned", "{}", inserted.text);
+    assert_eq!(
+        inserted.json["error"]["code"], "log_poisoned",
+        "{}",
+        inserted.text
+    );
     for (r, (uri, body, _)) in refusals.into_iter().zip(REFUSED) {
         let reply = r.await.unwrap();
         assert_eq!(

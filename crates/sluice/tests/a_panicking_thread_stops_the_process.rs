@@ -26,7 +26,8 @@ async fn panicking_thread_exits(thread: &str) {
     {
         let server = Server::start(&data, &logs, &[]);
         let api = server.api();
-        api.sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+        api.sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+            .await;
         api.mutate(json!([{"op":"insert","table":"t","row":{"id":1,"v":"before"}}]))
             .await;
         server.kill9();

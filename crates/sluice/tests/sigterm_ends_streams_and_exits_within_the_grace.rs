@@ -28,7 +28,8 @@ async fn sigterm_ends_sse_streams_and_websockets_writes_the_snapshot_and_exits_0
     let grace = GRACE_MS.to_string();
     let mut server = Server::start(&data, &logs, &["--shutdown-grace-ms", &grace]);
     let api = server.api();
-    api.sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    api.sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        .await;
     api.mutate(json!([{"op":"insert","table":"t","row":{"id":1,"v":"a"}}]))
         .await;
 
@@ -115,7 +116,11 @@ async fn sigterm_ends_sse_streams_and_websockets_writes_the_snapshot_and_exits_0
     let status = server
         .wait_exit(EXIT_WITHIN)
         .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", server.stderr()));
-    assert!(status.success(), "exit status {status}:\n{}", server.stderr());
+    assert!(
+        status.success(),
+        "exit status {status}:\n{}",
+        server.stderr()
+    );
     let stderr = server.stderr();
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
     assert!(
@@ -150,15 +155,22 @@ async fn a_connection_that_never_closes_is_cut_after_the_grace_period() {
     // A raw TCP connection that sends half a request and then nothing: hyper keeps waiting
     // for the rest, so only the grace period ends it.
     let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    tokio::io::AsyncWriteExt::write_all(&mut raw, b"POST /v1/mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        .await
-        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut raw,
+        b"POST /v1/mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.signal_term();
     let status = server
         .wait_exit(EXIT_WITHIN)
         .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", server.stderr()));
-    assert!(status.success(), "exit status {status}:\n{}", server.stderr());
+    assert!(
+        status.success(),
+        "exit status {status}:\n{}",
+        server.stderr()
+    );
     let stderr = server.stderr();
     assert!(
         stderr.contains("grace period") && stderr.contains("stopped cleanly"),
