@@ -175,6 +175,11 @@ pub struct TransferArgs {
     /// balance behind the bench's back, so the check after the restart must fail naming it.
     #[arg(long, hide = true)]
     pub tamper_before_restart: bool,
+    /// Tests the check itself: `kill -9` each Sluice target's server halfway through its
+    /// first measured window, so transfers in flight end unknown and the check after the
+    /// restart must account for them (the case itself fails: its clients lost the server).
+    #[arg(long, hide = true)]
+    pub kill_mid_window: bool,
 }
 
 /// Parameters after `--quick` is applied.
@@ -195,6 +200,8 @@ pub struct Params {
     pub quick: bool,
     /// `--tamper-before-restart`: a run that must fail its restart check.
     pub tamper_before_restart: bool,
+    /// `--kill-mid-window`: a run whose Sluice cases fail, with unknown transfers.
+    pub kill_mid_window: bool,
 }
 
 impl Params {
@@ -276,6 +283,7 @@ impl Params {
             },
             quick,
             tamper_before_restart: args.tamper_before_restart,
+            kill_mid_window: args.kill_mid_window,
         })
     }
 
@@ -566,7 +574,21 @@ async fn run_case(
     let retries0 = running.retries();
     let by_thread = matches!(running, Running::Sluice { .. });
     let cpu0 = CpuSample::take(running.server_pid(), by_thread);
+    // `--kill-mid-window`: the server (our child, by its pid) dies under load.
+    let killer = running
+        .server_pid()
+        .filter(|_| params.kill_mid_window && by_thread)
+        .map(|pid| {
+            let after = Duration::from_secs_f64(params.warmup_seconds + params.seconds / 2.0);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = tokio::task::spawn_blocking(move || crate::sys::signal(pid, "KILL")).await;
+            })
+        });
     let measured = drive(params, target, running, pairs, failures.clone(), ledger).await;
+    if let Some(killer) = killer {
+        killer.abort();
+    }
     let usage = CpuSample::take(running.server_pid(), by_thread).since(&cpu0);
     case.server_cpu_cores = usage.server_cores;
     case.bench_cpu_cores = usage.bench_cores;

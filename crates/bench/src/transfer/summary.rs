@@ -335,7 +335,7 @@ fn verification_table(params: &Params, cases: &[Case]) -> Table {
                     e.acked_transfers.to_string(),
                     match e.unknown_applied {
                         Some(a) if e.unknown_transfers > 0 => {
-                            format!("{} ({a} applied)", e.unknown_transfers)
+                            format!("{} ({a} applied in the subset found)", e.unknown_transfers)
                         }
                         _ => e.unknown_transfers.to_string(),
                     },
@@ -383,8 +383,10 @@ fn verification_table(params: &Params, cases: &[Case]) -> Table {
          compares each one; a refused transfer must have changed nothing. A transfer whose \
          reply was lost or did not say whether it applied (transport error, `log_poisoned`, \
          `shutting_down`, `internal`) is unknown: the check accepts exactly it having applied \
-         or not (`exact`: one subset of the unknown transfers must explain every difference; \
-         `bounded`: with more than {} unknowns, each account within their reach). For the \
+         or not (`exact`: one subset of the unknown transfers must explain every difference, \
+         found by enumeration up to {} of them, else as a maximum flow, exact when they all \
+         move the same amount, as here; `bounded` otherwise: each account within their \
+         reach). For the \
          Sluice targets the bench then kills the server with SIGKILL (its own child, by pid), \
          starts it on the same data dir and compares every balance again; ready = spawn to \
          the first good /health, recovery included. Any mismatch fails the run.",
