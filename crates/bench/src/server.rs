@@ -199,6 +199,11 @@ impl SluiceServer {
 
     /// `kill -9` (the crash the recovery suite measures), then reap the process.
     pub fn kill9(mut self) {
+        self.kill9_in_place();
+    }
+
+    /// `kill -9` and reap, keeping the handle (its URL no longer answers).
+    pub fn kill9_in_place(&mut self) {
         kill_and_reap(&mut self.child);
     }
 }

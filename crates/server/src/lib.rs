@@ -31,3 +31,4 @@ pub mod ws;
 pub use crate::config::Config;
 pub use crate::core::{CallOk, Core, MutateOk, Op};
 pub use crate::error::CoreError;
+pub use crate::metrics::add_metrics_hook;

@@ -7,6 +7,16 @@ use sluice_log::writer::SYNC_LATENCY_BUCKETS;
 
 use crate::core::Core;
 
+/// Series the binary appends to every `/metrics` answer (its allocator's counters); set
+/// once, before serving.
+static HOOK: std::sync::OnceLock<fn(&mut String)> = std::sync::OnceLock::new();
+
+/// Registers `render` to append its own series to `/metrics`. The first registration wins;
+/// `false` if one was already there.
+pub fn add_metrics_hook(render: fn(&mut String)) -> bool {
+    HOOK.set(render).is_ok()
+}
+
 pub(crate) fn render(core: &Core) -> String {
     let c = core.counters();
     let log = core.log_stats();
@@ -214,5 +224,8 @@ pub(crate) fn render(core: &Core) -> String {
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", log.syncs);
     let _ = writeln!(out, "{name}_sum {}", log.sync_latency_us_sum as f64 / 1e6);
     let _ = writeln!(out, "{name}_count {}", log.syncs);
+    if let Some(hook) = HOOK.get() {
+        hook(&mut out);
+    }
     out
 }

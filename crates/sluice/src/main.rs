@@ -9,10 +9,13 @@ use clap::{Args, Parser, Subcommand};
 use sluice_log::Durability;
 use sluice_server::{Config, Core};
 
+mod alloc;
+
 /// mimalloc: the write path allocates on tokio threads and frees on the writer thread;
-/// glibc malloc's per-thread arenas handle that pattern poorly.
+/// glibc malloc's per-thread arenas handle that pattern poorly. Wrapped to count live heap
+/// bytes for `/metrics` (`sluice_alloc_bytes`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Counting<mimalloc::MiMalloc> = alloc::Counting(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A single-binary real-time database")]
@@ -218,6 +221,7 @@ fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.config()?;
+    sluice_server::add_metrics_hook(alloc::render_metrics);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -3,7 +3,8 @@
 //! it is installed — and writes `summary.md`, `samples.json`, `run.json` and SVG charts in
 //! which every case took samples and verified its own numbers: each subscriber's recomputed
 //! checksum matched the server's on every event, and its final view matched a one-shot
-//! query (rows and checksum, or the row count).
+//! query (rows and checksum, or the row count). Memory per view is reported from RSS and
+//! from the server allocator's own counters.
 
 use std::process::Command;
 use std::time::Instant;
@@ -78,6 +79,13 @@ fn quick_live_bench_samples_and_verifies_every_case() {
             m["rss_subscribed"].as_u64().unwrap_or(0) > 0,
             "RSS was read: {c}"
         );
+        // The allocator's own count: exact, so positive even for a handful of views (RSS
+        // per view can be negative there).
+        assert!(
+            m["alloc_bytes_per_view"].as_f64().unwrap_or(0.0) > 0.0
+                && m["alloc_blocks_per_view"].as_f64().unwrap_or(0.0) > 0.0,
+            "memory per view from the server allocator's counters: {c}"
+        );
         assert_eq!(
             m["views_gauge"].as_f64(),
             c["views"].as_f64(),
@@ -89,6 +97,7 @@ fn quick_live_bench_samples_and_verifies_every_case() {
         "## Targets",
         "Latency vs rows in the view",
         "Latency and memory vs number of registered views",
+        "heap bytes / view (allocator)",
         "Latency by query shape",
         "write→diff p50",
         "ack→diff p50",

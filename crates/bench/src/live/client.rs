@@ -326,6 +326,18 @@ impl Api {
         Ok(n)
     }
 
+    /// `/metrics` value of `name`; `None` when the server does not expose it.
+    pub async fn metric_opt(&self, name: &str) -> anyhow::Result<Option<f64>> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(crate::server::Metrics::parse(&text).0.get(name).copied())
+    }
+
     /// `/metrics` value of `name` (0 when absent).
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let text = self

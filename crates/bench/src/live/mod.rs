@@ -256,7 +256,8 @@ pub struct Verify {
     pub detail: String,
 }
 
-/// Server memory in a views case.
+/// Server memory in a views case: RSS, and the server allocator's own live-heap counters
+/// (`sluice_alloc_bytes` / `sluice_alloc_blocks` in `/metrics`), read at the same moments.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Memory {
     pub rss_before: u64,
@@ -264,7 +265,20 @@ pub struct Memory {
     pub rss_after_leave: Option<u64>,
     /// The same views subscribed again after the first ones expired: memory reused or not.
     pub rss_resubscribed: Option<u64>,
+    /// (RSS subscribed − RSS before) / views.
     pub bytes_per_view: f64,
+    /// Live heap bytes and blocks before subscribing and with every view subscribed; `None`
+    /// when the server does not expose the counters.
+    pub alloc_bytes_before: Option<i64>,
+    pub alloc_bytes_subscribed: Option<i64>,
+    pub alloc_blocks_before: Option<i64>,
+    pub alloc_blocks_subscribed: Option<i64>,
+    /// (heap subscribed − heap before) / views: exact bytes the server asked for per view.
+    pub alloc_bytes_per_view: Option<f64>,
+    pub alloc_blocks_per_view: Option<f64>,
+    /// Live heap bytes once every view expired, and after subscribing the same views again.
+    pub alloc_bytes_after_leave: Option<i64>,
+    pub alloc_bytes_resubscribed: Option<i64>,
     /// `sluice_live_views` / `sluice_live_subscribers` once all were subscribed.
     pub views_gauge: f64,
     pub subscribers_gauge: f64,
@@ -1064,6 +1078,14 @@ async fn settled_rss(pid: u32) -> anyhow::Result<u64> {
     rss_bytes(pid).context("cannot read the server's RSS")
 }
 
+/// The server's live heap bytes and blocks from its allocator's counters, right after a
+/// [`settled_rss`]; `None` if the server does not expose them.
+async fn heap(api: &Api) -> anyhow::Result<Option<(i64, i64)>> {
+    let bytes = api.metric_opt("sluice_alloc_bytes").await?;
+    let blocks = api.metric_opt("sluice_alloc_blocks").await?;
+    Ok(bytes.zip(blocks).map(|(a, b)| (a as i64, b as i64)))
+}
+
 async fn views_case(ctx: &Ctx<'_>, v: usize, case: &mut Case) -> anyhow::Result<()> {
     let p = ctx.params;
     let per_connection = v.max(1024).to_string();
@@ -1082,23 +1104,48 @@ async fn views_case(ctx: &Ctx<'_>, v: usize, case: &mut Case) -> anyhow::Result<
     )
     .await?;
     let rss_before = settled_rss(server.pid()).await?;
+    let heap_before = heap(&api).await?;
     let (conns, mut notes, secs) = subscribe_rooms(ctx, &api, v).await?;
     case.subscribe_s = Some(secs);
     let rss_subscribed = settled_rss(server.pid()).await?;
+    let heap_subscribed = heap(&api).await?;
+    let per_view = |a: i64, b: i64| (b - a) as f64 / v as f64;
+    let heaps = heap_before.zip(heap_subscribed);
     let mut memory = Memory {
         rss_before,
         rss_subscribed,
         rss_after_leave: None,
         rss_resubscribed: None,
         bytes_per_view: (rss_subscribed as f64 - rss_before as f64) / v as f64,
+        alloc_bytes_before: heap_before.map(|h| h.0),
+        alloc_bytes_subscribed: heap_subscribed.map(|h| h.0),
+        alloc_blocks_before: heap_before.map(|h| h.1),
+        alloc_blocks_subscribed: heap_subscribed.map(|h| h.1),
+        alloc_bytes_per_view: heaps.map(|(a, b)| per_view(a.0, b.0)),
+        alloc_blocks_per_view: heaps.map(|(a, b)| per_view(a.1, b.1)),
+        alloc_bytes_after_leave: None,
+        alloc_bytes_resubscribed: None,
         views_gauge: api.metric("sluice_live_views").await?,
         subscribers_gauge: api.metric("sluice_live_subscribers").await?,
     };
     ctx.progress.say(format!(
-        "  RSS {} → {} ({:.0} bytes/view); sluice_live_views {}, sluice_live_subscribers {}",
+        "  RSS {} → {} ({:.0} bytes/view); heap {} ({}); sluice_live_views {}, sluice_live_subscribers {}",
         fmt_bytes(rss_before),
         fmt_bytes(rss_subscribed),
         memory.bytes_per_view,
+        match heaps {
+            Some((a, b)) => format!(
+                "{} → {}",
+                fmt_bytes(a.0.max(0) as u64),
+                fmt_bytes(b.0.max(0) as u64)
+            ),
+            None => "not exposed by the server".into(),
+        },
+        match (memory.alloc_bytes_per_view, memory.alloc_blocks_per_view) {
+            (Some(bytes), Some(blocks)) =>
+                format!("{bytes:.0} bytes and {blocks:.1} blocks per view"),
+            _ => "—".into(),
+        },
         memory.views_gauge,
         memory.subscribers_gauge
     ));
@@ -1176,13 +1223,18 @@ async fn views_case(ctx: &Ctx<'_>, v: usize, case: &mut Case) -> anyhow::Result<
     // Every subscriber left: the views expire after the TTL.
     wait_no_views(&api).await?;
     memory.rss_after_leave = Some(settled_rss(server.pid()).await?);
+    memory.alloc_bytes_after_leave = heap(&api).await?.map(|h| h.0);
     // The same views again: if their memory is reused, RSS barely moves.
     let (conns, notes, _) = subscribe_rooms(ctx, &api, v).await?;
     memory.rss_resubscribed = Some(settled_rss(server.pid()).await?);
+    memory.alloc_bytes_resubscribed = heap(&api).await?.map(|h| h.0);
+    let heap_fmt = |b: Option<i64>| b.map_or("?".into(), |b| fmt_bytes(b.max(0) as u64));
     ctx.progress.say(format!(
-        "  RSS after leaving {}, after subscribing the same views again {}",
+        "  RSS after leaving {} (heap {}), after subscribing the same views again {} (heap {})",
         memory.rss_after_leave.map_or("?".into(), fmt_bytes),
-        memory.rss_resubscribed.map_or("?".into(), fmt_bytes)
+        heap_fmt(memory.alloc_bytes_after_leave),
+        memory.rss_resubscribed.map_or("?".into(), fmt_bytes),
+        heap_fmt(memory.alloc_bytes_resubscribed)
     ));
     for conn in conns {
         drop(conn.close().await?);

@@ -218,10 +218,12 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
                 ),
                 goal: "< 2 KiB".into(),
                 measured: format!(
-                    "{:.0} bytes ({} → {})",
+                    "{:.0} bytes ({} → {}); allocator's live heap: {}",
                     m.bytes_per_view,
                     fmt_bytes(m.rss_before),
-                    fmt_bytes(m.rss_subscribed)
+                    fmt_bytes(m.rss_subscribed),
+                    m.alloc_bytes_per_view
+                        .map_or("not exposed".into(), |b| format!("{b:.0} bytes per view"))
                 ),
                 met: (v >= TARGET_VIEWS).then_some(m.bytes_per_view < TARGET_BYTES_PER_VIEW),
             });
@@ -356,7 +358,9 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             "subscribe all",
             "RSS before",
             "RSS subscribed",
-            "bytes / view",
+            "bytes / view (RSS)",
+            "heap bytes / view (allocator)",
+            "heap blocks / view",
             "RSS after leaving",
             "RSS subscribed again",
             "verified",
@@ -375,6 +379,14 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
         row.push(m.map_or("—".into(), |m| fmt_bytes(m.rss_before)));
         row.push(m.map_or("—".into(), |m| fmt_bytes(m.rss_subscribed)));
         row.push(m.map_or("—".into(), |m| format!("{:.0}", m.bytes_per_view)));
+        row.push(
+            m.and_then(|m| m.alloc_bytes_per_view)
+                .map_or("—".into(), |b| format!("{b:.0}")),
+        );
+        row.push(
+            m.and_then(|m| m.alloc_blocks_per_view)
+                .map_or("—".into(), |b| format!("{b:.1}")),
+        );
         row.push(
             m.and_then(|m| m.rss_after_leave)
                 .map_or("—".into(), fmt_bytes),
@@ -398,7 +410,13 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
          step. RSS after leaving: every connection closed and every view expired \
          (`--live-ttl-secs 1`); the allocator (mimalloc) may keep freed pages, so RSS subscribed \
          again (the same views, subscribed a second time) tells whether that memory is reused. \
-         Below ~10 K views the per-view figure is within the noise of RSS.",
+         Below ~10 K views the RSS figure is within the noise of RSS (it moves by whole pages, \
+         and freed pages may stay), and can even be negative. Heap bytes / view is exact: the \
+         server's global allocator counts the bytes it was asked for and not yet given back \
+         (`sluice_alloc_bytes` in /metrics, read at the same moments as RSS), so (heap with \
+         every view subscribed − heap before) / views is what the views, their subscriptions \
+         and connections hold, without the allocator's own overhead and free pages that RSS \
+         also counts; heap blocks / view counts allocations the same way.",
         super::SUBS_PER_CONNECTION,
         super::CONNECTIONS_MAX,
         params.rows_per_room.min(TOP_K)
@@ -585,13 +603,22 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             chart.render(),
         );
         let chart = BarChart {
-            title: "Server memory per idle view (RSS delta / views)".into(),
+            title: "Server memory per idle view (RSS delta and allocator's heap delta / views)"
+                .into(),
             x_label: "scoped views registered".into(),
             y_label: "bytes per view".into(),
             categories: labels,
-            series: vec![series("bytes / view", &|c| {
-                c.memory.as_ref().map_or(0.0, |m| m.bytes_per_view)
-            })],
+            series: vec![
+                series("RSS bytes / view", &|c| {
+                    c.memory.as_ref().map_or(0.0, |m| m.bytes_per_view)
+                }),
+                series("heap bytes / view (allocator)", &|c| {
+                    c.memory
+                        .as_ref()
+                        .and_then(|m| m.alloc_bytes_per_view)
+                        .unwrap_or(0.0)
+                }),
+            ],
         };
         report.chart(
             "views_memory.svg",

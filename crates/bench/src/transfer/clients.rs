@@ -11,7 +11,11 @@
 //!   flight per client" means N such tasks, each on its own connection.
 //!
 //! Both count a transfer once its success reply arrives ([`Meter::acked`]), and a refused
-//! transfer by the kind of failure ([`Failures`]). A transport error stops the run.
+//! transfer by the kind of failure ([`Failures`]). A transport error stops the run. Every
+//! transfer also goes into the [`Ledger`]: acknowledged ones move the expected balances,
+//! refused ones do not, and one whose outcome the client cannot know (a transport error, a
+//! reply that does not say, a request still in flight when the client ends) is recorded as
+//! unknown ([`outcome_known`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -29,6 +33,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::ledger::{ClientGuard, Ledger, Transfer};
 use super::workload::{Pairs, AMOUNT};
 use crate::hist::Latency;
 use crate::load::{Meter, Worker};
@@ -69,6 +74,29 @@ pub fn failure_kind(code: &str, message: &str) -> String {
     code.to_string()
 }
 
+/// Whether an error reply with `code` says that the transfer did not apply. The codes of a
+/// refusal decided before anything changed (`docs/api.md`: "a refused request changes
+/// nothing"; the RPC servers roll back first): bad input, the bank module's refusals,
+/// conflicts, limits, `busy`, PostgreSQL's `serialization_failure` after its retries. Not
+/// `log_poisoned`, `shutting_down` or `internal` (the commit may have reached the log
+/// first), nor anything unrecognised: those transfers are unknown.
+pub fn outcome_known(code: &str) -> bool {
+    matches!(
+        code,
+        "bad_request"
+            | "schema"
+            | "unsupported"
+            | "not_found"
+            | "method_not_allowed"
+            | "already_exists"
+            | "conflict"
+            | "limit"
+            | "function_error"
+            | "busy"
+            | "serialization_failure"
+    )
+}
+
 /// What every worker of one case shares.
 #[derive(Clone, Debug)]
 pub struct Shared {
@@ -76,6 +104,8 @@ pub struct Shared {
     pub failures: Arc<Failures>,
     pub pairs: Arc<Pairs>,
     pub durability: Durability,
+    /// The target's ledger, kept across its cases (its balances carry over).
+    pub ledger: Arc<Ledger>,
 }
 
 impl Shared {
@@ -159,6 +189,7 @@ pub fn ws_worker(ws: WsStream, shared: Shared, start: usize, pipeline: usize) ->
         let mut client = WsClient {
             ws,
             durability: shared.durability.as_str(),
+            guard: shared.ledger.client(),
             shared,
             next_pair: start,
             sent_at: vec![None; pipeline],
@@ -177,6 +208,8 @@ pub fn ws_worker(ws: WsStream, shared: Shared, start: usize, pipeline: usize) ->
 struct WsClient {
     ws: WsStream,
     shared: Shared,
+    /// The transfer in each slot, for the ledger (unknown if the client ends first).
+    guard: ClientGuard,
     durability: &'static str,
     next_pair: usize,
     /// When the request in each slot (= request id) was sent; `None`: slot free.
@@ -225,6 +258,14 @@ impl WsClient {
             },
         )?;
         self.sent_at[slot] = Some(Instant::now());
+        self.guard.sent(
+            slot as u64,
+            Transfer {
+                from,
+                to,
+                amount: AMOUNT,
+            },
+        );
         self.in_flight += 1;
         self.ws
             .feed(Message::binary(self.frame.clone()))
@@ -264,11 +305,20 @@ impl WsClient {
             .with_context(|| format!("a second reply for request id {slot}"))?;
         self.in_flight -= 1;
         match (reply.kind.as_ref(), reply.error) {
-            ("result", _) => self
-                .shared
-                .meter
-                .acked(1, sent.elapsed(), &mut self.latency),
-            ("error", Some(e)) => self.shared.refused(&failure_kind(&e.code, &e.message)),
+            ("result", _) => {
+                self.guard.answered(slot as u64, true);
+                self.shared
+                    .meter
+                    .acked(1, sent.elapsed(), &mut self.latency)
+            }
+            ("error", Some(e)) => {
+                if outcome_known(&e.code) {
+                    self.guard.answered(slot as u64, false);
+                } else {
+                    self.guard.unknown(slot as u64);
+                }
+                self.shared.refused(&failure_kind(&e.code, &e.message))
+            }
             (other, _) => anyhow::bail!("unexpected reply type {other:?}"),
         }
         if !self.shared.meter.stopped() {
@@ -309,8 +359,19 @@ pub fn http_worker(
 ) -> Worker {
     tokio::spawn(async move {
         let mut latency = Latency::new();
+        // One request at a time: id 0. On a transport error the guard records the transfer
+        // in flight as unknown.
+        let mut guard = shared.ledger.client();
         while !shared.meter.stopped() {
             let (from, to) = shared.pairs.get(cursor.fetch_add(1, Ordering::Relaxed));
+            guard.sent(
+                0,
+                Transfer {
+                    from,
+                    to,
+                    amount: AMOUNT,
+                },
+            );
             let body = call_body(from, to, shared.durability);
             let t = Instant::now();
             let answer = async {
@@ -333,6 +394,7 @@ pub fn http_worker(
                 }
             };
             if status.is_success() {
+                guard.answered(0, true);
                 shared.meter.acked(1, t.elapsed(), &mut latency);
                 continue;
             }
@@ -342,8 +404,18 @@ pub fn http_worker(
                 error: ErrorBody<'a>,
             }
             match serde_json::from_slice::<ErrorReply<'_>>(&bytes) {
-                Ok(r) => shared.refused(&failure_kind(&r.error.code, &r.error.message)),
-                Err(_) => shared.refused(&format!("http_{}", status.as_u16())),
+                Ok(r) => {
+                    if outcome_known(&r.error.code) {
+                        guard.answered(0, false);
+                    } else {
+                        guard.unknown(0);
+                    }
+                    shared.refused(&failure_kind(&r.error.code, &r.error.message))
+                }
+                Err(_) => {
+                    guard.unknown(0);
+                    shared.refused(&format!("http_{}", status.as_u16()))
+                }
             }
         }
         Ok(latency)
@@ -368,6 +440,21 @@ mod tests {
             "same_account"
         );
         assert_eq!(failure_kind("busy", "try again"), "busy");
+    }
+
+    #[test]
+    fn only_refusals_decided_before_a_change_make_an_outcome_known() {
+        for code in [
+            "function_error",
+            "conflict",
+            "limit",
+            "serialization_failure",
+        ] {
+            assert!(outcome_known(code), "{code}");
+        }
+        for code in ["log_poisoned", "shutting_down", "internal", "http_502", ""] {
+            assert!(!outcome_known(code), "{code}");
+        }
     }
 
     #[test]

@@ -4,8 +4,12 @@
 //! to another, picked by Zipf(α) (α = 0: uniform; α = 1.5: ~80% of transactions touch the
 //! few hottest accounts). N clients, durable commits, the same pairs for every system.
 //! Reported per system and α: TPS (mean and sample standard deviation of the per-second
-//! series after a warm-up), p50/p99 latency, refused transfers by kind, and a check that
-//! the sum of all balances is unchanged after the run.
+//! series after a warm-up), p50/p99 latency, refused transfers by kind, and a check of
+//! every balance after the run: the bench keeps the expected balance of each account from
+//! the transfers it saw acknowledged ([`ledger`]), reads every account back and compares
+//! them all (and their sum). For the Sluice targets it then `kill -9`s the server, starts
+//! it again on the same data dir, and compares every balance again: acknowledged transfers
+//! must survive the crash. A mismatch fails the case, naming the account.
 //!
 //! Every system sits behind the same shape of network API, as in the keynote:
 //! - `sluice-ws`: the real `sluice serve --functions bank.js`; clients call `transfer`
@@ -24,7 +28,8 @@
 //! - [`workload`]: mulberry32, Zipf(α), precomputed pairs, the bank module and schemas.
 //! - [`clients`]: the pipelined WebSocket client and the HTTP request/response client.
 //! - [`rpc`]: the RPC server and its PostgreSQL and SQLite backends.
-//! - [`targets`]: starting, loading, summing and stopping each system.
+//! - [`targets`]: starting, loading, reading back, restarting and stopping each system.
+//! - [`ledger`]: the expected balance of every account, and the per-account check.
 //! - [`cpu`]: CPU used by the server (by thread for Sluice) and by the bench, from `/proc`.
 //! - [`summary`]: tables, targets, charts and `samples.json`.
 
@@ -49,6 +54,7 @@ use crate::CommonArgs;
 
 pub mod clients;
 pub mod cpu;
+pub mod ledger;
 pub mod rpc;
 pub mod summary;
 pub mod targets;
@@ -56,6 +62,7 @@ pub mod workload;
 
 use clients::{connect_ws, http_client, http_worker, ws_worker, Failures, Shared};
 use cpu::CpuSample;
+use ledger::{AccountCheck, Ledger};
 use targets::{Balances, Running};
 use workload::{Pairs, INITIAL_BALANCE, PAIRS_FULL};
 
@@ -164,6 +171,15 @@ pub struct TransferArgs {
     /// the newest /usr/lib/postgresql/*/bin).
     #[arg(long)]
     pub pg_bin: Option<PathBuf>,
+    /// Tests the check itself: before each Sluice target's kill -9, add 1 to account 0's
+    /// balance behind the bench's back, so the check after the restart must fail naming it.
+    #[arg(long, hide = true)]
+    pub tamper_before_restart: bool,
+    /// Tests the check itself: `kill -9` each Sluice target's server halfway through its
+    /// first measured window, so transfers in flight end unknown and the check after the
+    /// restart must account for them (the case itself fails: its clients lost the server).
+    #[arg(long, hide = true)]
+    pub kill_mid_window: bool,
 }
 
 /// Parameters after `--quick` is applied.
@@ -182,6 +198,10 @@ pub struct Params {
     pub pairs: usize,
     pub pg_pool: usize,
     pub quick: bool,
+    /// `--tamper-before-restart`: a run that must fail its restart check.
+    pub tamper_before_restart: bool,
+    /// `--kill-mid-window`: a run whose Sluice cases fail, with unknown transfers.
+    pub kill_mid_window: bool,
 }
 
 impl Params {
@@ -262,6 +282,8 @@ impl Params {
                 args.pg_pool
             },
             quick,
+            tamper_before_restart: args.tamper_before_restart,
+            kill_mid_window: args.kill_mid_window,
         })
     }
 
@@ -279,14 +301,32 @@ impl Params {
     }
 }
 
-/// The balance check after a case.
+/// The balance check after a case: the sum, and every account against the ledger.
 #[derive(Clone, Debug, Serialize)]
 pub struct BalanceCheck {
     pub accounts_expected: u64,
+    /// Rows read back.
     pub accounts: u64,
     pub sum_expected: i64,
     pub sum: i64,
+    /// Every account's balance against the one expected from the acknowledged transfers
+    /// (all cases of the target so far: they share the server).
+    pub every_account: AccountCheck,
     pub verified: bool,
+}
+
+/// The check after `kill -9` and a restart on the same data dir (Sluice targets, once per
+/// target after its last case).
+#[derive(Clone, Debug, Serialize)]
+pub struct RestartCheck {
+    /// `false`: not done (the reason is in `detail`), e.g. `--durability memory`, which
+    /// does not survive a crash.
+    pub done: bool,
+    /// Spawn of the restarted server → its first good `/health`, recovery included.
+    pub ready_s: Option<f64>,
+    pub balance: Option<BalanceCheck>,
+    pub ok: bool,
+    pub detail: String,
 }
 
 /// One (target, α) case, as stored in `samples.json`.
@@ -306,6 +346,9 @@ pub struct Case {
     /// Transactions the PostgreSQL RPC server retried during the case.
     pub retries: Option<u64>,
     pub balance: Option<BalanceCheck>,
+    /// Sluice targets, on the target's last case: every balance again after `kill -9` and
+    /// a restart.
+    pub restart: Option<RestartCheck>,
     /// CPU used over the case (warm-up + window), in cores: the database server process
     /// (Sluice, or PostgreSQL's postmaster and backends), and this bench process (the
     /// clients; for the peers also the RPC server, and SQLite itself).
@@ -332,6 +375,7 @@ impl Case {
             failures: BTreeMap::new(),
             retries: None,
             balance: None,
+            restart: None,
             server_cpu_cores: None,
             bench_cpu_cores: None,
             server_threads_cores: BTreeMap::new(),
@@ -342,6 +386,14 @@ impl Case {
 
     pub fn ok(&self) -> Option<&Measured> {
         self.result.as_ref().filter(|_| self.error.is_none())
+    }
+
+    /// Marks the case failed with `e`, keeping an earlier error.
+    fn fail(&mut self, e: String) {
+        self.error = Some(match self.error.take() {
+            Some(earlier) => format!("{earlier}; {e}"),
+            None => e,
+        });
     }
 }
 
@@ -409,7 +461,7 @@ async fn run_cases(
             params.accounts
         ));
         let t = Instant::now();
-        let running = match Running::start(
+        let mut running = match Running::start(
             target,
             params.accounts,
             durability,
@@ -433,6 +485,8 @@ async fn run_cases(
             t.elapsed().as_secs_f64(),
             running.describe()
         ));
+        // Kept across the target's cases: they share its accounts.
+        let ledger = Ledger::new(params.accounts, params.initial_balance);
         if let Running::Postgres { .. } = &running {
             if let Some(v) = postgres_version(&running) {
                 report.run_extra.insert("postgres_version".into(), json!(v));
@@ -449,7 +503,7 @@ async fn run_cases(
                 params.concurrency,
                 params.in_flight(target)
             ));
-            let case = run_case(params, target, alpha, &running, pairs[i].clone()).await;
+            let case = run_case(params, target, alpha, &running, pairs[i].clone(), &ledger).await;
             match (&case.error, &case.result) {
                 (None, Some(m)) => progress.say(format!(
                     "  {} TPS (± {}), p50 {}, p99 {}{}{}",
@@ -469,7 +523,23 @@ async fn run_cases(
                 (Some(e), _) => progress.say(format!("  FAILED: {e}")),
                 (None, None) => {}
             }
+            if let Some(b) = &case.balance {
+                progress.say(format!("  verified: {}", b.every_account.detail));
+            }
             cases.push(case);
+        }
+        if matches!(running, Running::Sluice { .. }) {
+            let check = restart_check(params, &mut running, &ledger).await;
+            progress.say(format!(
+                "{target}: after kill -9 and restart: {}",
+                check.detail
+            ));
+            if let Some(last) = cases.iter_mut().rev().find(|c| c.target == target) {
+                if check.done && !check.ok {
+                    last.fail(format!("after kill -9 and restart: {}", check.detail));
+                }
+                last.restart = Some(check);
+            }
         }
         progress.say(format!("{target}: stopping"));
         running.stop().await;
@@ -497,40 +567,51 @@ async fn run_case(
     alpha: f64,
     running: &Running,
     pairs: Arc<Pairs>,
+    ledger: &Arc<Ledger>,
 ) -> Case {
     let mut case = Case::new(params, target, alpha);
     let failures = Arc::new(Failures::default());
     let retries0 = running.retries();
     let by_thread = matches!(running, Running::Sluice { .. });
     let cpu0 = CpuSample::take(running.server_pid(), by_thread);
-    let measured = drive(params, target, running, pairs, failures.clone()).await;
+    // `--kill-mid-window`: the server (our child, by its pid) dies under load.
+    let killer = running
+        .server_pid()
+        .filter(|_| params.kill_mid_window && by_thread)
+        .map(|pid| {
+            let after = Duration::from_secs_f64(params.warmup_seconds + params.seconds / 2.0);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = tokio::task::spawn_blocking(move || crate::sys::signal(pid, "KILL")).await;
+            })
+        });
+    let measured = drive(params, target, running, pairs, failures.clone(), ledger).await;
+    if let Some(killer) = killer {
+        killer.abort();
+    }
     let usage = CpuSample::take(running.server_pid(), by_thread).since(&cpu0);
     case.server_cpu_cores = usage.server_cores;
     case.bench_cpu_cores = usage.bench_cores;
     case.server_threads_cores = usage.server_threads_cores;
     case.retries = running.retries().zip(retries0).map(|(b, a)| b - a);
     case.failures = failures.snapshot();
-    let measured = match measured {
-        Ok(m) => m,
-        Err(e) => {
-            case.error = Some(format!("{e:#}"));
-            return case;
+    match measured {
+        Ok(measured) => {
+            (case.tps_mean, case.tps_stddev) = tps_stats(&measured);
+            case.result = Some(measured);
         }
-    };
-    (case.tps_mean, case.tps_stddev) = tps_stats(&measured);
-    case.result = Some(measured);
-    match running.balances().await {
+        // The balances are still checked: the ledger knows which transfers were in flight.
+        Err(e) => case.fail(format!("{e:#}")),
+    }
+    match running.balances(params.accounts).await {
         Ok(b) => {
-            let check = balance_check(params, b);
-            if !check.verified {
-                case.error = Some(format!(
-                    "balances changed: {} accounts summing to {}, expected {} summing to {}",
-                    check.accounts, check.sum, check.accounts_expected, check.sum_expected
-                ));
+            let check = balance_check(params, &b, ledger);
+            if let Some(e) = balance_error(&check) {
+                case.fail(e);
             }
             case.balance = Some(check);
         }
-        Err(e) => case.error = Some(format!("cannot read the balances back: {e:#}")),
+        Err(e) => case.fail(format!("cannot read the balances back: {e:#}")),
     }
     if case.error.is_none() && case.tps_mean <= 0.0 {
         case.error = Some(format!(
@@ -541,6 +622,52 @@ async fn run_case(
     case
 }
 
+/// `kill -9` the Sluice server, start it on the same data dir, and compare every balance
+/// with the ledger again.
+async fn restart_check(params: &Params, running: &mut Running, ledger: &Ledger) -> RestartCheck {
+    let mut check = RestartCheck {
+        done: false,
+        ready_s: None,
+        balance: None,
+        ok: false,
+        detail: String::new(),
+    };
+    if params.durability() == Durability::Memory {
+        check.detail = "not checked: --durability memory does not survive kill -9".into();
+        return check;
+    }
+    check.done = true;
+    if params.tamper_before_restart {
+        let balance = ledger.expected()[0] + 1;
+        if let Err(e) = running.set_balance(0, balance).await {
+            check.detail = format!("--tamper-before-restart: {e:#}");
+            return check;
+        }
+    }
+    let ready = match running.kill9_and_restart().await {
+        Ok(ready) => ready,
+        Err(e) => {
+            check.detail = format!("{e:#}");
+            return check;
+        }
+    };
+    check.ready_s = Some(ready.as_secs_f64());
+    match running.balances(params.accounts).await {
+        Ok(b) => {
+            let balance = balance_check(params, &b, ledger);
+            check.ok = balance.verified;
+            check.detail = format!(
+                "ready in {:.2}s; {}",
+                ready.as_secs_f64(),
+                balance_error(&balance).unwrap_or_else(|| balance.every_account.detail.clone())
+            );
+            check.balance = Some(balance);
+        }
+        Err(e) => check.detail = format!("cannot read the balances back: {e:#}"),
+    }
+    check
+}
+
 /// Starts the clients for `target` and measures one window.
 async fn drive(
     params: &Params,
@@ -548,6 +675,7 @@ async fn drive(
     running: &Running,
     pairs: Arc<Pairs>,
     failures: Arc<Failures>,
+    ledger: &Arc<Ledger>,
 ) -> anyhow::Result<Measured> {
     let meter = Meter::new(0);
     let shared = Shared {
@@ -555,6 +683,7 @@ async fn drive(
         failures,
         pairs: pairs.clone(),
         durability: params.durability(),
+        ledger: ledger.clone(),
     };
     let clients = params.concurrency;
     let in_flight = params.in_flight(target);
@@ -627,16 +756,39 @@ pub fn tps_stats(m: &Measured) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-fn balance_check(params: &Params, b: Balances) -> BalanceCheck {
+fn balance_check(params: &Params, b: &Balances, ledger: &Ledger) -> BalanceCheck {
     let accounts_expected = u64::from(params.accounts);
     let sum_expected = i128::from(params.accounts) * i128::from(params.initial_balance);
+    let every_account = ledger.check(&b.by_id, &b.extra);
     BalanceCheck {
         accounts_expected,
         accounts: b.accounts,
         sum_expected: sum_expected as i64,
         sum: i64::try_from(b.sum).unwrap_or(i64::MAX),
-        verified: b.accounts == accounts_expected && b.sum == sum_expected,
+        verified: b.accounts == accounts_expected && b.sum == sum_expected && every_account.ok,
+        every_account,
     }
+}
+
+/// Why a balance check failed, naming the accounts; `None` if it passed.
+fn balance_error(check: &BalanceCheck) -> Option<String> {
+    if check.verified {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if check.accounts != check.accounts_expected || check.sum != check.sum_expected {
+        parts.push(format!(
+            "balances changed: {} accounts summing to {}, expected {} summing to {}",
+            check.accounts, check.sum, check.accounts_expected, check.sum_expected
+        ));
+    }
+    if !check.every_account.ok {
+        parts.push(format!(
+            "per-account check failed: {}",
+            check.every_account.detail
+        ));
+    }
+    Some(parts.join("; "))
 }
 
 /// Every case of a transfer `samples.json` ran, committed transfers, and kept the sum of
@@ -662,8 +814,39 @@ pub fn verify_samples(samples: &serde_json::Value) -> anyhow::Result<()> {
             "{label}: balances not verified: {}",
             c["balance"]
         );
+        let every = &c["balance"]["every_account"];
+        anyhow::ensure!(
+            every["ok"] == json!(true)
+                && every["mismatches"] == json!(0)
+                && every["accounts_checked"] == c["balance"]["accounts_expected"],
+            "{label}: not every account was checked and found as expected: {every}"
+        );
+        if !c["restart"].is_null() {
+            anyhow::ensure!(
+                c["restart"]["ok"] == json!(true) || c["restart"]["done"] == json!(false),
+                "{label}: the check after kill -9 and restart failed: {}",
+                c["restart"]
+            );
+        }
     }
     let params = &samples["params"];
+    // Every Sluice target was checked after kill -9 and a restart (unless its commits do
+    // not survive one).
+    if params["durability"] != json!("memory") {
+        for t in params["targets"]
+            .as_array()
+            .context("no targets in params")?
+        {
+            if t.as_str().is_some_and(|t| t.starts_with("sluice")) {
+                anyhow::ensure!(
+                    cases
+                        .iter()
+                        .any(|c| &c["target"] == t && c["restart"]["ok"] == json!(true)),
+                    "{t}: no check after kill -9 and restart"
+                );
+            }
+        }
+    }
     for t in params["targets"]
         .as_array()
         .context("no targets in params")?
@@ -757,14 +940,35 @@ mod tests {
     #[test]
     fn verify_samples_wants_every_case_verified() {
         let good = json!({
-            "params": {"targets": ["sqlite"], "alphas": [0.0]},
-            "cases": [{"target": "sqlite", "alpha": 0.0, "error": null, "tps_mean": 5.0,
-                       "latency": {"p99_us": 100}, "balance": {"verified": true}}]
+            "params": {"targets": ["sqlite", "sluice-ws"], "alphas": [0.0], "durability": "fsync"},
+            "cases": [
+                {"target": "sqlite", "alpha": 0.0, "error": null, "tps_mean": 5.0,
+                 "latency": {"p99_us": 100},
+                 "balance": {"verified": true, "accounts_expected": 10,
+                             "every_account": {"ok": true, "mismatches": 0, "accounts_checked": 10}}},
+                {"target": "sluice-ws", "alpha": 0.0, "error": null, "tps_mean": 5.0,
+                 "latency": {"p99_us": 100},
+                 "balance": {"verified": true, "accounts_expected": 10,
+                             "every_account": {"ok": true, "mismatches": 0, "accounts_checked": 10}},
+                 "restart": {"done": true, "ok": true}}
+            ]
         });
         verify_samples(&good).unwrap();
         let mut bad = good.clone();
         bad["cases"][0]["balance"]["verified"] = json!(false);
         assert!(verify_samples(&bad).is_err());
+        let mut one_account = good.clone();
+        one_account["cases"][0]["balance"]["every_account"]["mismatches"] = json!(1);
+        assert!(verify_samples(&one_account).is_err());
+        let mut few_checked = good.clone();
+        few_checked["cases"][1]["balance"]["every_account"]["accounts_checked"] = json!(9);
+        assert!(verify_samples(&few_checked).is_err());
+        let mut no_restart = good.clone();
+        no_restart["cases"][1]["restart"] = json!(null);
+        assert!(verify_samples(&no_restart).is_err());
+        let mut restart_failed = good.clone();
+        restart_failed["cases"][1]["restart"]["ok"] = json!(false);
+        assert!(verify_samples(&restart_failed).is_err());
         let mut missing = good.clone();
         missing["params"]["alphas"] = json!([0.0, 1.5]);
         assert!(verify_samples(&missing).is_err());

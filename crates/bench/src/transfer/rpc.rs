@@ -391,9 +391,9 @@ enum Job {
         amount: i64,
         reply: oneshot::Sender<Result<(), Refusal>>,
     },
-    /// (row count, sum of balances).
-    Sum {
-        reply: oneshot::Sender<Result<(i64, i64), String>>,
+    /// Every (id, balance).
+    Balances {
+        reply: oneshot::Sender<Result<Vec<(i64, i64)>, String>>,
     },
 }
 
@@ -445,16 +445,16 @@ impl SqliteDb {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Row count and sum of balances, read through the serving connection.
-    pub async fn sum(&self) -> anyhow::Result<(i64, i64)> {
+    /// Every `(id, balance)`, read through the serving connection.
+    pub async fn balances(&self) -> anyhow::Result<Vec<(i64, i64)>> {
         let (reply, rx) = oneshot::channel();
         self.jobs
-            .send(Job::Sum { reply })
+            .send(Job::Balances { reply })
             .await
             .map_err(|_| anyhow::anyhow!("the SQLite thread stopped"))?;
         rx.await
             .context("the SQLite thread stopped")?
-            .map_err(|e| anyhow::anyhow!("SQLite sum: {e}"))
+            .map_err(|e| anyhow::anyhow!("SQLite balances: {e}"))
     }
 }
 
@@ -503,15 +503,13 @@ fn sqlite_serve(mut conn: rusqlite::Connection, mut jobs: mpsc::Receiver<Job>) {
                     .unwrap_or_else(|e| Err(Refusal::Internal(format!("sqlite: {e}"))));
                 let _ = reply.send(outcome);
             }
-            Job::Sum { reply } => {
-                let sum = conn
-                    .query_row(
-                        "SELECT COUNT(*), COALESCE(SUM(balance), 0) FROM accounts",
-                        [],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(|e| e.to_string());
-                let _ = reply.send(sum);
+            Job::Balances { reply } => {
+                let read = || -> rusqlite::Result<Vec<(i64, i64)>> {
+                    let mut select = conn.prepare_cached("SELECT id, balance FROM accounts")?;
+                    let rows = select.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    rows.collect()
+                };
+                let _ = reply.send(read().map_err(|e| e.to_string()));
             }
         }
     }
@@ -586,7 +584,16 @@ mod tests {
         let Backend::Sqlite(db) = &backend else {
             unreachable!()
         };
-        assert_eq!(db.sum().await.unwrap(), (3, 3 * INITIAL_BALANCE));
+        let mut balances = db.balances().await.unwrap();
+        balances.sort_unstable();
+        assert_eq!(
+            balances,
+            vec![
+                (0, INITIAL_BALANCE - 5),
+                (1, INITIAL_BALANCE + 5),
+                (2, INITIAL_BALANCE)
+            ]
+        );
     }
 
     #[tokio::test]

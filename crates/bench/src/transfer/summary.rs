@@ -85,6 +85,7 @@ pub fn write(report: &mut Report, params: &Params, cases: &[Case]) {
     for &alpha in &params.alphas {
         report.tables.push(keynote_table(params, cases, alpha));
     }
+    report.tables.push(verification_table(params, cases));
     report.tables.push(checks_table(params, cases));
     if let Some(t) = threads_table(cases) {
         report.tables.push(t);
@@ -297,8 +298,8 @@ fn checks_table(params: &Params, cases: &[Case]) -> Table {
         ]);
     }
     t.note = Some(format!(
-        "Balances are read after the load stopped (Sluice: paging GET /v1/tables/accounts/rows; \
-         the peers: SELECT SUM(balance)); the sum must stay {} × {}. Retries: PostgreSQL \
+        "Balances are read after the load stopped (every account, as in the verification \
+         table); their sum must stay {} × {}. Retries: PostgreSQL \
          transactions retried after 40001/40P01/55P03. Server CPU: the Sluice process, or \
          PostgreSQL's postmaster and backends; bench CPU: this process (clients, plus the RPC \
          server and SQLite for the peers); both averaged over warm-up and window on {} \
@@ -308,6 +309,89 @@ fn checks_table(params: &Params, cases: &[Case]) -> Table {
         params.accounts,
         tps(params.initial_balance as f64),
         report_nproc()
+    ));
+    t
+}
+
+/// Every balance against the bench's ledger, after each case and (Sluice) after a restart.
+fn verification_table(params: &Params, cases: &[Case]) -> Table {
+    let mut t = Table::new(
+        "Verification: every account's balance",
+        &[
+            "system",
+            "α",
+            "transfers acked (so far)",
+            "unknown outcome",
+            "accounts checked",
+            "mismatches",
+            "after kill -9 and restart",
+        ],
+    );
+    for c in cases {
+        let (acked, unknown, checked, mismatches) = match &c.balance {
+            Some(b) => {
+                let e = &b.every_account;
+                (
+                    e.acked_transfers.to_string(),
+                    match e.unknown_applied {
+                        Some(a) if e.unknown_transfers > 0 => {
+                            format!("{} ({a} applied in the subset found)", e.unknown_transfers)
+                        }
+                        _ => e.unknown_transfers.to_string(),
+                    },
+                    format!("{} ({})", e.accounts_checked, e.method),
+                    if e.ok {
+                        format!("{} ✓", e.mismatches)
+                    } else {
+                        format!("**{}**: {}", e.mismatches, e.detail)
+                    },
+                )
+            }
+            None => ("—".into(), "—".into(), "not checked".into(), "—".into()),
+        };
+        let restart = match &c.restart {
+            None if matches!(c.target, Target::SluiceWs | Target::SluiceHttp) => {
+                "after the target's last α".into()
+            }
+            None => "— (peer)".into(),
+            Some(r) if !r.done => r.detail.clone(),
+            Some(r) => match (&r.balance, r.ok) {
+                (Some(b), true) => format!(
+                    "ready in {:.2}s; {} accounts, {} mismatches ✓",
+                    r.ready_s.unwrap_or_default(),
+                    b.every_account.accounts_checked,
+                    b.every_account.mismatches
+                ),
+                _ => format!("**failed**: {}", r.detail),
+            },
+        };
+        t.row(vec![
+            c.target.name().into(),
+            c.alpha.to_string(),
+            acked,
+            unknown,
+            checked,
+            mismatches,
+            restart,
+        ]);
+    }
+    t.note = Some(format!(
+        "The bench keeps the expected balance of each of the {} accounts from the transfers \
+         whose success reply it received (a target's cases share its accounts, so the counts \
+         add up over its α values). After each case it reads every balance back (Sluice: \
+         paging GET /v1/tables/accounts/rows; PostgreSQL and SQLite: SELECT id, balance) and \
+         compares each one; a refused transfer must have changed nothing. A transfer whose \
+         reply was lost or did not say whether it applied (transport error, `log_poisoned`, \
+         `shutting_down`, `internal`) is unknown: the check accepts exactly it having applied \
+         or not (`exact`: one subset of the unknown transfers must explain every difference, \
+         found by enumeration up to {} of them, else as a maximum flow, exact when they all \
+         move the same amount, as here; `bounded` otherwise: each account within their \
+         reach). For the \
+         Sluice targets the bench then kills the server with SIGKILL (its own child, by pid), \
+         starts it on the same data dir and compares every balance again; ready = spawn to \
+         the first good /health, recovery included. Any mismatch fails the run.",
+        params.accounts,
+        super::ledger::UNKNOWN_EXACT_MAX
     ));
     t
 }

@@ -1,5 +1,6 @@
 //! The systems under test, each started by the bench on loopback and loaded with the same
-//! accounts: start, serve the run, report the balances afterwards, stop.
+//! accounts: start, serve the run, read every balance back afterwards, stop (Sluice: also
+//! `kill -9` and restart on the same data dir, for the check after recovery).
 //!
 //! - `sluice-ws` / `sluice-http`: the real `sluice serve --functions bank.js` binary (a
 //!   fresh data dir each), accounts inserted by batched `POST /v1/mutate`.
@@ -7,7 +8,7 @@
 //!   `default_transaction_isolation=serializable`, behind the RPC server ([`RpcServer`]).
 //! - `sqlite`: a WAL database file with `synchronous=FULL`, behind the same RPC server.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use crate::sys::TempDir;
 
 /// Accounts per `POST /v1/mutate` while loading Sluice (under the default `--max-ops`).
 const SLUICE_LOAD_BATCH: u32 = 5_000;
-/// Rows per page when summing Sluice's balances (the default `--max-page-rows`).
+/// Rows per page when reading Sluice's balances (the default `--max-page-rows`).
 const SLUICE_PAGE_ROWS: usize = 10_000;
 /// Settings the PostgreSQL peer runs with, besides the peer's durable defaults.
 pub const PG_SETTINGS: [(&str, &str); 1] = [("default_transaction_isolation", "serializable")];
@@ -36,6 +37,9 @@ pub enum Running {
         server: Arc<SluiceServer>,
         http: reqwest::Client,
         dir: TempDir,
+        /// How the server was started, to start it again on the same data dir.
+        bin: PathBuf,
+        flags: Vec<String>,
     },
     Postgres {
         rpc: RpcServer,
@@ -48,11 +52,37 @@ pub enum Running {
     },
 }
 
-/// Row count and sum of balances, read after the load stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Every balance, read after the load stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Balances {
+    /// Rows read.
     pub accounts: u64,
     pub sum: i128,
+    /// The balance of account `id` at index `id`; `None`: no such row.
+    pub by_id: Vec<Option<i64>>,
+    /// Ids read outside `0..accounts`, or read twice.
+    pub extra: Vec<i64>,
+}
+
+impl Balances {
+    /// Files `(id, balance)` rows of a table that should hold ids `0..accounts`.
+    pub fn from_rows(accounts: u32, rows: impl IntoIterator<Item = (i64, i64)>) -> Balances {
+        let mut b = Balances {
+            accounts: 0,
+            sum: 0,
+            by_id: vec![None; accounts as usize],
+            extra: Vec::new(),
+        };
+        for (id, balance) in rows {
+            b.accounts += 1;
+            b.sum += i128::from(balance);
+            match usize::try_from(id).ok().and_then(|i| b.by_id.get_mut(i)) {
+                Some(slot @ None) => *slot = Some(balance),
+                _ => b.extra.push(id),
+            }
+        }
+        b
+    }
 }
 
 impl Running {
@@ -169,35 +199,74 @@ impl Running {
         })
     }
 
-    /// Counts the accounts and sums their balances (Sluice: by paging through
-    /// `GET /v1/tables/accounts/rows`; the peers: `SELECT COUNT(*), SUM(balance)`).
-    pub async fn balances(&self) -> anyhow::Result<Balances> {
+    /// Reads every account's balance (Sluice: by paging through
+    /// `GET /v1/tables/accounts/rows`; the peers: `SELECT id, balance FROM accounts`).
+    pub async fn balances(&self, accounts: u32) -> anyhow::Result<Balances> {
         match self {
-            Running::Sluice { server, http, .. } => sluice_balances(server, http).await,
+            Running::Sluice { server, http, .. } => sluice_balances(server, http, accounts).await,
             Running::Postgres { admin, .. } => {
-                let row = admin
-                    .query_one(
-                        "SELECT COUNT(*), COALESCE(SUM(balance), 0)::bigint FROM accounts",
-                        &[],
-                    )
-                    .await?;
-                let (count, sum): (i64, i64) = (row.get(0), row.get(1));
-                Ok(Balances {
-                    accounts: count as u64,
-                    sum: i128::from(sum),
-                })
+                let rows = admin.query("SELECT id, balance FROM accounts", &[]).await?;
+                Ok(Balances::from_rows(
+                    accounts,
+                    rows.iter()
+                        .map(|r| (i64::from(r.get::<_, i32>(0)), r.get::<_, i64>(1))),
+                ))
             }
             Running::Sqlite { rpc, .. } => {
                 let Backend::Sqlite(db) = &*rpc.backend else {
                     unreachable!("the sqlite target runs a SQLite backend")
                 };
-                let (count, sum) = db.sum().await?;
-                Ok(Balances {
-                    accounts: count as u64,
-                    sum: i128::from(sum),
-                })
+                Ok(Balances::from_rows(accounts, db.balances().await?))
             }
         }
+    }
+
+    /// Sluice only: sets one account's balance directly (a fsync `patch`), outside the
+    /// transfers; for testing the bench's own check.
+    pub async fn set_balance(&self, id: u32, balance: i64) -> anyhow::Result<()> {
+        let Running::Sluice { server, http, .. } = self else {
+            anyhow::bail!("only the Sluice targets can be tampered with");
+        };
+        let body = format!(
+            r#"{{"durability":"fsync","ops":[{{"op":"patch","table":"accounts","id":{id},"set":{{"balance":{balance}}}}}]}}"#
+        );
+        let resp = http
+            .post(server.url("/v1/mutate"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await?;
+        let status = resp.status();
+        anyhow::ensure!(
+            status.is_success(),
+            "setting account {id}'s balance: {status}: {}",
+            resp.text().await.unwrap_or_default()
+        );
+        Ok(())
+    }
+
+    /// Sluice only: `kill -9` the server (by the pid of the process the bench started),
+    /// start it again on the same data dir with the same flags, and return the time from
+    /// the new process's spawn to its first good `/health` (recovery included).
+    pub async fn kill9_and_restart(&mut self) -> anyhow::Result<Duration> {
+        let Running::Sluice {
+            server,
+            dir,
+            bin,
+            flags,
+            ..
+        } = self
+        else {
+            anyhow::bail!("only the Sluice targets are restarted");
+        };
+        Arc::get_mut(server)
+            .context("the server is still in use by a probe")?
+            .kill9_in_place();
+        let (restarted, ready) = SluiceServer::start(bin, &dir.path().join("data"), flags)
+            .await
+            .context("restarting sluice serve after kill -9")?;
+        *server = Arc::new(restarted);
+        Ok(ready)
     }
 
     /// Stops everything this target started (by pid) and removes its files.
@@ -240,6 +309,7 @@ async fn start_sluice(
         "--durability".to_string(),
         durability.to_string(),
     ];
+    let flags = flags.to_vec();
     let (server, _) = SluiceServer::start(bin, &dir.path().join("data"), &flags).await?;
     server.sql(CREATE_SLUICE).await?;
     let http = reqwest::Client::builder()
@@ -281,17 +351,17 @@ async fn start_sluice(
         server: Arc::new(server),
         http,
         dir,
+        bin: bin.to_path_buf(),
+        flags,
     })
 }
 
 async fn sluice_balances(
     server: &SluiceServer,
     http: &reqwest::Client,
+    accounts: u32,
 ) -> anyhow::Result<Balances> {
-    let mut balances = Balances {
-        accounts: 0,
-        sum: 0,
-    };
+    let mut read = Vec::with_capacity(accounts as usize);
     let mut after: Option<String> = None;
     loop {
         let mut url = server.url(&format!(
@@ -308,14 +378,16 @@ async fn sluice_balances(
             .as_array()
             .with_context(|| format!("a page without rows: {page}"))?;
         for r in rows {
+            let id = r["row"]["id"]
+                .as_i64()
+                .with_context(|| format!("a row without an integer id: {r}"))?;
             let balance = r["row"]["balance"]
                 .as_i64()
                 .with_context(|| format!("a row without an integer balance: {r}"))?;
-            balances.accounts += 1;
-            balances.sum += i128::from(balance);
+            read.push((id, balance));
         }
         match &page["next"] {
-            Value::Null => return Ok(balances),
+            Value::Null => return Ok(Balances::from_rows(accounts, read)),
             next => after = Some(next.to_string()),
         }
     }
