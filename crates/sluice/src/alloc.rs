@@ -5,13 +5,26 @@
 //! moves by whole pages and keeps freed ones. They show in `/metrics` as
 //! `sluice_alloc_bytes` and `sluice_alloc_blocks`.
 //!
-//! Cost: two relaxed atomic adds per allocation and per free, on two shared counters. No
-//! locks, no allocation, no thread-locals (a global allocator must not allocate itself).
+//! Off by default (`sluice serve --count-allocations` turns it on): counting costs two relaxed
+//! atomic adds per allocation and per free on two counters every thread shares, which the
+//! write path should not pay when nobody reads them. Off, the cost is one relaxed load of a
+//! flag that is never written. Counting starts when it is enabled, so the absolute figure
+//! misses what was allocated before (and is lowered by freeing it); differences between two
+//! readings — what the live bench uses — are exact. No locks, no allocation, no
+//! thread-locals (a global allocator must not allocate itself).
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+/// Whether allocations are counted (see the module docs).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+/// Starts counting allocations from now on.
+pub fn enable_counting() {
+    COUNTING.store(true, Ordering::Relaxed);
+}
 
 /// Bytes requested and not yet freed. Signed: a block freed on one thread may be counted
 /// before its allocation on another becomes visible (relaxed ordering), so a read can be
@@ -29,7 +42,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract for `alloc` is passed on as is.
         let p = unsafe { self.0.alloc(layout) };
-        if !p.is_null() {
+        if !p.is_null() && COUNTING.load(Ordering::Relaxed) {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
         }
@@ -39,7 +52,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc_zeroed`.
         let p = unsafe { self.0.alloc_zeroed(layout) };
-        if !p.is_null() {
+        if !p.is_null() && COUNTING.load(Ordering::Relaxed) {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
         }
@@ -49,15 +62,17 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as for `dealloc`.
         unsafe { self.0.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        LIVE_BLOCKS.fetch_sub(1, Ordering::Relaxed);
+        if COUNTING.load(Ordering::Relaxed) {
+            LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+            LIVE_BLOCKS.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `realloc`.
         let p = unsafe { self.0.realloc(ptr, layout, new_size) };
         // On failure the old block stays allocated, unchanged.
-        if !p.is_null() {
+        if !p.is_null() && COUNTING.load(Ordering::Relaxed) {
             LIVE_BYTES.fetch_add(
                 new_size as isize - layout.size() as isize,
                 Ordering::Relaxed,
@@ -99,6 +114,7 @@ mod tests {
         // allocator), and other test threads allocate concurrently: look for a block far
         // larger than anything else allocates, and compare with a margin.
         const BIG: usize = 64 << 20;
+        enable_counting();
         let (before, _) = live();
         let kept = std::hint::black_box(vec![1u8; BIG]);
         let (during, _) = live();

@@ -126,6 +126,10 @@ struct ServeArgs {
     /// Messages (replies, live events) queued for one WebSocket connection's socket.
     #[arg(long, default_value_t = 64)]
     ws_outbound_messages: usize,
+    /// Count live heap bytes and blocks for `/metrics` (`sluice_alloc_bytes`,
+    /// `sluice_alloc_blocks`); costs two shared atomic adds per allocation, so off by default.
+    #[arg(long)]
+    count_allocations: bool,
     /// Live subscriptions one WebSocket connection may hold.
     #[arg(long, default_value_t = 1024)]
     live_subscriptions_per_connection: usize,
@@ -221,7 +225,10 @@ fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.config()?;
-    sluice_server::add_metrics_hook(alloc::render_metrics);
+    if args.count_allocations {
+        alloc::enable_counting();
+        sluice_server::add_metrics_hook(alloc::render_metrics);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -660,6 +660,8 @@ impl Ctx<'_> {
             "33554432",
             "--live-ttl-secs",
             "1",
+            // Memory per view from the allocator's own counters, beside RSS.
+            "--count-allocations",
         ]
         .iter()
         .map(|s| s.to_string())
