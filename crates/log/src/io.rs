@@ -34,16 +34,21 @@ pub trait LogFileFactory: Send + Sync {
     }
 }
 
+/// Opens a real segment file for appending, creating it if missing (what every factory over
+/// real files does before wrapping the file).
+pub fn open_append_file(path: &std::path::Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
 /// Real files, opened for appending (created if missing).
 pub struct RealFiles;
 
 impl LogFileFactory for RealFiles {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        Ok(Box::new(file))
+        Ok(Box::new(open_append_file(path)?))
     }
 }
 
@@ -84,10 +89,7 @@ impl LogFile for FailingFile {
 
 impl LogFileFactory for FailingSyncs {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let file = open_append_file(path)?;
         Ok(Box::new(FailingFile {
             file,
             fail_from: self.fail_from,

@@ -27,10 +27,7 @@ impl LogFile for SlowFile {
 
 impl LogFileFactory for SlowFiles {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let file = sluice_log::io::open_append_file(path)?;
         Ok(Box::new(SlowFile(file, self.0)))
     }
 }

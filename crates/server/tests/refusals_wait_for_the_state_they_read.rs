@@ -55,10 +55,7 @@ impl LogFile for GatedFile {
 
 impl LogFileFactory for GatedFiles {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let file = sluice_log::io::open_append_file(path)?;
         Ok(Box::new(GatedFile(file, self.0.clone())))
     }
 }

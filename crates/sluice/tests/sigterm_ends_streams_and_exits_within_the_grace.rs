@@ -19,6 +19,19 @@ const GRACE_MS: u64 = 3_000;
 /// only matters for connections that do not close).
 const EXIT_WITHIN: Duration = Duration::from_secs(30);
 
+/// Waits for the signalled server to exit; asserts status 0 and returns its stderr.
+fn clean_exit(server: &mut Server) -> String {
+    let status = server
+        .wait_exit(EXIT_WITHIN)
+        .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", server.stderr()));
+    assert!(
+        status.success(),
+        "exit status {status}:\n{}",
+        server.stderr()
+    );
+    server.stderr()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_sse_streams_and_websockets_writes_the_snapshot_and_exits_0() {
     let dir = TempDir::new("sigterm-streams");
@@ -113,15 +126,7 @@ async fn sigterm_ends_sse_streams_and_websockets_writes_the_snapshot_and_exits_0
     assert_eq!(close.code, CloseCode::Away);
     assert!(close.reason.contains("shutting down"), "{close:?}");
 
-    let status = server
-        .wait_exit(EXIT_WITHIN)
-        .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", server.stderr()));
-    assert!(
-        status.success(),
-        "exit status {status}:\n{}",
-        server.stderr()
-    );
-    let stderr = server.stderr();
+    let stderr = clean_exit(&mut server);
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
     assert!(
         !stderr.contains("grace period"),
@@ -163,15 +168,7 @@ async fn a_connection_that_never_closes_is_cut_after_the_grace_period() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.signal_term();
-    let status = server
-        .wait_exit(EXIT_WITHIN)
-        .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", server.stderr()));
-    assert!(
-        status.success(),
-        "exit status {status}:\n{}",
-        server.stderr()
-    );
-    let stderr = server.stderr();
+    let stderr = clean_exit(&mut server);
     assert!(
         stderr.contains("grace period") && stderr.contains("stopped cleanly"),
         "{stderr}"
