@@ -311,18 +311,20 @@ impl Core {
     }
 
     /// Runs `f` on the current state and returns its result with the seq it reflects,
-    /// once that seq is confirmed (so nothing not yet durable at its class is shown).
+    /// once that seq is confirmed (so nothing not yet durable at its class is shown) — its
+    /// error too.
     pub async fn read<T>(
         &self,
         f: impl FnOnce(&Db) -> Result<T, TxError>,
     ) -> Result<(T, u64), CoreError> {
         let (value, seq) = {
             let db = self.db();
-            let seq = db.seq;
-            (f(&db)?, seq)
+            (f(&db), db.seq)
         };
+        // A read's refusal (`not_found`, say) is decided on this state too: it waits for it
+        // like a result does, so it never contradicts what recovery will show.
         self.wait_confirmed(seq).await?;
-        Ok((value, seq))
+        Ok((value?, seq))
     }
 
     /// Waits until every commit up to `seq` reached its durability class.

@@ -76,8 +76,9 @@ fn open(dir: &TempDir, gate: &Arc<Gate>) -> Arc<TestDb> {
     Arc::new(db)
 }
 
-/// Requests whose refusals read the row that the pending fsync insert of id 1 wrote.
-const REFUSED: [(&str, &str, &str); 4] = [
+/// Requests whose refusals read the row that the pending fsync insert of id 1 wrote (and,
+/// after these, `GET /v1/tables/t/rows/2` of the row it deleted: `not_found`).
+const REFUSED: [(&str, &str, &str); 5] = [
     (
         "/v1/mutate",
         r#"{"ops":[{"op":"insert","table":"t","row":{"id":1,"v":"again"}}],"durability":"memory"}"#,
@@ -98,6 +99,7 @@ const REFUSED: [(&str, &str, &str); 4] = [
         r#"{"args":{"id":1}}"#,
         "function_error",
     ),
+    ("/v1/tables/t/rows/2", "", "not_found"),
 ];
 
 async fn pending_insert_and_refusals(
@@ -120,13 +122,19 @@ async fn pending_insert_and_refusals(
     };
     // Let the insert apply (its sync now waits at the gate) before the refusals read it.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let refusals = REFUSED
+    let mut refusals: Vec<_> = REFUSED
         .iter()
+        .filter(|(_, body, _)| !body.is_empty())
         .map(|(uri, body, _)| {
             let db = db.clone();
             tokio::spawn(async move { db.post(uri, body.to_string()).await })
         })
         .collect();
+    // A read's refusal too: row 2 is gone only in the pending commit.
+    let reader = db.clone();
+    refusals.push(tokio::spawn(async move {
+        reader.get("/v1/tables/t/rows/2").await
+    }));
     (insert, refusals)
 }
 
