@@ -34,8 +34,11 @@ fn both() -> (Db, rusqlite::Connection) {
     for (id, a, b) in T_ROWS {
         tx.insert("t", &obj(json!({"id": id, "a": a, "b": b})), None)
             .unwrap();
-        lite.execute("INSERT INTO t VALUES (?1, ?2, ?3)", rusqlite::params![id, a, b])
-            .unwrap();
+        lite.execute(
+            "INSERT INTO t VALUES (?1, ?2, ?3)",
+            rusqlite::params![id, a, b],
+        )
+        .unwrap();
     }
     for (k, n) in [("5", 1), ("x", 2), ("10", 3)] {
         tx.insert("s", &obj(json!({"k": k, "n": n})), None).unwrap();
@@ -92,7 +95,10 @@ fn an_integer_column_equals_text_that_spells_its_value() {
     assert_eq!(ids("SELECT id FROM t WHERE a = '1e1'", &[]), ints(&[3]));
     assert_eq!(ids("SELECT id FROM t WHERE a = '3x'", &[]), ints(&[]));
     // Text that is no number stays text, and every number sorts before text.
-    assert_eq!(ids("SELECT id FROM t WHERE a < 'x'", &[]), ints(&[1, 2, 3, 5]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a < 'x'", &[]),
+        ints(&[1, 2, 3, 5])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE a > '5'", &[]), ints(&[2, 3]));
 }
 
@@ -101,9 +107,15 @@ fn a_text_parameter_takes_the_columns_affinity() {
     let p = |s: &str| vec![Value::Text(s.into())];
     assert_eq!(ids("SELECT id FROM t WHERE a = $1", &p("3")), ints(&[1, 5]));
     assert_eq!(ids("SELECT id FROM t WHERE $1 = a", &p("7")), ints(&[2]));
-    assert_eq!(ids("SELECT id FROM t WHERE a >= $1", &p("7")), ints(&[2, 3]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a >= $1", &p("7")),
+        ints(&[2, 3])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE id = $1", &p("4")), ints(&[4]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IN ($1, 10)", &p("7")), ints(&[2, 3]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IN ($1, 10)", &p("7")),
+        ints(&[2, 3])
+    );
     // An integer parameter against a TEXT column compares as text.
     assert_eq!(
         ids("SELECT id FROM t WHERE b = $1", &[Value::Integer(10)]),
@@ -115,9 +127,15 @@ fn a_text_parameter_takes_the_columns_affinity() {
 fn access_paths_find_rows_through_affinity() {
     // `a` and `b` are indexed and `id` / `k` are primary keys: each is an access path.
     assert_eq!(ids("SELECT id FROM t WHERE id = '2'", &[]), ints(&[2]));
-    assert_eq!(ids("SELECT id FROM t WHERE id BETWEEN '2' AND '4'", &[]), ints(&[2, 3, 4]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE id BETWEEN '2' AND '4'", &[]),
+        ints(&[2, 3, 4])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE a = '10'", &[]), ints(&[3]));
-    assert_eq!(ids("SELECT id FROM t WHERE a BETWEEN '4' AND '10'", &[]), ints(&[2, 3]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a BETWEEN '4' AND '10'", &[]),
+        ints(&[2, 3])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE b = 10", &[]), ints(&[4]));
     assert_eq!(
         ids("SELECT k FROM s WHERE k = 5", &[]),
@@ -133,34 +151,70 @@ fn access_paths_find_rows_through_affinity() {
 fn a_text_column_compares_with_a_number_as_text() {
     // '' < '100%' < '5' < 'apple' as text; ' 7' and '10' sort below '5' too.
     assert_eq!(ids("SELECT id FROM t WHERE b > 5", &[]), ints(&[3]));
-    assert_eq!(ids("SELECT id FROM t WHERE b < 5", &[]), ints(&[1, 2, 4, 5]));
-    assert_eq!(ids("SELECT id FROM t WHERE b BETWEEN 1 AND 2", &[]), ints(&[2, 4]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE b < 5", &[]),
+        ints(&[1, 2, 4, 5])
+    );
+    assert_eq!(
+        ids("SELECT id FROM t WHERE b BETWEEN 1 AND 2", &[]),
+        ints(&[2, 4])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE b IN (10, 7)", &[]), ints(&[4]));
     // Without a column on either side, nothing converts: every number is below text.
-    assert_eq!(ids("SELECT id FROM t WHERE b || '' > 5", &[]), ints(&[1, 2, 3, 4, 5]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE b || '' > 5", &[]),
+        ints(&[1, 2, 3, 4, 5])
+    );
 }
 
 #[test]
 fn columns_of_different_affinity_compare_numerically() {
     // INTEGER vs TEXT columns: numeric affinity converts ' 7' and '10'.
     assert_eq!(ids("SELECT id FROM t WHERE a = b", &[]), ints(&[]));
-    assert_eq!(ids("SELECT t.id FROM t JOIN s ON s.k = t.a", &[]), ints(&[3]));
-    assert_eq!(ids("SELECT s.n FROM s JOIN t ON t.a = s.k", &[]), ints(&[3]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IN (SELECT k FROM s)", &[]), ints(&[3]));
-    assert_eq!(ids("SELECT k FROM s WHERE k IN (SELECT a FROM t)", &[]), vec![Value::Text("10".into())]);
+    assert_eq!(
+        ids("SELECT t.id FROM t JOIN s ON s.k = t.a", &[]),
+        ints(&[3])
+    );
+    assert_eq!(
+        ids("SELECT s.n FROM s JOIN t ON t.a = s.k", &[]),
+        ints(&[3])
+    );
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IN (SELECT k FROM s)", &[]),
+        ints(&[3])
+    );
+    assert_eq!(
+        ids("SELECT k FROM s WHERE k IN (SELECT a FROM t)", &[]),
+        vec![Value::Text("10".into())]
+    );
 }
 
 #[test]
 fn is_compares_like_equals_with_nulls_equal() {
     assert_eq!(ids("SELECT id FROM t WHERE a IS 3", &[]), ints(&[1, 5]));
     assert_eq!(ids("SELECT id FROM t WHERE a IS '3'", &[]), ints(&[1, 5]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IS NOT 3", &[]), ints(&[2, 3, 4]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IS NOT 3", &[]),
+        ints(&[2, 3, 4])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE a IS NULL", &[]), ints(&[4]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IS NOT NULL", &[]), ints(&[1, 2, 3, 5]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IS $1", &[Value::Null]), ints(&[4]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IS NOT NULL", &[]),
+        ints(&[1, 2, 3, 5])
+    );
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IS $1", &[Value::Null]),
+        ints(&[4])
+    );
     assert_eq!(ids("SELECT id FROM t WHERE a IS NOT a", &[]), ints(&[]));
-    assert_eq!(ids("SELECT id FROM t WHERE (a IS 3) = 1 AND id IS NOT 5", &[]), ints(&[1]));
-    assert_eq!(ids("SELECT id FROM t WHERE a IS NOT DISTINCT FROM 7", &[]), ints(&[2]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE (a IS 3) = 1 AND id IS NOT 5", &[]),
+        ints(&[1])
+    );
+    assert_eq!(
+        ids("SELECT id FROM t WHERE a IS NOT DISTINCT FROM 7", &[]),
+        ints(&[2])
+    );
 }
 
 #[test]
@@ -170,7 +224,10 @@ fn group_by_and_having_accept_select_list_aliases() {
         vec![Value::Null, Value::Integer(0), Value::Integer(1)]
     );
     assert_eq!(
-        ids("SELECT a AS g, COUNT(*) AS n FROM t GROUP BY g HAVING n > 1", &[]),
+        ids(
+            "SELECT a AS g, COUNT(*) AS n FROM t GROUP BY g HAVING n > 1",
+            &[]
+        ),
         ints(&[3])
     );
     assert_eq!(
