@@ -87,7 +87,7 @@ impl Affinity {
     /// `v` with this affinity applied, as SQLite converts a comparison's operand.
     pub fn apply(self, v: Value) -> Value {
         match (self, &v) {
-            (Affinity::Numeric, Value::Text(s)) => numeric_text(s).unwrap_or(v),
+            (Affinity::Numeric, Value::Text(s) | Value::Json(s)) => numeric_text(s).unwrap_or(v),
             (
                 Affinity::Text,
                 Value::Integer(_) | Value::Real(_) | Value::Boolean(_) | Value::Timestamp(_),
@@ -674,6 +674,39 @@ mod tests {
         assert!(like(b"%", b""));
         assert!(like(b"a%c%e", b"abcde"));
         assert!(!like(b"a%c%f", b"abcde"));
+    }
+
+    #[test]
+    fn numeric_affinity_converts_only_well_formed_numbers() {
+        use Value::*;
+        let n = |s: &str| numeric_text(s);
+        assert_eq!(n("3"), Some(Integer(3)));
+        assert_eq!(n(" 7 "), Some(Integer(7)));
+        assert_eq!(n("+4"), Some(Integer(4)));
+        assert_eq!(n("007"), Some(Integer(7)));
+        assert_eq!(n("-2.5"), Some(Real(-2.5)));
+        assert_eq!(n("1e3"), Some(Integer(1000)));
+        assert_eq!(n(".5"), Some(Real(0.5)));
+        assert_eq!(n("5."), Some(Integer(5)));
+        assert_eq!(n("99999999999999999999"), Some(Real(1e20)));
+        for bad in ["", " ", "abc", "12abc", "0x10", "inf", "NaN", "1e", "e5", ".", "-", "1 2"] {
+            assert_eq!(n(bad), None, "{bad:?}");
+        }
+        assert_eq!(Affinity::Text.apply(Integer(5)), Text("5".into()));
+        assert_eq!(Affinity::Text.apply(Real(2.0)), Text("2.0".into()));
+        assert_eq!(Affinity::Numeric.apply(Text("x".into())), Text("x".into()));
+        assert_eq!(
+            Affinity::comparison(Affinity::Text, Affinity::Numeric),
+            Affinity::Numeric
+        );
+        assert_eq!(
+            Affinity::comparison(Affinity::Text, Affinity::Blob),
+            Affinity::Blob
+        );
+        assert_eq!(
+            Affinity::comparison(Affinity::None, Affinity::Text),
+            Affinity::Text
+        );
     }
 
     #[test]
