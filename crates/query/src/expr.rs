@@ -689,7 +689,9 @@ mod tests {
         assert_eq!(n(".5"), Some(Real(0.5)));
         assert_eq!(n("5."), Some(Integer(5)));
         assert_eq!(n("99999999999999999999"), Some(Real(1e20)));
-        for bad in ["", " ", "abc", "12abc", "0x10", "inf", "NaN", "1e", "e5", ".", "-", "1 2"] {
+        for bad in [
+            "", " ", "abc", "12abc", "0x10", "inf", "NaN", "1e", "e5", ".", "-", "1 2",
+        ] {
             assert_eq!(n(bad), None, "{bad:?}");
         }
         assert_eq!(Affinity::Text.apply(Integer(5)), Text("5".into()));

@@ -962,6 +962,12 @@ impl<'a> Planner<'a> {
                 let aff = Affinity::comparison(own, theirs);
                 let expr = Box::new(coerce(*expr, own, aff));
                 let out = planned.projection.remove(0);
+                // Its ORDER BY (before a LIMIT) still sorts by the unconverted value.
+                for k in &mut planned.order_by {
+                    if matches!(k.expr, SortExpr::Output(0)) {
+                        k.expr = SortExpr::Expr(out.clone());
+                    }
+                }
                 planned.projection.push(coerce(out, theirs, aff));
                 subs.push(planned);
                 Expr::InSubquery {

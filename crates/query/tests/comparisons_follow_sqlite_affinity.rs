@@ -187,6 +187,14 @@ fn columns_of_different_affinity_compare_numerically() {
         ids("SELECT k FROM s WHERE k IN (SELECT a FROM t)", &[]),
         vec![Value::Text("10".into())]
     );
+    // The subquery's ORDER BY … LIMIT picks by the unconverted text ('x', '5'), then compares.
+    assert_eq!(
+        ids(
+            "SELECT id FROM t WHERE a IN (SELECT k FROM s ORDER BY 1 DESC LIMIT 2)",
+            &[]
+        ),
+        ints(&[])
+    );
 }
 
 #[test]
