@@ -144,7 +144,7 @@ pub fn numeric_text(s: &str) -> Option<Value> {
     }
     let r: f64 = t.parse().ok()?;
     // SQLite keeps a real that is an exact integer as that integer.
-    if r.fract() == 0.0 && r >= -9.2e18 && r <= 9.2e18 {
+    if r.fract() == 0.0 && (-9.2e18..=9.2e18).contains(&r) {
         return Some(Value::Integer(r as i64));
     }
     Some(Value::Real(r))
