@@ -856,7 +856,14 @@ impl<'a> Planner<'a> {
             ast::Expr::Value(v) => self.literal(&v.value)?,
             ast::Expr::Nested(inner) => return self.expr(inner, scope, mode, subs, depth),
             ast::Expr::UnaryOp { op, expr } => match op {
-                UnaryOperator::Plus => return self.expr(expr, scope, mode, subs, depth),
+                UnaryOperator::Plus => {
+                    // SQLite: `+x` has no affinity, even when x is a column.
+                    let inner = self.expr(expr, scope, mode, subs, depth)?;
+                    return Ok(match inner {
+                        Expr::Column(_) => Expr::Affinity(Affinity::None, Box::new(inner)),
+                        other => other,
+                    });
+                }
                 UnaryOperator::Minus => match &**expr {
                     // Fold negative literals so that `-9223372036854775808` stays an integer.
                     ast::Expr::Value(v) if matches!(v.value, ast::Value::Number(..)) => {

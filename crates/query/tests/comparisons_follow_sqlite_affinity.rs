@@ -103,6 +103,18 @@ fn an_integer_column_equals_text_that_spells_its_value() {
 }
 
 #[test]
+fn unary_plus_strips_a_columns_affinity() {
+    assert_eq!(ids("SELECT id FROM t WHERE +a = '3'", &[]), ints(&[]));
+    assert_eq!(ids("SELECT id FROM t WHERE +a = 3", &[]), ints(&[1, 5]));
+    assert_eq!(
+        ids("SELECT id FROM t WHERE +b > 5", &[]),
+        ints(&[1, 2, 3, 4, 5])
+    );
+    assert_eq!(ids("SELECT id FROM t WHERE a IN (+b)", &[]), ints(&[]));
+    assert_eq!(ids("SELECT id FROM t WHERE b IN (+a, 10)", &[]), ints(&[4]));
+}
+
+#[test]
 fn a_text_parameter_takes_the_columns_affinity() {
     let p = |s: &str| vec![Value::Text(s.into())];
     assert_eq!(ids("SELECT id FROM t WHERE a = $1", &p("3")), ints(&[1, 5]));

@@ -257,7 +257,15 @@ impl Gen<'_> {
                 let op = self.cmp_op();
                 format!("{x}.c || '' {op} {}", self.num_const())
             }
-            8 => format!("{x}.a + 0 {} {}", self.cmp_op(), self.text_const()),
+            8 => {
+                // `+col` and `col + 0` have no affinity: compared as they are.
+                let e = if self.rng.chance(50) {
+                    format!("+{x}.{}", self.rng.pick(&["a", "c", "b"]))
+                } else {
+                    format!("{x}.a + 0")
+                };
+                format!("{e} {} {}", self.cmp_op(), self.text_const())
+            }
             9 => format!("{x}.id = {}", self.text_const()),
             10 => format!("{x}.r {} {}", self.cmp_op(), self.text_const()),
             _ => format!("{} {} {x}.a", self.text_const(), self.cmp_op()),
