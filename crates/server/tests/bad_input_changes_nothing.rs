@@ -242,6 +242,11 @@ fn mutate_cases() -> Vec<Case> {
             .at("op", 1),
         Case::new("an insert with if_version of an absent row", m, ops(&[r#"{"op": "insert", "table": "items", "row": {"id": 10, "name": "x"}, "if_version": 3}"#]), 409, "conflict")
             .at("op", 0),
+        Case::new("an if_version taken before a delete, against the re-inserted row", m, ops(&[
+            r#"{"op": "delete", "table": "items", "id": 2, "if_version": 2}"#,
+            r#"{"op": "insert", "table": "items", "row": {"id": 2, "name": "again"}}"#,
+            r#"{"op": "patch", "table": "items", "id": 2, "set": {"qty": 1}, "if_version": 2}"#]), 409, "conflict")
+            .at("op", 2),
         Case::new("an upsert with a stale if_version", m, ops(&[r#"{"op": "upsert", "table": "items", "row": {"id": 1, "name": "x"}, "if_version": 2}"#]), 409, "conflict")
             .at("op", 0),
         Case::new("a patch of the primary key", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"id": 5}}"#]), 400, "bad_request")

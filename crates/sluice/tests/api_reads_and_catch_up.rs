@@ -223,6 +223,23 @@ async fn rows_are_read_by_key_and_paged_in_key_order() {
         .await;
     let (status, _) = api.get("/v1/tables/users/rows/7").await;
     assert_eq!(status, 404);
+
+    // Inserted again, the key starts above every version it had (no ABA): a compare-and-set
+    // with the version read before the delete is refused.
+    let again = api
+        .mutate(json!([{"op": "insert", "table": "users", "row": {"id": 7, "name": "again"}}]))
+        .await;
+    assert!(
+        again["results"][0]["version"].as_u64() > second["seq"].as_u64(),
+        "{again}"
+    );
+    let stale = json!({"ops": [{"op": "patch", "table": "users", "id": 7, "set": {"name": "x"}, "if_version": second["seq"]}]});
+    let (status, body) = api.post("/v1/mutate", &stale).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("conflict")),
+        "{body}"
+    );
 }
 
 fn change(seq: u64, table: &str, op: &str, id: Value, row: Value, version: u64) -> Value {
