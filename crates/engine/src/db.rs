@@ -753,16 +753,17 @@ impl TxRef<'_> {
         self.check_row_size(table_name, &values)?;
         let existing = table.rows.get(&key);
         check_version(table_name, &key, existing, if_version)?;
-        let (op, version) = match existing {
+        let op = match existing {
             Some(_) if !replace => {
                 return Err(TxError::new(
                     ErrorCode::AlreadyExists,
                     format!("table {table_name:?} already has a row with key {key}"),
                 ))
             }
-            Some(old) => (ChangeOp::Update, old.version + 1),
-            None => (ChangeOp::Insert, 1),
+            Some(_) => ChangeOp::Update,
+            None => ChangeOp::Insert,
         };
+        let version = self.st.seq;
         self.write(table_name, key, Some(values.into()), op, version)
     }
 
@@ -785,17 +786,20 @@ impl TxRef<'_> {
         let mut values: Vec<Value> = old.values.to_vec();
         for (name, json) in set {
             let i = column_of(&schema, name)?;
-            let v = convert(&schema.columns[i], json)?;
-            if i == schema.pk && v != values[i] {
-                return Err(TxError::schema(format!(
-                    "patch cannot change the primary key {name:?}; delete and insert instead"
-                )));
+            if i == schema.pk {
+                // Even with the current value: a patch names its row by "id" only.
+                return Err(TxError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "patch cannot set the primary key {name:?} of table {table_name:?} (\"set\" names it); the row is chosen by \"id\" — to change a key, delete and insert"
+                    ),
+                ));
             }
-            values[i] = v;
+            values[i] = convert(&schema.columns[i], json)?;
         }
         check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
-        let version = old.version + 1;
+        let version = self.st.seq;
         self.write(
             table_name,
             key,

@@ -11,7 +11,10 @@ use crate::value::{Key, Value};
 pub struct RowEntry {
     /// One value per schema column. Invariant: `values.len() == schema.columns.len()`.
     pub values: Arc<[Value]>,
-    /// Starts at 1, +1 per write of this row.
+    /// The seq of the commit that last wrote this row: it grows with every commit that
+    /// writes the row and never repeats for a key, even across a delete and a re-insert
+    /// (`if_version` cannot be fooled by an old version: no ABA). Kept as written (log
+    /// records and snapshots carry it), so recovery restores it exactly.
     pub version: u64,
     /// Seq of the transaction that last wrote this row.
     pub seq: u64,

@@ -572,9 +572,10 @@ fn model_op(
             if !errs.is_empty() {
                 return Err(errs);
             }
+            // A row's version is the seq of the commit that last wrote it.
             let (change_op, version) = match current {
-                Some(v) => (ChangeOp::Update, v + 1),
-                None => (ChangeOp::Insert, 1),
+                Some(_) => (ChangeOp::Update, seq),
+                None => (ChangeOp::Insert, seq),
             };
             t.rows.insert(
                 key.clone(),
@@ -619,14 +620,17 @@ fn model_op(
             }
             let mut values = old.values.clone();
             for (name, json) in &op.fields {
-                match t
-                    .col(name)
-                    .and_then(|i| Some((i, convert(t.columns[i].ty, json)?)))
-                {
-                    Some((i, v)) if i == t.pk && v != values[i] => {
-                        errs.insert("schema");
+                match t.col(name) {
+                    // A patch may not name the primary key, even with its current value.
+                    Some(i) if i == t.pk => {
+                        errs.insert("bad_request");
                     }
-                    Some((i, v)) => values[i] = v,
+                    Some(i) => match convert(t.columns[i].ty, json) {
+                        Some(v) => values[i] = v,
+                        None => {
+                            errs.insert("schema");
+                        }
+                    },
                     None => {
                         errs.insert("schema");
                     }
@@ -636,7 +640,7 @@ fn model_op(
             if !errs.is_empty() {
                 return Err(errs);
             }
-            let version = old.version + 1;
+            let version = seq;
             t.rows.insert(
                 key.clone(),
                 MRow {
@@ -2622,7 +2626,19 @@ fn a_failed_transaction_changes_nothing() {
         (
             "primary key changed by a patch",
             |tx| tx.patch("player", &json!(4), &obj(json!({"id": 40})), None),
-            &[ErrorCode::Schema],
+            &[ErrorCode::BadRequest],
+        ),
+        (
+            "primary key named by a patch with its current value",
+            |tx| {
+                tx.patch(
+                    "player",
+                    &json!(4),
+                    &obj(json!({"id": 4, "score": 1})),
+                    None,
+                )
+            },
+            &[ErrorCode::BadRequest],
         ),
         (
             "unknown table",
@@ -2640,12 +2656,18 @@ fn a_failed_transaction_changes_nothing() {
             None,
         )
         .expect("upsert");
-        tx.patch("player", &json!(2), &obj(json!({"score": null})), Some(1))
-            .expect("patch");
+        let (loaded, seq) = (tx.seq() - 1, tx.seq());
+        tx.patch(
+            "player",
+            &json!(2),
+            &obj(json!({"score": null})),
+            Some(loaded),
+        )
+        .expect("patch");
         tx.delete("player", &json!(3), None).expect("delete");
         tx.insert("player", &obj(json!({"id": 6, "score": 60})), None)
             .expect("insert");
-        tx.upsert("player", &obj(json!({"id": 6, "name": "six"})), Some(1))
+        tx.upsert("player", &obj(json!({"id": 6, "name": "six"})), Some(seq))
             .expect("upsert again");
         let err = failing(&mut tx).expect_err(what);
         assert!(
@@ -2750,7 +2772,7 @@ fn a_failed_schema_batch_changes_nothing() {
 }
 
 #[test]
-fn versions_start_at_one_and_increase_per_write() {
+fn a_write_takes_its_commit_seq_as_the_row_version() {
     let mut db = new_db();
     let schema = TableSchema {
         name: "doc".into(),
@@ -2778,30 +2800,28 @@ fn versions_start_at_one_and_increase_per_write() {
         (result, commit.map(|c| c.seq))
     };
 
-    // `if_version: 0` means "must not exist yet".
+    // `if_version: 0` means "must not exist yet". A write's version is its commit's seq.
     let (r, seq) = write(&mut db, &|tx| {
         tx.insert("doc", &obj(json!({"id": "a", "n": 5})), Some(0))
     });
-    assert_eq!(r.expect("insert").version, 1);
-    assert_eq!(
-        row(&db).map(|r| (r.version, r.seq)),
-        Some((1, seq.expect("seq")))
-    );
+    let s1 = seq.expect("seq");
+    assert_eq!(r.expect("insert").version, s1);
+    assert_eq!(row(&db).map(|r| (r.version, r.seq)), Some((s1, s1)));
 
     let (r, seq) = write(&mut db, &|tx| {
         tx.patch("doc", &a, &obj(json!({"body": "x"})), None)
     });
-    assert_eq!(r.expect("patch").version, 2);
-    assert_eq!(
-        row(&db).map(|r| (r.version, r.seq)),
-        Some((2, seq.expect("seq")))
-    );
+    let s2 = seq.expect("seq");
+    assert!(s2 > s1);
+    assert_eq!(r.expect("patch").version, s2);
+    assert_eq!(row(&db).map(|r| (r.version, r.seq)), Some((s2, s2)));
 
     // An upsert replaces the whole row: `n` falls back to its default.
-    let (r, _) = write(&mut db, &|tx| {
-        tx.upsert("doc", &obj(json!({"id": "a", "body": "y"})), Some(2))
+    let (r, seq) = write(&mut db, &|tx| {
+        tx.upsert("doc", &obj(json!({"id": "a", "body": "y"})), Some(s2))
     });
-    assert_eq!(r.expect("upsert").version, 3);
+    let s3 = seq.expect("seq");
+    assert_eq!(r.expect("upsert").version, s3);
     let values: Vec<MVal> = row(&db).expect("row").values.iter().map(MVal::of).collect();
     assert_eq!(
         values,
@@ -2809,7 +2829,7 @@ fn versions_start_at_one_and_increase_per_write() {
     );
 
     let (r, _) = write(&mut db, &|tx| {
-        tx.patch("doc", &a, &obj(json!({"n": 1})), Some(2))
+        tx.patch("doc", &a, &obj(json!({"n": 1})), Some(s2))
     });
     assert_eq!(r.expect_err("stale").code, ErrorCode::Conflict);
     let (r, _) = write(&mut db, &|tx| {
@@ -2818,46 +2838,100 @@ fn versions_start_at_one_and_increase_per_write() {
     assert_eq!(r.expect_err("exists").code, ErrorCode::Conflict);
     assert_eq!(
         row(&db).map(|r| r.version),
-        Some(3),
-        "refused writes do not bump the version"
+        Some(s3),
+        "refused writes do not change the version"
     );
 
-    // Two writes of one row in one transaction: two versions, both in the commit.
+    // Two writes of one row in one transaction: both have the commit's seq.
     let mut tx = db.transaction();
-    tx.patch("doc", &a, &obj(json!({"n": 1})), Some(3))
+    let s4 = tx.seq();
+    tx.patch("doc", &a, &obj(json!({"n": 1})), Some(s3))
         .expect("patch");
-    tx.patch("doc", &a, &obj(json!({"n": 2})), Some(4))
+    tx.patch("doc", &a, &obj(json!({"n": 2})), Some(s4))
         .expect("patch again");
     let commit = tx.commit().expect("commit");
+    assert_eq!(commit.seq, s4);
     let CommitBody::Rows(changes) = &commit.body else {
         panic!("rows")
     };
     let versions: Vec<u64> = changes.iter().map(|c| c.version).collect();
-    assert_eq!(versions, vec![4, 5]);
-    assert_eq!(row(&db).map(|r| (r.version, r.seq)), Some((5, commit.seq)));
+    assert_eq!(versions, vec![s4, s4]);
+    assert_eq!(row(&db).map(|r| (r.version, r.seq)), Some((s4, s4)));
 
     // A delete reports the version it deleted.
     let mut tx = db.transaction();
-    assert_eq!(tx.delete("doc", &a, Some(5)).expect("delete").version, 5);
+    assert_eq!(tx.delete("doc", &a, Some(s4)).expect("delete").version, s4);
     let commit = tx.commit().expect("commit");
     let CommitBody::Rows(changes) = &commit.body else {
         panic!("rows")
     };
     assert_eq!(
         (changes[0].op, changes[0].version, changes[0].row.is_none()),
-        (ChangeOp::Delete, 5, true)
+        (ChangeOp::Delete, s4, true)
     );
     assert!(row(&db).is_none());
 
-    // Other rows count from 1 on their own.
-    let (r, _) = write(&mut db, &|tx| {
+    // Other rows have their own writes' seqs.
+    let (r, seq) = write(&mut db, &|tx| {
         tx.insert("doc", &obj(json!({"id": "b"})), None)
     });
-    assert_eq!(r.expect("insert").version, 1);
+    assert_eq!(r.expect("insert").version, seq.expect("seq"));
     assert_eq!(
         db.seq, 7,
         "one seq per DDL batch and per committed transaction"
     );
+}
+
+#[test]
+fn a_version_taken_before_a_delete_does_not_match_the_reinserted_row() {
+    let mut db = player_db();
+    let four = json!(4);
+    let before = db.tables["player"].rows[&Key::Int(4)].version;
+    let mut tx = db.transaction();
+    tx.delete("player", &four, Some(before)).expect("delete");
+    tx.commit().expect("commit");
+    let mut tx = db.transaction();
+    let again = tx
+        .insert("player", &obj(json!({"id": 4, "name": "again"})), Some(0))
+        .expect("re-insert")
+        .version;
+    tx.commit().expect("commit");
+    assert_ne!(again, before, "a key's versions never repeat");
+    // The client that read the old row still holds `before`: its compare-and-set fails.
+    for (what, op) in [
+        (
+            "patch",
+            Box::new(|tx: &mut Tx<'_>| {
+                tx.patch("player", &json!(4), &obj(json!({"score": 1})), Some(before))
+            }) as Box<dyn Fn(&mut Tx<'_>) -> Result<WriteResult, TxError>>,
+        ),
+        (
+            "upsert",
+            Box::new(|tx: &mut Tx<'_>| tx.upsert("player", &obj(json!({"id": 4})), Some(before))),
+        ),
+        (
+            "delete",
+            Box::new(|tx: &mut Tx<'_>| tx.delete("player", &json!(4), Some(before))),
+        ),
+    ] {
+        let mut tx = db.transaction();
+        let err = op(&mut tx).expect_err(what);
+        assert_eq!(err.code, ErrorCode::Conflict, "{what}: {err}");
+    }
+    // Even when the delete and the re-insert are one transaction.
+    let mut tx = db.transaction();
+    tx.delete("player", &four, Some(again)).expect("delete");
+    let third = tx
+        .insert("player", &obj(json!({"id": 4})), None)
+        .expect("re-insert")
+        .version;
+    tx.commit().expect("commit");
+    assert!(third > again);
+    let mut tx = db.transaction();
+    let err = tx
+        .patch("player", &four, &obj(json!({"score": 2})), Some(again))
+        .expect_err("stale");
+    assert_eq!(err.code, ErrorCode::Conflict);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -173,9 +173,15 @@ fn equality_route(select: &Select, params: &[Value]) -> Option<(usize, Value)> {
                     (Expr::Column(i), v) | (v, Expr::Column(i)) => (*i, v),
                     _ => continue,
                 };
+                // A literal already has the comparison's affinity applied; a parameter is
+                // wrapped in it (`a = $1` with "3" routes under a = 3).
                 let value = match val {
                     Expr::Literal(v) => v.clone(),
                     Expr::Param(p) => params[*p].clone(),
+                    Expr::Affinity(aff, e) => match &**e {
+                        Expr::Param(p) => aff.apply(params[*p].clone()),
+                        _ => continue,
+                    },
                     _ => continue,
                 };
                 return Some((col, value));

@@ -80,7 +80,7 @@ impl Operator {
             let plain_keys = select
                 .joins
                 .iter()
-                .all(|j| matches!(j.left_key, Expr::Column(_)));
+                .all(|j| matches!(j.left_key, Expr::Column(_)) && j.right_affinity.is_none());
             return if select.aggregate.is_none() && plain_keys {
                 Operator::Join
             } else {

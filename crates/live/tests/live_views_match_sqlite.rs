@@ -43,8 +43,14 @@ const HISTORY: usize = 8;
 const ACTIVE_MAX: usize = 64;
 const DORMANT_MAX: usize = 24;
 const DDL_MAX: usize = 6;
-const WORDS: [&str; 11] = [
+const WORDS: [&str; 18] = [
     "apple", "Apple", "banana", "cherry", "date", "Elder", "fig", "grape", "", "a_b", "100%",
+    // Text that looks numeric: compared with a number, numeric affinity converts it.
+    "10", "9", "1e3", " 7", "-2", "3.5", "007",
+];
+/// Text operands for comparisons with numeric columns (affinity converts the well-formed).
+const NUMERIC_TEXTS: [&str; 12] = [
+    "3", "10", " 7", "1e1", "2.5", "-2", "007", "abc", "", "12abc", "0x10", "+4",
 ];
 const LIKE_PATTERNS: [&str; 8] = ["a%", "%an%", "_pple", "%E%", "%", "a_b", "%0%%", "_"];
 
@@ -321,12 +327,15 @@ fn fingerprint<'a>(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PTy {
     Scalar(Ty),
+    /// Text, often spelling a number (to compare with a numeric column).
+    NumText,
     Limit,
 }
 
 fn random_param(rng: &mut Rng, p: PTy) -> Value {
     match p {
         PTy::Limit => Value::Integer(rng.range(-1, 10)),
+        PTy::NumText => Value::Text((*rng.pick(&NUMERIC_TEXTS)).into()),
         PTy::Scalar(_) if rng.chance(4) => Value::Null,
         PTy::Scalar(Ty::Int) => Value::Integer(rng.range(-5, 25)),
         PTy::Scalar(Ty::Real) => Value::Real(rng.quarter()),
@@ -492,6 +501,74 @@ impl<'a> Gen<'a> {
         format!("'{}'", self.rng.pick(&WORDS))
     }
 
+    /// Text that often spells a number: a literal or a text parameter.
+    fn num_text(&mut self) -> String {
+        if self.rng.chance(35) {
+            return self.param(PTy::NumText);
+        }
+        format!("'{}'", self.rng.pick(&NUMERIC_TEXTS))
+    }
+
+    /// Comparisons whose operands differ in type: SQLite's affinity rules decide.
+    fn affinity_pred(&mut self, x: &str, t: usize) -> String {
+        let numeric = *self.rng.pick(&[Ty::Int, Ty::Int, Ty::Real, Ty::Bool]);
+        match self.rng.below(9) {
+            0 => {
+                let (c, op, v) = (self.col(x, t, numeric), self.cmp_op(), self.num_text());
+                format!("{c} {op} {v}")
+            }
+            1 => {
+                let (c, op) = (self.col(x, t, Ty::Text), self.cmp_op());
+                let v = if self.rng.chance(50) {
+                    self.int_const()
+                } else {
+                    self.real_const()
+                };
+                format!("{c} {op} {v}")
+            }
+            2 => {
+                let (a, op, b) = (
+                    self.col(x, t, numeric),
+                    self.cmp_op(),
+                    self.col(x, t, Ty::Text),
+                );
+                format!("{a} {op} {b}")
+            }
+            3 => {
+                let c = self.col(x, t, numeric);
+                let items: Vec<String> =
+                    (0..self.rng.range(1, 3)).map(|_| self.num_text()).collect();
+                format!("{c}{} IN ({}, 5)", self.not(30), items.join(", "))
+            }
+            4 => {
+                let c = self.col(x, t, Ty::Text);
+                format!("{c}{} IN (10, 9, {})", self.not(30), self.int_const())
+            }
+            5 => {
+                let (c, lo, hi) = (self.col(x, t, Ty::Int), self.num_text(), self.num_text());
+                format!("{c}{} BETWEEN {lo} AND {hi}", self.not(20))
+            }
+            6 => {
+                let c = self.any_col(x, t);
+                let v = match self.rng.below(4) {
+                    0 => "NULL".to_string(),
+                    1 => self.num_text(),
+                    2 => self.int_const(),
+                    _ => self.any_col(x, t),
+                };
+                format!("{c} IS{} {v}", self.not(50))
+            }
+            7 => {
+                let (c, op) = (self.col(x, t, Ty::Text), self.cmp_op());
+                format!("{c} || '' {op} {}", self.int_const())
+            }
+            _ => {
+                let (op, v) = (self.cmp_op(), self.num_text());
+                format!("{x}.id {op} {v}")
+            }
+        }
+    }
+
     fn const_of(&mut self, ty: Ty) -> String {
         match ty {
             Ty::Int => self.int_const(),
@@ -551,6 +628,16 @@ impl<'a> Gen<'a> {
             .rng
             .pick(&[Ty::Int, Ty::Int, Ty::Text, Ty::Text, Ty::Bool, Ty::Real]);
         let c = self.col(x, t, ty);
+        if self.rng.chance(35) {
+            // Across types: the view must be routed by the converted value.
+            let v = match ty {
+                Ty::Text if self.rng.chance(50) => self.param(PTy::Scalar(Ty::Int)),
+                Ty::Text => self.int_const(),
+                _ if self.rng.chance(50) => self.param(PTy::NumText),
+                _ => self.num_text(),
+            };
+            return format!("{c} = {v}");
+        }
         let v = if self.rng.chance(50) {
             self.param(PTy::Scalar(ty))
         } else {
@@ -562,6 +649,9 @@ impl<'a> Gen<'a> {
     fn pred(&mut self, x: &str, t: usize, depth: u32) -> String {
         let tables = self.tables;
         let pk = tables[t].pk();
+        if self.rng.chance(20) {
+            return self.affinity_pred(x, t);
+        }
         match self.rng.below(if depth > 1 { 15 } else { 18 }) {
             0 | 1 => {
                 let (e, op, c) = (self.int_expr(x, t), self.cmp_op(), self.int_const());
@@ -752,7 +842,16 @@ impl<'a> Gen<'a> {
 
     fn join_on(&mut self, me: &str, mt: usize, other: &str, ot: usize) -> String {
         let tables = self.tables;
-        let mut on = match self.rng.below(9) {
+        let mut on = match self.rng.below(10) {
+            // Across types: the TEXT side compares numerically.
+            9 => {
+                let (a, b) = (self.col(me, mt, Ty::Text), self.col(other, ot, Ty::Int));
+                if self.rng.chance(50) {
+                    format!("{a} = {b}")
+                } else {
+                    format!("{b} = {a}")
+                }
+            }
             // A computed key: the join is re-evaluated rather than walked back.
             0 if tables[mt].pk() == Ty::Int => {
                 format!("{me}.id = {} + 1", self.col(other, ot, Ty::Int))
@@ -1001,8 +1100,19 @@ impl<'a> Gen<'a> {
                 None => self.col("x", t, Ty::Text),
             },
         };
-        let mut sql = format!("SELECT {key} AS k, {aggs} FROM {from}{filter} GROUP BY {key}");
-        match self.rng.below(5) {
+        // GROUP BY may name the select-list alias instead of repeating the expression.
+        let by = if self.rng.chance(30) {
+            "k".to_string()
+        } else {
+            key.clone()
+        };
+        let mut sql = format!("SELECT {key} AS k, {aggs} FROM {from}{filter} GROUP BY {by}");
+        match self.rng.below(7) {
+            5 => {
+                let (op, v) = (self.cmp_op(), self.num_text());
+                sql.push_str(&format!(" HAVING k {op} {v}"));
+            }
+            6 => sql.push_str(&format!(" HAVING a1 > {}", self.rng.range(0, 3))),
             0 => sql.push_str(&format!(" HAVING COUNT(*) > {}", self.rng.range(0, 3))),
             1 => {
                 let (a, b) = (self.col("x", t, Ty::Int), self.col("x", t, Ty::Real));

@@ -456,3 +456,45 @@ fn joins_follow_changes_on_either_side_through_their_anchors() {
     write(&mut db, &mut live, "users", json!({"id": 3, "name": "cy"}));
     assert!(s.try_recv().is_none());
 }
+
+#[test]
+fn a_view_comparing_across_types_is_routed_by_the_converted_value() {
+    let mut db = db();
+    let mut live = Live::new(sluice_live::Limits::default());
+    // `ts` is INTEGER: the text "30" (a literal or a text parameter) compares as 30;
+    // `room` is TEXT: the number 7 compares as the text '7'.
+    let by_literal = "SELECT id FROM msg WHERE ts = '30'";
+    let by_param = "SELECT id FROM msg WHERE ts = $1";
+    let by_number = "SELECT id FROM msg WHERE room = 7";
+    let by_is = "SELECT id FROM msg WHERE ts IS '30'";
+    let sinks: Vec<Arc<Sink>> = [
+        (by_literal, json!(null)),
+        (by_param, json!(["30"])),
+        (by_number, json!(null)),
+        (by_is, json!(null)),
+    ]
+    .into_iter()
+    .map(|(sql, p)| {
+        let s = sub(&mut live, &db, sql, p, None);
+        let (kind, snap) = next(&s);
+        assert_eq!(
+            (kind, &snap["keys"]),
+            (EventKind::Snapshot, &json!([])),
+            "{sql}"
+        );
+        s
+    })
+    .collect();
+    assert_eq!(live.operator_of(by_param), Some("filter"));
+    put(&mut db, &mut live, &[m(1, "7", 30)]);
+    for (s, sql) in sinks.iter().zip([by_literal, by_param, by_number, by_is]) {
+        let (_, d) = next(s);
+        assert_eq!(d["changes"][0]["key"], json!(1), "{sql}: {d}");
+    }
+    // And out again when the value changes.
+    put(&mut db, &mut live, &[m(1, "8", 31)]);
+    for (s, sql) in sinks.iter().zip([by_literal, by_param, by_number, by_is]) {
+        let (_, d) = next(s);
+        assert_eq!(d["changes"][0]["op"], json!("remove"), "{sql}: {d}");
+    }
+}

@@ -219,9 +219,12 @@ fn evaluate_from(
         let hashed: BTreeMap<Value, Vec<&Arc<[Value]>>> = if join.probe == Probe::Hashed {
             let mut map: BTreeMap<Value, Vec<&Arc<[Value]>>> = BTreeMap::new();
             for r in right.rows.values() {
-                let v = &r.values[join.right_column];
+                let mut v = r.values[join.right_column].clone();
+                if let Some(aff) = join.right_affinity {
+                    v = aff.apply(v);
+                }
                 if !v.is_null() {
-                    map.entry(v.clone()).or_default().push(&r.values);
+                    map.entry(v).or_default().push(&r.values);
                 }
             }
             map

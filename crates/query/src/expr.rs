@@ -29,8 +29,125 @@ pub enum BinOp {
     LtEq,
     Gt,
     GtEq,
+    /// `IS`: `=` that treats two NULLs as equal and never yields NULL.
+    Is,
+    /// `IS NOT`: the negation of [`BinOp::Is`].
+    IsNot,
     And,
     Or,
+}
+
+/// SQLite's type affinity of an operand (datatype3.html §3), as far as comparisons need it:
+/// a column has its declared type's affinity, any other expression has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Affinity {
+    /// An expression that is not a column.
+    None,
+    /// A BLOB column: no conversion.
+    Blob,
+    /// A TEXT (or JSON) column: numbers compared with it are compared as their text.
+    Text,
+    /// An INTEGER, REAL, BOOLEAN or TIMESTAMP column: text that is a well-formed number
+    /// is compared as that number.
+    Numeric,
+}
+
+impl Affinity {
+    /// The affinity of a column of type `ty`. JSON is stored as text, so it has TEXT
+    /// affinity (a JSON number compares with a number as SQLite compares a stored number).
+    pub fn of_column(ty: sluice_engine::ColumnType) -> Affinity {
+        use sluice_engine::ColumnType as T;
+        match ty {
+            T::Integer | T::Real | T::Boolean | T::Timestamp => Affinity::Numeric,
+            T::Text | T::Json => Affinity::Text,
+            T::Blob => Affinity::Blob,
+        }
+    }
+
+    /// The affinity a comparison between operands of affinities `a` and `b` applies to
+    /// both (SQLite's `sqlite3CompareAffinity`): two columns compare numerically if either
+    /// is numeric, else as they are; a column and a non-column use the column's.
+    pub fn comparison(a: Affinity, b: Affinity) -> Affinity {
+        match (a, b) {
+            (Affinity::None, x) | (x, Affinity::None) => x,
+            (Affinity::Numeric, _) | (_, Affinity::Numeric) => Affinity::Numeric,
+            _ => Affinity::Blob,
+        }
+    }
+
+    /// Whether applying `self` can change a value of an operand whose own affinity is `of`.
+    pub fn converts(self, of: Affinity) -> bool {
+        match self {
+            Affinity::Numeric => of != Affinity::Numeric && of != Affinity::Blob,
+            Affinity::Text => of != Affinity::Text && of != Affinity::Blob,
+            Affinity::None | Affinity::Blob => false,
+        }
+    }
+
+    /// `v` with this affinity applied, as SQLite converts a comparison's operand.
+    pub fn apply(self, v: Value) -> Value {
+        match (self, &v) {
+            (Affinity::Numeric, Value::Text(s) | Value::Json(s)) => numeric_text(s).unwrap_or(v),
+            (
+                Affinity::Text,
+                Value::Integer(_) | Value::Real(_) | Value::Boolean(_) | Value::Timestamp(_),
+            ) => Value::Text(to_text(&v).unwrap_or_default().into()),
+            _ => v,
+        }
+    }
+}
+
+/// The number `s` spells, if all of it (around optional spaces) is a well-formed integer
+/// or real literal: SQLite's numeric affinity (`'10'`, `' 7'`, `'1e3'`, `'-2.5'`; not `''`,
+/// `'12abc'`, `'0x10'` or `'inf'`).
+pub fn numeric_text(s: &str) -> Option<Value> {
+    let t = s.trim_matches(|c: char| matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
+    let b = t.as_bytes();
+    let mut i = 0;
+    if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
+        i += 1;
+    }
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        *i - start
+    };
+    let mut mantissa = digits(&mut i);
+    let mut integer = true;
+    if i < b.len() && b[i] == b'.' {
+        i += 1;
+        integer = false;
+        mantissa += digits(&mut i);
+    }
+    if mantissa == 0 {
+        return None;
+    }
+    if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
+        i += 1;
+        integer = false;
+        if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return None;
+        }
+    }
+    if i != b.len() {
+        return None;
+    }
+    if integer {
+        if let Ok(n) = t.parse::<i64>() {
+            return Some(Value::Integer(n));
+        }
+    }
+    let r: f64 = t.parse().ok()?;
+    // SQLite keeps a real that is an exact integer as that integer.
+    if r.fract() == 0.0 && (-9.2e18..=9.2e18).contains(&r) {
+        return Some(Value::Integer(r as i64));
+    }
+    Some(Value::Real(r))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +168,9 @@ pub enum Expr {
     Agg(usize),
     Unary(UnOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// The operand with an affinity applied: what a comparison compares (the planner puts
+    /// it around an operand whose values the comparison's affinity may convert).
+    Affinity(Affinity, Box<Expr>),
     IsNull {
         expr: Box<Expr>,
         negated: bool,
@@ -124,6 +244,7 @@ impl Expr {
                 from_truth(or(x, truth(&b.eval(env))))
             }
             Expr::Binary(op, a, b) => binary(*op, &a.eval(env), &b.eval(env)),
+            Expr::Affinity(aff, e) => aff.apply(e.eval(env)),
             Expr::IsNull { expr, negated } => {
                 Value::Integer((expr.eval(env).is_null() != *negated) as i64)
             }
@@ -209,7 +330,9 @@ impl Expr {
                 expr.visit_in_subqueries(f);
             }
             Expr::Column(_) | Expr::Literal(_) | Expr::Param(_) | Expr::Agg(_) => {}
-            Expr::Unary(_, e) | Expr::IsNull { expr: e, .. } => e.visit_in_subqueries(f),
+            Expr::Unary(_, e) | Expr::Affinity(_, e) | Expr::IsNull { expr: e, .. } => {
+                e.visit_in_subqueries(f)
+            }
             Expr::Binary(_, a, b)
             | Expr::Like {
                 expr: a,
@@ -237,7 +360,7 @@ impl Expr {
         match self {
             Expr::Column(i) => f(*i),
             Expr::Literal(_) | Expr::Param(_) | Expr::Agg(_) => {}
-            Expr::Unary(_, e) => e.visit_columns(f),
+            Expr::Unary(_, e) | Expr::Affinity(_, e) => e.visit_columns(f),
             Expr::Binary(_, a, b) => {
                 a.visit_columns(f);
                 b.visit_columns(f);
@@ -398,6 +521,14 @@ pub fn binary(op: BinOp, a: &Value, b: &Value) -> Value {
         BinOp::LtEq => from_truth(cmp_truth(a, b, |o| o != Ordering::Greater)),
         BinOp::Gt => from_truth(cmp_truth(a, b, |o| o == Ordering::Greater)),
         BinOp::GtEq => from_truth(cmp_truth(a, b, |o| o != Ordering::Less)),
+        BinOp::Is | BinOp::IsNot => {
+            let same = match (a.is_null(), b.is_null()) {
+                (true, true) => true,
+                (false, false) => compare(a, b) == Ordering::Equal,
+                _ => false,
+            };
+            Value::Integer((same == (op == BinOp::Is)) as i64)
+        }
         BinOp::And => from_truth(and(truth(a), truth(b))),
         BinOp::Or => from_truth(or(truth(a), truth(b))),
         BinOp::Concat => match (to_text(a), to_text(b)) {
@@ -543,6 +674,41 @@ mod tests {
         assert!(like(b"%", b""));
         assert!(like(b"a%c%e", b"abcde"));
         assert!(!like(b"a%c%f", b"abcde"));
+    }
+
+    #[test]
+    fn numeric_affinity_converts_only_well_formed_numbers() {
+        use Value::*;
+        let n = |s: &str| numeric_text(s);
+        assert_eq!(n("3"), Some(Integer(3)));
+        assert_eq!(n(" 7 "), Some(Integer(7)));
+        assert_eq!(n("+4"), Some(Integer(4)));
+        assert_eq!(n("007"), Some(Integer(7)));
+        assert_eq!(n("-2.5"), Some(Real(-2.5)));
+        assert_eq!(n("1e3"), Some(Integer(1000)));
+        assert_eq!(n(".5"), Some(Real(0.5)));
+        assert_eq!(n("5."), Some(Integer(5)));
+        assert_eq!(n("99999999999999999999"), Some(Real(1e20)));
+        for bad in [
+            "", " ", "abc", "12abc", "0x10", "inf", "NaN", "1e", "e5", ".", "-", "1 2",
+        ] {
+            assert_eq!(n(bad), None, "{bad:?}");
+        }
+        assert_eq!(Affinity::Text.apply(Integer(5)), Text("5".into()));
+        assert_eq!(Affinity::Text.apply(Real(2.0)), Text("2.0".into()));
+        assert_eq!(Affinity::Numeric.apply(Text("x".into())), Text("x".into()));
+        assert_eq!(
+            Affinity::comparison(Affinity::Text, Affinity::Numeric),
+            Affinity::Numeric
+        );
+        assert_eq!(
+            Affinity::comparison(Affinity::Text, Affinity::Blob),
+            Affinity::Blob
+        );
+        assert_eq!(
+            Affinity::comparison(Affinity::None, Affinity::Text),
+            Affinity::Text
+        );
     }
 
     #[test]

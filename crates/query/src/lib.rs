@@ -32,7 +32,9 @@ use std::collections::BTreeMap;
 use serde_json::Value as Json;
 use sluice_engine::{Db, Value};
 use sqlparser::dialect::GenericDialect;
+use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
+use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
 
 pub use error::QueryError;
 pub use exec::{
@@ -112,7 +114,13 @@ pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
             sql.len()
         )));
     }
-    let statements = Parser::parse_sql(&GenericDialect {}, sql)
+    let dialect = GenericDialect {};
+    let tokens = Tokenizer::new(&dialect, sql)
+        .tokenize_with_location()
+        .map_err(|e| QueryError::Syntax(e.to_string()))?;
+    let statements = Parser::new(&dialect)
+        .with_tokens_with_locations(sqlite_is(tokens))
+        .parse_statements()
         .map_err(|e| QueryError::Syntax(e.to_string()))?;
     let statement = match statements.as_slice() {
         [] => return Err(QueryError::Syntax("no SQL statement given".into())),
@@ -126,6 +134,63 @@ pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
         params: planner.params,
         text: statement.to_string(),
     })
+}
+
+/// SQLite's `a IS b` and `a IS NOT b` for any operand `b` (`=` / `<>` that treat two NULLs
+/// as equal): sqlparser parses only `IS [NOT] NULL / TRUE / FALSE / DISTINCT FROM …`, so
+/// any other `IS [NOT] b` is respelt `IS [NOT] DISTINCT FROM b`, which means the same.
+fn sqlite_is(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let keyword = |t: &TokenWithSpan| match &t.token {
+        Token::Word(w) if w.quote_style.is_none() => Some(w.keyword),
+        _ => None,
+    };
+    let next = |tokens: &[TokenWithSpan], from: usize| {
+        (from..tokens.len()).find(|&i| !matches!(tokens[i].token, Token::Whitespace(_)))
+    };
+    // Words sqlparser itself accepts after `IS [NOT]`.
+    const KNOWN: [Keyword; 11] = [
+        Keyword::NULL,
+        Keyword::TRUE,
+        Keyword::FALSE,
+        Keyword::UNKNOWN,
+        Keyword::DISTINCT,
+        Keyword::JSON,
+        Keyword::NORMALIZED,
+        Keyword::NFC,
+        Keyword::NFD,
+        Keyword::NFKC,
+        Keyword::NFKD,
+    ];
+    let mut out = Vec::with_capacity(tokens.len());
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = &tokens[i];
+        out.push(t.clone());
+        i += 1;
+        if keyword(t) != Some(Keyword::IS) {
+            continue;
+        }
+        let span = t.span;
+        let word = |k: &str| TokenWithSpan::new(Token::make_keyword(k), span);
+        let space = || TokenWithSpan::new(Token::Whitespace(Whitespace::Space), span);
+        let Some(j) = next(&tokens, i) else { continue };
+        let negated = keyword(&tokens[j]) == Some(Keyword::NOT);
+        let operand = if negated {
+            next(&tokens, j + 1)
+        } else {
+            Some(j)
+        };
+        let Some(k) = operand else { continue };
+        if keyword(&tokens[k]).is_some_and(|kw| KNOWN.contains(&kw)) {
+            continue;
+        }
+        if !negated {
+            out.extend([space(), word("NOT")]);
+        }
+        out.extend([space(), word("DISTINCT"), space(), word("FROM"), space()]);
+        i = if negated { j + 1 } else { j };
+    }
+    out
 }
 
 impl Plan {

@@ -12,7 +12,7 @@ use sqlparser::ast::{
     SelectItemQualifiedWildcardKind, SetExpr, SetOperator, Statement, TableFactor, UnaryOperator,
 };
 
-use crate::expr::{BinOp, Expr, UnOp};
+use crate::expr::{Affinity, BinOp, Expr, UnOp};
 use crate::QueryError;
 
 /// `IN (SELECT …)` subqueries nest at most this deep.
@@ -79,6 +79,9 @@ pub struct Join {
     pub left_key: Expr,
     /// Column position inside the right table.
     pub right_column: usize,
+    /// An affinity the comparison applies to the right column's values (a TEXT column
+    /// joined to a numeric one): then the probe is [`Probe::Hashed`] on the converted values.
+    pub right_affinity: Option<Affinity>,
     pub probe: Probe,
     /// Other `ON` conjuncts, evaluated against the joined row including the right side.
     pub residual: Option<Expr>,
@@ -244,6 +247,9 @@ pub(crate) struct Planner<'a> {
     outer: Vec<Scope>,
     /// Set when an aggregate was met in `Mode::Rows`.
     saw_aggregate: bool,
+    /// Select-list aliases a bare name may stand for (while compiling GROUP BY and HAVING;
+    /// as in SQLite, a column of that name wins).
+    aliases: Vec<(String, ast::Expr)>,
 }
 
 const AGGREGATES: [&str; 5] = ["count", "sum", "min", "max", "avg"];
@@ -255,6 +261,7 @@ impl<'a> Planner<'a> {
             params: ParamSpec::default(),
             outer: Vec::new(),
             saw_aggregate: false,
+            aliases: Vec::new(),
         }
     }
 
@@ -420,11 +427,22 @@ impl<'a> Planner<'a> {
             None => None,
         };
 
+        let aliases: Vec<(String, ast::Expr)> = s
+            .projection
+            .iter()
+            .filter_map(|item| match item {
+                SelectItem::ExprWithAlias { expr, alias } => Some((ident(alias), expr.clone())),
+                _ => None,
+            })
+            .collect();
         let mut mode = if grouped {
+            self.aliases = aliases.clone();
             let keys = group_exprs
                 .iter()
                 .map(|e| self.expr(e, &scope, &mut Mode::Rows, &mut subqueries, depth))
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>();
+            self.aliases.clear();
+            let keys = keys?;
             Mode::Groups {
                 keys,
                 aggs: Vec::new(),
@@ -495,7 +513,12 @@ impl<'a> Planner<'a> {
 
         // HAVING.
         let having = match &s.having {
-            Some(e) => Some(self.expr(e, &scope, &mut mode, &mut subqueries, depth)?),
+            Some(e) => {
+                self.aliases = aliases;
+                let compiled = self.expr(e, &scope, &mut mode, &mut subqueries, depth);
+                self.aliases.clear();
+                Some(compiled?)
+            }
             None => None,
         };
 
@@ -695,13 +718,20 @@ impl<'a> Planner<'a> {
         let (lo, hi) = (right.offset, right.offset + right.schema.columns.len());
         let parts = conjuncts(on);
         // The best equality: right pk, then an indexed right column, then any.
-        let mut best: Option<(usize, usize, Expr, Probe)> = None;
+        let mut best: Option<(usize, usize, Expr, Probe, Option<Affinity>)> = None;
         for (i, c) in parts.iter().enumerate() {
             let Expr::Binary(BinOp::Eq, a, b) = c else {
                 continue;
             };
             for (r, l) in [(a, b), (b, a)] {
-                let Expr::Column(rc) = **r else { continue };
+                let (rc, right_affinity) = match &**r {
+                    Expr::Column(rc) => (*rc, None),
+                    Expr::Affinity(aff, inner) => match **inner {
+                        Expr::Column(rc) => (rc, Some(*aff)),
+                        _ => continue,
+                    },
+                    _ => continue,
+                };
                 if !(lo..hi).contains(&rc) {
                     continue;
                 }
@@ -711,7 +741,9 @@ impl<'a> Planner<'a> {
                     continue;
                 }
                 let col = rc - lo;
-                let probe = if col == right.schema.pk {
+                let probe = if right_affinity.is_some() {
+                    Probe::Hashed
+                } else if col == right.schema.pk {
                     Probe::PrimaryKey
                 } else if let Some(ix) = right
                     .schema
@@ -729,11 +761,11 @@ impl<'a> Planner<'a> {
                     Probe::Hashed => 2,
                 };
                 if best.as_ref().is_none_or(|b| rank < probe_rank(b.3)) {
-                    best = Some((i, col, (**l).clone(), probe));
+                    best = Some((i, col, (**l).clone(), probe, right_affinity));
                 }
             }
         }
-        let Some((i, right_column, left_key, probe)) = best else {
+        let Some((i, right_column, left_key, probe, right_affinity)) = best else {
             return Err(QueryError::unsupported(
                 "JOIN … ON without an equality between a column of the joined table and the tables before it",
             ));
@@ -749,6 +781,7 @@ impl<'a> Planner<'a> {
             source,
             left_key,
             right_column,
+            right_affinity,
             probe,
             residual: conjoin(residual),
         })
@@ -799,6 +832,16 @@ impl<'a> Planner<'a> {
         Ok(match e {
             ast::Expr::Identifier(id) => {
                 let name = ident(id);
+                if scope.resolve(None, &name)?.is_none() {
+                    let alias = self.aliases.iter().find(|(n, _)| *n == name);
+                    if let Some(aliased) = alias.map(|(_, e)| e.clone()) {
+                        // Aliases do not refer to aliases.
+                        let saved = std::mem::take(&mut self.aliases);
+                        let compiled = self.expr(&aliased, scope, mode, subs, depth);
+                        self.aliases = saved;
+                        return compiled;
+                    }
+                }
                 let pos = self.column(scope, None, &name)?;
                 self.column_in_mode(pos, &name, mode)?
             }
@@ -813,7 +856,14 @@ impl<'a> Planner<'a> {
             ast::Expr::Value(v) => self.literal(&v.value)?,
             ast::Expr::Nested(inner) => return self.expr(inner, scope, mode, subs, depth),
             ast::Expr::UnaryOp { op, expr } => match op {
-                UnaryOperator::Plus => return self.expr(expr, scope, mode, subs, depth),
+                UnaryOperator::Plus => {
+                    // SQLite: `+x` has no affinity, even when x is a column.
+                    let inner = self.expr(expr, scope, mode, subs, depth)?;
+                    return Ok(match inner {
+                        Expr::Column(_) => Expr::Affinity(Affinity::None, Box::new(inner)),
+                        other => other,
+                    });
+                }
                 UnaryOperator::Minus => match &**expr {
                     // Fold negative literals so that `-9223372036854775808` stays an integer.
                     ast::Expr::Value(v) if matches!(v.value, ast::Value::Number(..)) => {
@@ -845,11 +895,21 @@ impl<'a> Planner<'a> {
                     BinaryOperator::Or => BinOp::Or,
                     other => return Err(QueryError::unsupported(format!("operator {other}"))),
                 };
-                Expr::Binary(
-                    op,
-                    sub(self, left, mode, subs)?,
-                    sub(self, right, mode, subs)?,
-                )
+                let (a, b) = (sub(self, left, mode, subs)?, sub(self, right, mode, subs)?);
+                if is_comparison(op) {
+                    self.comparison(op, *a, *b, scope, mode)
+                } else {
+                    Expr::Binary(op, a, b)
+                }
+            }
+            ast::Expr::IsNotDistinctFrom(left, right) | ast::Expr::IsDistinctFrom(left, right) => {
+                let op = if matches!(e, ast::Expr::IsNotDistinctFrom(..)) {
+                    BinOp::Is
+                } else {
+                    BinOp::IsNot
+                };
+                let (a, b) = (sub(self, left, mode, subs)?, sub(self, right, mode, subs)?);
+                self.comparison(op, *a, *b, scope, mode)
             }
             ast::Expr::IsNull(x) => Expr::IsNull {
                 expr: sub(self, x, mode, subs)?,
@@ -863,14 +923,23 @@ impl<'a> Planner<'a> {
                 expr,
                 list,
                 negated,
-            } => Expr::InList {
-                expr: sub(self, expr, mode, subs)?,
-                list: list
-                    .iter()
-                    .map(|x| self.expr(x, scope, mode, subs, depth))
-                    .collect::<Result<_, _>>()?,
-                negated: *negated,
-            },
+            } => {
+                // SQLite: `x IN (a, b)` compares as `x = +a OR x = +b`: the left operand's
+                // affinity applies to both sides.
+                let expr = sub(self, expr, mode, subs)?;
+                let aff = self.affinity_of(&expr, scope, mode);
+                let mut items = Vec::with_capacity(list.len());
+                for x in list {
+                    let item = self.expr(x, scope, mode, subs, depth)?;
+                    let own = self.affinity_of(&item, scope, mode);
+                    items.push(coerce(item, own, aff));
+                }
+                Expr::InList {
+                    expr,
+                    list: items,
+                    negated: *negated,
+                }
+            }
             ast::Expr::InSubquery {
                 expr,
                 subquery,
@@ -883,15 +952,30 @@ impl<'a> Planner<'a> {
                     )));
                 }
                 self.outer.push(scope.clone());
+                let aliases = std::mem::take(&mut self.aliases);
                 let planned = self.query(subquery, depth + 1);
+                self.aliases = aliases;
                 self.outer.pop();
-                let planned = planned?;
+                let mut planned = planned?;
                 if planned.projection.len() != 1 {
                     return Err(QueryError::Schema(format!(
                         "a subquery in IN must return one column; this one returns {}",
                         planned.projection.len()
                     )));
                 }
+                // As `x = y` for each value y of the subquery's column.
+                let own = self.affinity_of(&expr, scope, mode);
+                let theirs = select_output_affinity(&planned);
+                let aff = Affinity::comparison(own, theirs);
+                let expr = Box::new(coerce(*expr, own, aff));
+                let out = planned.projection.remove(0);
+                // Its ORDER BY (before a LIMIT) still sorts by the unconverted value.
+                for k in &mut planned.order_by {
+                    if matches!(k.expr, SortExpr::Output(0)) {
+                        k.expr = SortExpr::Expr(out.clone());
+                    }
+                }
+                planned.projection.push(coerce(out, theirs, aff));
                 subs.push(planned);
                 Expr::InSubquery {
                     expr,
@@ -904,12 +988,38 @@ impl<'a> Planner<'a> {
                 negated,
                 low,
                 high,
-            } => Expr::Between {
-                expr: sub(self, expr, mode, subs)?,
-                low: sub(self, low, mode, subs)?,
-                high: sub(self, high, mode, subs)?,
-                negated: *negated,
-            },
+            } => {
+                // `x BETWEEN l AND h` is `x >= l AND x <= h`: each comparison has its affinity.
+                let x = *sub(self, expr, mode, subs)?;
+                let (l, h) = (*sub(self, low, mode, subs)?, *sub(self, high, mode, subs)?);
+                let fx = self.affinity_of(&x, scope, mode);
+                let (fl, fh) = (
+                    self.affinity_of(&l, scope, mode),
+                    self.affinity_of(&h, scope, mode),
+                );
+                let (al, ah) = (Affinity::comparison(fx, fl), Affinity::comparison(fx, fh));
+                let (xl, xh) = (coerce(x.clone(), fx, al), coerce(x, fx, ah));
+                let (l, h) = (coerce(l, fl, al), coerce(h, fh, ah));
+                if xl == xh {
+                    Expr::Between {
+                        expr: Box::new(xl),
+                        low: Box::new(l),
+                        high: Box::new(h),
+                        negated: *negated,
+                    }
+                } else {
+                    let both = Expr::Binary(
+                        BinOp::And,
+                        Box::new(Expr::Binary(BinOp::GtEq, Box::new(xl), Box::new(l))),
+                        Box::new(Expr::Binary(BinOp::LtEq, Box::new(xh), Box::new(h))),
+                    );
+                    if *negated {
+                        Expr::Unary(UnOp::Not, Box::new(both))
+                    } else {
+                        both
+                    }
+                }
+            }
             ast::Expr::Like {
                 negated,
                 any,
@@ -941,11 +1051,35 @@ impl<'a> Planner<'a> {
             | ast::Expr::IsNotFalse(_) => {
                 return Err(QueryError::unsupported("IS TRUE / IS FALSE"))
             }
-            ast::Expr::IsDistinctFrom(..) | ast::Expr::IsNotDistinctFrom(..) => {
-                return Err(QueryError::unsupported("IS [NOT] DISTINCT FROM"))
-            }
             other => return Err(QueryError::unsupported(format!("expression {other}"))),
         })
+    }
+
+    /// The affinity of a compiled operand: a column's (in a grouped context, a key that is a
+    /// column keeps it), none for anything else.
+    fn affinity_of(&self, e: &Expr, scope: &Scope, mode: &Mode) -> Affinity {
+        match (e, mode) {
+            (Expr::Column(k), Mode::Groups { keys, .. }) => match keys.get(*k) {
+                Some(Expr::Column(i)) => scope_affinity(scope, *i),
+                _ => Affinity::None,
+            },
+            (Expr::Column(i), Mode::Rows) => scope_affinity(scope, *i),
+            _ => Affinity::None,
+        }
+    }
+
+    /// `a op b` for a comparison operator, with SQLite's affinity applied to the operands.
+    fn comparison(&self, op: BinOp, a: Expr, b: Expr, scope: &Scope, mode: &Mode) -> Expr {
+        let (fa, fb) = (
+            self.affinity_of(&a, scope, mode),
+            self.affinity_of(&b, scope, mode),
+        );
+        let aff = Affinity::comparison(fa, fb);
+        Expr::Binary(
+            op,
+            Box::new(coerce(a, fa, aff)),
+            Box::new(coerce(b, fb, aff)),
+        )
     }
 
     fn column(&self, scope: &Scope, table: Option<&str>, name: &str) -> Result<usize, QueryError> {
@@ -1102,6 +1236,50 @@ impl<'a> Planner<'a> {
     }
 }
 
+fn is_comparison(op: BinOp) -> bool {
+    matches!(
+        op,
+        BinOp::Eq | BinOp::NotEq | BinOp::Lt | BinOp::LtEq | BinOp::Gt | BinOp::GtEq
+    )
+}
+
+fn scope_affinity(scope: &Scope, i: usize) -> Affinity {
+    scope
+        .sources
+        .iter()
+        .find(|s| (s.offset..s.offset + s.schema.columns.len()).contains(&i))
+        .map_or(Affinity::None, |s| {
+            Affinity::of_column(s.schema.columns[i - s.offset].ty)
+        })
+}
+
+/// The affinity of a planned subquery's (only) output column.
+fn select_output_affinity(s: &Select) -> Affinity {
+    let scope = Scope {
+        sources: s.sources.clone(),
+    };
+    match (&s.projection[0], &s.aggregate) {
+        (Expr::Column(k), Some(agg)) => match agg.keys.get(*k) {
+            Some(Expr::Column(i)) => scope_affinity(&scope, *i),
+            _ => Affinity::None,
+        },
+        (Expr::Column(i), None) => scope_affinity(&scope, *i),
+        _ => Affinity::None,
+    }
+}
+
+/// `e` (of affinity `own`) as a comparison with affinity `aff` sees it: a literal is
+/// converted now, another operand whose values `aff` may change is wrapped.
+pub(crate) fn coerce(e: Expr, own: Affinity, aff: Affinity) -> Expr {
+    if !aff.converts(own) {
+        return e;
+    }
+    match e {
+        Expr::Literal(v) => Expr::Literal(aff.apply(v)),
+        other => Expr::Affinity(aff, Box::new(other)),
+    }
+}
+
 fn probe_rank(p: Probe) -> u8 {
     match p {
         Probe::PrimaryKey => 0,
@@ -1155,7 +1333,7 @@ fn unique_names(names: Vec<String>) -> Vec<String> {
 fn is_constant(e: &Expr) -> bool {
     match e {
         Expr::Literal(_) | Expr::Param(_) => true,
-        Expr::Unary(UnOp::Neg, x) => is_constant(x),
+        Expr::Unary(UnOp::Neg, x) | Expr::Affinity(_, x) => is_constant(x),
         _ => false,
     }
 }

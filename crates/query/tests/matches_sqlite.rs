@@ -36,8 +36,14 @@ impl Rng {
 
 const TABLES: [&str; 3] = ["t0", "t1", "t2"];
 const IDS_MAX: i64 = 30;
-const WORDS: [&str; 11] = [
+const WORDS: [&str; 19] = [
     "apple", "Apple", "banana", "cherry", "date", "Elder", "fig", "grape", "", "a_b", "100%",
+    // Text that looks numeric: compared with a number, numeric affinity converts it.
+    "10", "9", "1e3", " 7", "-2", "3.5", "007", "12abc",
+];
+/// Text operands for comparisons with numeric columns (affinity converts the well-formed).
+const NUMERIC_TEXTS: [&str; 12] = [
+    "3", "10", " 7", "1e1", "2.5", "-2", "007", "abc", "", "12abc", "0x10", "+4",
 ];
 const LIKE_PATTERNS: [&str; 8] = ["a%", "%an%", "_pple", "%E%", "%", "a_b", "%0%%", "_"];
 
@@ -162,6 +168,110 @@ impl Gen<'_> {
         self.rng.range(-5, 25).to_string()
     }
 
+    /// A text operand: a literal or (sometimes) a parameter bound as text.
+    fn text_const(&mut self) -> String {
+        let t = *self.rng.pick(&NUMERIC_TEXTS);
+        if self.rng.chance(30) {
+            self.params.push(Value::Text(t.into()));
+            return format!("${}", self.params.len());
+        }
+        format!("'{t}'")
+    }
+
+    /// A number compared with a TEXT column (text affinity converts it).
+    fn num_const(&mut self) -> String {
+        let n = match self.rng.below(3) {
+            0 => self.rng.range(-3, 12).to_string(),
+            1 => format!("{}", self.rng.range(-6, 30) as f64 / 2.0),
+            _ => "1000".into(),
+        };
+        if self.rng.chance(25) {
+            let v = match n.parse::<i64>() {
+                Ok(i) => Value::Integer(i),
+                Err(_) => Value::Real(n.parse().unwrap()),
+            };
+            self.params.push(v);
+            return format!("${}", self.params.len());
+        }
+        n
+    }
+
+    /// Comparisons whose operands differ in type: SQLite's affinity rules decide.
+    fn affinity_pred(&mut self, x: &str) -> String {
+        match self.rng.below(12) {
+            0 => {
+                let c = self.rng.pick(&["a", "r", "id", "b", "d"]);
+                let (op, t) = (self.cmp_op(), self.text_const());
+                format!("{x}.{c} {op} {t}")
+            }
+            1 => {
+                let (op, n) = (self.cmp_op(), self.num_const());
+                format!("{x}.c {op} {n}")
+            }
+            2 => {
+                let c = self.rng.pick(&["a", "r", "b", "id"]);
+                let op = self.cmp_op();
+                if self.rng.chance(50) {
+                    format!("{x}.{c} {op} {x}.c")
+                } else {
+                    format!("{x}.c {op} {x}.{c}")
+                }
+            }
+            3 => {
+                let items: Vec<String> = (0..self.rng.range(1, 4))
+                    .map(|_| {
+                        if self.rng.chance(50) {
+                            self.text_const()
+                        } else {
+                            self.rng.range(-3, 12).to_string()
+                        }
+                    })
+                    .collect();
+                let c = self.rng.pick(&["a", "c", "r"]);
+                let not = if self.rng.chance(30) { " NOT" } else { "" };
+                format!("{x}.{c}{not} IN ({})", items.join(", "))
+            }
+            4 => {
+                let not = if self.rng.chance(20) { " NOT" } else { "" };
+                let (lo, hi) = (self.text_const(), self.text_const());
+                format!("{x}.a{not} BETWEEN {lo} AND {hi}")
+            }
+            5 => {
+                let not = if self.rng.chance(20) { " NOT" } else { "" };
+                let (lo, hi) = (self.num_const(), self.num_const());
+                format!("{x}.c{not} BETWEEN {lo} AND {hi}")
+            }
+            6 => {
+                let c = self.rng.pick(&["a", "b", "c", "d", "r"]);
+                let not = if self.rng.chance(50) { " NOT" } else { "" };
+                let v = match self.rng.below(4) {
+                    0 => "NULL".to_string(),
+                    1 => self.text_const(),
+                    2 => self.num_const(),
+                    _ => format!("{x}.{}", self.rng.pick(&["a", "c", "r"])),
+                };
+                format!("{x}.{c} IS{not} {v}")
+            }
+            7 => {
+                // No affinity on either side: compared as they are.
+                let op = self.cmp_op();
+                format!("{x}.c || '' {op} {}", self.num_const())
+            }
+            8 => {
+                // `+col` and `col + 0` have no affinity: compared as they are.
+                let e = if self.rng.chance(50) {
+                    format!("+{x}.{}", self.rng.pick(&["a", "c", "b"]))
+                } else {
+                    format!("{x}.a + 0")
+                };
+                format!("{e} {} {}", self.cmp_op(), self.text_const())
+            }
+            9 => format!("{x}.id = {}", self.text_const()),
+            10 => format!("{x}.r {} {}", self.cmp_op(), self.text_const()),
+            _ => format!("{} {} {x}.a", self.text_const(), self.cmp_op()),
+        }
+    }
+
     fn cmp_op(&mut self) -> &'static str {
         const OPS: [&str; 6] = ["=", "<>", "<", "<=", ">", ">="];
         OPS[self.rng.below(6) as usize]
@@ -169,6 +279,9 @@ impl Gen<'_> {
 
     fn pred(&mut self, x: &str, depth: u32) -> String {
         let choice = self.rng.below(if depth > 1 { 14 } else { 17 });
+        if self.rng.chance(25) {
+            return self.affinity_pred(x);
+        }
         match choice {
             0 | 1 => {
                 let (e, op, c) = (self.int_expr(x), self.cmp_op(), self.int_const());
@@ -312,7 +425,9 @@ impl Gen<'_> {
                 .pick(&["JOIN", "INNER JOIN", "LEFT JOIN", "LEFT OUTER JOIN"]);
             let me = aliases[k];
             let other = aliases[self.rng.below(k as u64) as usize];
-            let on = match self.rng.below(5) {
+            let on = match self.rng.below(7) {
+                5 => format!("{me}.c = {other}.a"),
+                6 => format!("{other}.c = {me}.r"),
                 0 => format!("{me}.id = {other}.r"),
                 1 => format!("{me}.r = {other}.id"),
                 2 => format!("{other}.a = {me}.a"),
@@ -339,7 +454,7 @@ impl Gen<'_> {
     fn subquery(&mut self, level: u32, max: u32) -> String {
         let t = self.rng.pick(&TABLES);
         let s = format!("s{level}");
-        let col = self.rng.pick(&["a", "r", "id"]);
+        let col = self.rng.pick(&["a", "r", "id", "c"]);
         let mut sql = format!("SELECT {s}.{col} FROM {t} {s}");
         let mut conds = Vec::new();
         if self.rng.chance(70) {
@@ -365,7 +480,7 @@ impl Gen<'_> {
     fn in_subquery(&mut self) -> Generated {
         let t = self.rng.pick(&TABLES);
         let max = self.rng.range(1, 3) as u32;
-        let col = self.rng.pick(&["a", "r", "id"]);
+        let col = self.rng.pick(&["a", "r", "id", "c"]);
         let not = if self.rng.chance(25) { " NOT" } else { "" };
         let mut sql = format!(
             "SELECT x.id, x.a, x.c FROM {t} x WHERE x.{col}{not} IN ({})",
@@ -416,9 +531,21 @@ impl Gen<'_> {
             return self.done(sql, true);
         }
         let key = *self.rng.pick(&["x.a", "x.c", "x.d", "x.r", "x.a % 3"]);
+        // GROUP BY may name the select-list alias instead of repeating the expression.
+        let by = if self.rng.chance(30) { "k" } else { key };
         let mut sql =
-            format!("SELECT {key} AS k, {aggs_sql} FROM {t} x{join}{where_} GROUP BY {key}");
-        match self.rng.below(4) {
+            format!("SELECT {key} AS k, {aggs_sql} AS n FROM {t} x{join}{where_} GROUP BY {by}");
+        if picked.len() > 1 {
+            sql = format!("SELECT {key} AS k, {aggs_sql} FROM {t} x{join}{where_} GROUP BY {by}");
+        }
+        match self.rng.below(6) {
+            4 => {
+                let c = self.text_const();
+                sql.push_str(&format!(" HAVING k {} {c}", self.cmp_op()));
+            }
+            5 if picked.len() == 1 => {
+                sql.push_str(&format!(" HAVING n > {}", self.rng.range(0, 3)));
+            }
             0 => sql.push_str(&format!(" HAVING COUNT(*) > {}", self.rng.range(0, 3))),
             1 => sql.push_str(&format!(
                 " HAVING SUM(x.a) > {} OR MIN(x.b) IS NULL",
@@ -573,6 +700,8 @@ fn random_queries_match_sqlite() {
                 .iter()
                 .map(|v| match v {
                     Value::Integer(i) => rusqlite::types::Value::Integer(*i),
+                    Value::Real(r) => rusqlite::types::Value::Real(*r),
+                    Value::Text(t) => rusqlite::types::Value::Text(t.to_string()),
                     _ => unreachable!(),
                 })
                 .collect();

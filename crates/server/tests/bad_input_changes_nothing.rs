@@ -25,7 +25,8 @@ fn small_limits(config: &mut Config) {
 const SCHEMA: &str = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, qty INTEGER DEFAULT 0, note TEXT); \
                       CREATE TABLE tags (id TEXT PRIMARY KEY, n INTEGER)";
 
-/// Opens a database with two tables and a few rows (items 1 is at version 2).
+/// Opens a database with two tables and a few rows (a row's version is the seq of the commit
+/// that last wrote it: the DDL is seq 1, the inserts seq 2, and items 1 is at version 3).
 async fn open_with_rows(dir: &TempDir) -> TestDb {
     let db = TestDb::open(dir.path(), small_limits);
     db.post_ok("/v1/sql", &json!({ "sql": SCHEMA }).to_string())
@@ -235,16 +236,25 @@ fn mutate_cases() -> Vec<Case> {
             .at("op", 1),
         Case::new("a delete of a missing key", m, ops(&[r#"{"op": "delete", "table": "items", "id": 999}"#]), 404, "not_found")
             .at("op", 0),
-        Case::new("a patch with a stale if_version", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"qty": 7}, "if_version": 1}"#]), 409, "conflict")
+        Case::new("a patch with a stale if_version", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"qty": 7}, "if_version": 2}"#]), 409, "conflict")
             .at("op", 0),
         Case::new("a delete with a wrong if_version", m, ops(&[INS10, r#"{"op": "delete", "table": "items", "id": 2, "if_version": 5}"#]), 409, "conflict")
             .at("op", 1),
         Case::new("an insert with if_version of an absent row", m, ops(&[r#"{"op": "insert", "table": "items", "row": {"id": 10, "name": "x"}, "if_version": 3}"#]), 409, "conflict")
             .at("op", 0),
-        Case::new("an upsert with a stale if_version", m, ops(&[r#"{"op": "upsert", "table": "items", "row": {"id": 1, "name": "x"}, "if_version": 1}"#]), 409, "conflict")
+        Case::new("an if_version taken before a delete, against the re-inserted row", m, ops(&[
+            r#"{"op": "delete", "table": "items", "id": 2, "if_version": 2}"#,
+            r#"{"op": "insert", "table": "items", "row": {"id": 2, "name": "again"}}"#,
+            r#"{"op": "patch", "table": "items", "id": 2, "set": {"qty": 1}, "if_version": 2}"#]), 409, "conflict")
+            .at("op", 2),
+        Case::new("an upsert with a stale if_version", m, ops(&[r#"{"op": "upsert", "table": "items", "row": {"id": 1, "name": "x"}, "if_version": 2}"#]), 409, "conflict")
             .at("op", 0),
-        Case::new("a patch of the primary key", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"id": 5}}"#]), 400, "schema")
-            .at("op", 0),
+        Case::new("a patch of the primary key", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"id": 5}}"#]), 400, "bad_request")
+            .at("op", 0)
+            .mentions("primary key"),
+        Case::new("a patch naming the primary key with its current value", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"id": 1, "qty": 2}}"#]), 400, "bad_request")
+            .at("op", 0)
+            .mentions("\"id\""),
         Case::new("a patch to NULL of a NOT NULL column", m, ops(&[r#"{"op": "patch", "table": "items", "id": 1, "set": {"name": null}}"#]), 400, "schema")
             .at("op", 0),
         Case::new("a delete by a key of the wrong type", m, ops(&[r#"{"op": "delete", "table": "items", "id": "x"}"#]), 400, "schema")
@@ -258,7 +268,7 @@ fn mutate_cases() -> Vec<Case> {
             .at("op", 1)
             .mentions("--max-row-bytes"),
         Case::new("a failing op after writes to both tables", m, ops(&[
-            r#"{"op": "patch", "table": "items", "id": 1, "set": {"qty": 99}, "if_version": 2}"#,
+            r#"{"op": "patch", "table": "items", "id": 1, "set": {"qty": 99}, "if_version": 3}"#,
             r#"{"op": "delete", "table": "items", "id": 2}"#,
             r#"{"op": "upsert", "table": "tags", "row": {"id": "b", "n": 2}}"#,
             r#"{"op": "insert", "table": "tags", "row": {"id": "a"}}"#]), 409, "already_exists")

@@ -86,7 +86,7 @@ const REFUSED: [(&str, &str, &str); 5] = [
     ),
     (
         "/v1/mutate",
-        r#"{"ops":[{"op":"patch","table":"t","id":1,"set":{"v":"x"},"if_version":7}]}"#,
+        r#"{"ops":[{"op":"patch","table":"t","id":1,"set":{"v":"x"},"if_version":999999}]}"#,
         "conflict",
     ),
     (

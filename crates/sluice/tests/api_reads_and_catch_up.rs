@@ -173,14 +173,23 @@ async fn rows_are_read_by_key_and_paged_in_key_order() {
     for id in &ints {
         let body = api.get_ok(&format!("/v1/tables/users/rows/{id}")).await;
         assert_eq!(body["row"], json!({"id": id, "name": format!("user {id}")}));
-        assert_eq!(body["version"], 1);
+        // A row's version is the seq of the commit that wrote it.
+        let version = body["version"].as_u64().expect("version");
+        assert!(
+            (1..=body["seq"].as_u64().unwrap()).contains(&version),
+            "{body}"
+        );
     }
     for w in texts.iter().filter(|w| !w.is_empty()) {
         let body = api
             .get_ok(&format!("/v1/tables/words/rows/{}", segment(w)))
             .await;
         assert_eq!(body["row"], json!({"w": w, "n": w.len()}), "key {w:?}");
-        assert_eq!(body["version"], 1);
+        let version = body["version"].as_u64().expect("version");
+        assert!(
+            (1..=body["seq"].as_u64().unwrap()).contains(&version),
+            "{body}"
+        );
     }
     for path in [
         "/v1/tables/users/rows/5000",
@@ -198,20 +207,39 @@ async fn rows_are_read_by_key_and_paged_in_key_order() {
     let (status, body) = api.get("/v1/tables/users/rows/abc").await;
     assert_eq!(status, 400, "{body}");
 
-    // A row's version counts its writes; a deleted row is gone.
-    api.mutate(json!([{"op": "patch", "table": "users", "id": 7, "set": {"name": "seven"}}]))
+    // A row's version is the seq of the commit that last wrote it; a deleted row is gone.
+    let first = api
+        .mutate(json!([{"op": "patch", "table": "users", "id": 7, "set": {"name": "seven"}}]))
         .await;
-    api.mutate(json!([{"op": "patch", "table": "users", "id": 7, "set": {"name": "SEVEN"}, "if_version": 2}]))
+    assert_eq!(first["results"][0]["version"], first["seq"]);
+    let second = api.mutate(json!([{"op": "patch", "table": "users", "id": 7, "set": {"name": "SEVEN"}, "if_version": first["seq"]}]))
         .await;
     let body = api.get_ok("/v1/tables/users/rows/7").await;
     assert_eq!(
         (&body["row"]["name"], &body["version"]),
-        (&json!("SEVEN"), &json!(3))
+        (&json!("SEVEN"), &second["seq"])
     );
     api.mutate(json!([{"op": "delete", "table": "users", "id": 7}]))
         .await;
     let (status, _) = api.get("/v1/tables/users/rows/7").await;
     assert_eq!(status, 404);
+
+    // Inserted again, the key starts above every version it had (no ABA): a compare-and-set
+    // with the version read before the delete is refused.
+    let again = api
+        .mutate(json!([{"op": "insert", "table": "users", "row": {"id": 7, "name": "again"}}]))
+        .await;
+    assert!(
+        again["results"][0]["version"].as_u64() > second["seq"].as_u64(),
+        "{again}"
+    );
+    let stale = json!({"ops": [{"op": "patch", "table": "users", "id": 7, "set": {"name": "x"}, "if_version": second["seq"]}]});
+    let (status, body) = api.post("/v1/mutate", &stale).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("conflict")),
+        "{body}"
+    );
 }
 
 fn change(seq: u64, table: &str, op: &str, id: Value, row: Value, version: u64) -> Value {
@@ -319,7 +347,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!(100),
         users(100, "a"),
-        1,
+        s(1),
     ));
     expected.push(change(
         s(1),
@@ -327,7 +355,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!(101),
         users(101, "b"),
-        1,
+        s(1),
     ));
     api.mutate(json!([{"op": "insert", "table": "words", "row": words("k1", 1)}]))
         .await;
@@ -337,7 +365,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!("k1"),
         words("k1", 1),
-        1,
+        s(2),
     ));
     api.mutate(json!([{"op": "patch", "table": "users", "id": 100, "set": {"name": "a2"}}]))
         .await;
@@ -347,7 +375,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "update",
         json!(100),
         users(100, "a2"),
-        2,
+        s(3),
     ));
     api.sql("CREATE INDEX users_by_name ON users (name)").await;
     expected.push(
@@ -355,7 +383,14 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
     );
     api.mutate(json!([{"op": "delete", "table": "users", "id": 101}]))
         .await;
-    expected.push(change(s(5), "users", "delete", json!(101), Value::Null, 1));
+    expected.push(change(
+        s(5),
+        "users",
+        "delete",
+        json!(101),
+        Value::Null,
+        s(1),
+    ));
     api.mutate(json!([
         {"op": "insert", "table": "words", "row": words("k2", 2)},
         {"op": "patch", "table": "words", "id": "k1", "set": {"n": 10}},
@@ -367,7 +402,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!("k2"),
         words("k2", 2),
-        1,
+        s(6),
     ));
     expected.push(change(
         s(6),
@@ -375,7 +410,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "update",
         json!("k1"),
         words("k1", 10),
-        2,
+        s(6),
     ));
     expected.push(change(
         s(6),
@@ -383,7 +418,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!(102),
         users(102, "c"),
-        1,
+        s(6),
     ));
     api.mutate(json!([{"op": "upsert", "table": "users", "row": users(100, "a3")}]))
         .await;
@@ -393,11 +428,18 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "update",
         json!(100),
         users(100, "a3"),
-        3,
+        s(7),
     ));
     api.mutate(json!([{"op": "delete", "table": "words", "id": "k2"}]))
         .await;
-    expected.push(change(s(8), "words", "delete", json!("k2"), Value::Null, 1));
+    expected.push(change(
+        s(8),
+        "words",
+        "delete",
+        json!("k2"),
+        Value::Null,
+        s(6),
+    ));
     api.mutate(json!([{"op": "insert", "table": "users", "row": users(103, "d")}]))
         .await;
     expected.push(change(
@@ -406,7 +448,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "insert",
         json!(103),
         users(103, "d"),
-        1,
+        s(9),
     ));
     api.mutate(json!([
         {"op": "patch", "table": "users", "id": 103, "set": {"name": "d2"}},
@@ -418,7 +460,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "update",
         json!(103),
         users(103, "d2"),
-        2,
+        s(10),
     ));
     expected.push(change(
         s(10),
@@ -426,7 +468,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
         "update",
         json!("k1"),
         words("k1", 11),
-        3,
+        s(10),
     ));
     let head = api.health_seq().await;
     assert_eq!(head, horizon + RETAIN);
@@ -539,7 +581,7 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
             "insert",
             json!("k3"),
             words("k3", 3),
-            1
+            head + 1
         )]
     );
 }

@@ -40,12 +40,17 @@ const LIVE_KEYS_TARGET: usize = 40;
 const CREATE_TABLE: &str =
     "CREATE TABLE kv (id TEXT PRIMARY KEY, writer INTEGER NOT NULL, n INTEGER NOT NULL)";
 
-/// A row as the test expects it: `n` and its version (`None`: no row).
+/// A row as the test expects it: `n` and its version (`None`: no row). A row's version is the
+/// seq of the commit that last wrote it; a planned write has `PENDING` until its reply says
+/// that seq.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RowState {
     n: i64,
     version: u64,
 }
+
+/// The version of a planned write whose commit seq is not known yet.
+const PENDING: u64 = 0;
 
 type State = Option<RowState>;
 
@@ -119,7 +124,10 @@ impl Writer {
                                "row": {"id": key, "writer": self.id, "n": n}}),
                     key,
                     before: None,
-                    after: Some(RowState { n, version: 1 }),
+                    after: Some(RowState {
+                        n,
+                        version: PENDING,
+                    }),
                 }
             } else {
                 let (key, old) = live[self.rng.below(live.len() as u64) as usize].clone();
@@ -130,7 +138,7 @@ impl Writer {
                                "if_version": old.version}),
                         Some(RowState {
                             n,
-                            version: old.version + 1,
+                            version: PENDING,
                         }),
                     )
                 } else if kind < 70 {
@@ -139,7 +147,7 @@ impl Writer {
                                "row": {"id": key, "writer": self.id, "n": n}}),
                         Some(RowState {
                             n,
-                            version: old.version + 1,
+                            version: PENDING,
                         }),
                     )
                 } else {
@@ -192,20 +200,22 @@ impl Writer {
             if results.len() != plan.len() {
                 return Err(format!("writer {}: mutate {body} answered {resp}", self.id));
             }
+            let seq = resp["seq"]
+                .as_u64()
+                .ok_or_else(|| format!("no seq in {resp}"))?;
             for (p, r) in plan.iter().zip(&results) {
-                // A delete reports the version it deleted.
-                let version = p.after.or(p.before).map(|s| s.version);
+                // A write's version is its commit's seq; a delete reports the version it
+                // deleted.
+                let after = p.after.map(|a| RowState { version: seq, ..a });
+                let version = after.or(p.before).map(|s| s.version);
                 if r["version"].as_u64() != version || r["id"].as_str() != Some(p.key.as_str()) {
                     return Err(format!(
                         "writer {}: op {} answered {r}, expected version {version:?}",
                         self.id, p.op
                     ));
                 }
-                self.acked.insert(p.key.clone(), p.after);
+                self.acked.insert(p.key.clone(), after);
             }
-            let seq = resp["seq"]
-                .as_u64()
-                .ok_or_else(|| format!("no seq in {resp}"))?;
             self.seq_acked_max = self.seq_acked_max.max(seq);
             acked_total.fetch_add(1, Ordering::Relaxed);
         }
@@ -235,7 +245,17 @@ async fn verify(api: &Api, writers: &mut [Writer], context: &str) {
         if let Some(plan) = w.in_flight.take() {
             let now: Vec<State> = plan.iter().map(|p| state_of(&p.key)).collect();
             let all_before = plan.iter().zip(&now).all(|(p, s)| *s == p.before);
-            let all_after = plan.iter().zip(&now).all(|(p, s)| *s == p.after);
+            // Applied: every written row has the one seq of that commit as its version,
+            // above the version it had before.
+            let seqs: BTreeSet<u64> = now.iter().flatten().map(|s| s.version).collect();
+            let all_after = seqs.len() <= 1
+                && plan.iter().zip(&now).all(|(p, s)| match (p.after, s) {
+                    (None, None) => true,
+                    (Some(a), Some(s)) => {
+                        a.n == s.n && p.before.is_none_or(|b| s.version > b.version)
+                    }
+                    _ => false,
+                });
             assert!(
                 all_before || all_after,
                 "{context}: writer {}'s in-flight mutate was neither applied nor absent:\n\
