@@ -14,6 +14,11 @@ pub const SNAP_SCHEMA: u8 = 1;
 pub const SNAP_ROWS: u8 = 2;
 pub const SNAP_END: u8 = 3;
 
+/// Largest seq or row version a record may carry. Both count up by one per commit from 0,
+/// so nothing real comes near; a larger value read back is damage, refused here so that
+/// `seq + 1` and `version + 1` can never overflow later.
+pub const COUNTER_MAX: u64 = i64::MAX as u64;
+
 /// A snapshot rows frame is closed once its payload passes this size.
 pub const SNAP_FRAME_BYTES_TARGET: usize = 1 << 20;
 
@@ -254,6 +259,14 @@ impl<'a> Reader<'a> {
         }
         Ok(n as usize)
     }
+    /// A seq or version: a varint no larger than [`COUNTER_MAX`].
+    pub fn counter(&mut self, what: &str) -> DecodeResult<u64> {
+        let v = self.varint()?;
+        if v > COUNTER_MAX {
+            return Err(format!("implausible {what} {v}"));
+        }
+        Ok(v)
+    }
     pub fn zigzag(&mut self) -> DecodeResult<i64> {
         let v = self.varint()?;
         Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
@@ -339,6 +352,9 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
     let mut r = Reader::new(payload);
     let kind = r.u8()?;
     let seq = r.u64_fixed()?;
+    if seq == 0 || seq > COUNTER_MAX {
+        return Err(format!("implausible seq {seq}"));
+    }
     let body = match kind {
         RECORD_ROWS => {
             let n = r.len()?;
@@ -351,7 +367,7 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     2 => ChangeOp::Delete,
                     o => return Err(format!("unknown change op {o}")),
                 };
-                let version = r.varint()?;
+                let version = r.counter("version")?;
                 let key = r.key()?;
                 let values = if op == ChangeOp::Delete {
                     None
@@ -532,8 +548,8 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
             let mut rows = Vec::with_capacity(n);
             for _ in 0..n {
                 let key = r.key()?;
-                let version = r.varint()?;
-                let seq = r.varint()?;
+                let version = r.counter("version")?;
+                let seq = r.counter("seq")?;
                 let nv = r.len()?;
                 let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
                 rows.push((

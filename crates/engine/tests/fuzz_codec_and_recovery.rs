@@ -97,17 +97,24 @@ fn workload(snapshot_after: usize) -> (Vec<Arc<Commit>>, Vec<Vec<u8>>, u64) {
         let mut tx = db.transaction();
         tx.insert(
             "t",
-            &obj(json!({"id": i * 7 - 20, "name": format!("n{}", i % 3), "score": i as f64 / 3.0,
+            &obj(
+                json!({"id": i * 7 - 20, "name": format!("n{}", i % 3), "score": i as f64 / 3.0,
                         "flag": i % 2 == 0, "data": "AAEC/w==", "doc": {"a": [i, null]},
-                        "ts": i * 1_000_000})),
+                        "ts": i * 1_000_000}),
+            ),
             None,
         )
         .unwrap();
         tx.upsert("u", &obj(json!({"k": format!("key-{i}"), "v": i})), None)
             .unwrap();
         if i % 4 == 3 {
-            tx.patch("t", &json!(i * 7 - 20), &obj(json!({"name": null})), Some(1))
-                .unwrap();
+            tx.patch(
+                "t",
+                &json!(i * 7 - 20),
+                &obj(json!({"name": null})),
+                Some(1),
+            )
+            .unwrap();
             tx.delete("u", &json!(format!("key-{}", i - 1)), None)
                 .unwrap();
         }
@@ -198,10 +205,36 @@ fn state(db: &Db) -> String {
     for (name, t) in &db.tables {
         out.push_str(&format!("{name}: {:?}\n", t.schema));
         for (k, r) in t.rows.iter() {
-            out.push_str(&format!("  {k:?} v{} s{} {:?}\n", r.version, r.seq, r.values));
+            out.push_str(&format!(
+                "  {k:?} v{} s{} {:?}\n",
+                r.version, r.seq, r.values
+            ));
         }
     }
     out
+}
+
+/// `db` takes a new write to rows of every table (a panic here would be the writer's):
+/// each row written back as it is, in one transaction. Refusals are fine.
+fn write_back(db: &mut Db) {
+    let rows: Vec<(String, Map<String, Json>)> = db
+        .tables
+        .values()
+        .flat_map(|t| {
+            t.rows.values().take(3).map(|r| {
+                let row = sluice_engine::db::row_to_json(&t.schema, &r.values);
+                (
+                    t.schema.name.clone(),
+                    row.as_object().cloned().unwrap_or_default(),
+                )
+            })
+        })
+        .collect();
+    let mut tx = db.transaction();
+    for (table, row) in &rows {
+        let _ = tx.upsert(table, row, None);
+    }
+    let _ = tx.commit();
 }
 
 /// `db`'s own snapshot loads back to the same state (what a restart would do next).
@@ -273,6 +306,7 @@ fn fuzz_commit_record_decode_and_replay() {
                 Ok(()) => {
                     assert_eq!(db.seq, 2);
                     assert_snapshot_round_trips(&db);
+                    write_back(&mut db);
                     "replayed".into()
                 }
                 Err(e) => format!("replay: {}", first_word(&e)),
@@ -290,8 +324,9 @@ fn fuzz_snapshot_frames_load() {
     Fuzzer::new("engine_snapshot_frames", EXECS, Kind::Bytes)
         .seeds(seeds)
         .run(|input| match load(&split(input)) {
-            Ok(db) => {
+            Ok(mut db) => {
                 assert_snapshot_round_trips(&db);
+                write_back(&mut db);
                 "loaded".into()
             }
             Err(e) => first_word(&e),
@@ -303,7 +338,14 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("sluice-fuzz-{name}-{}", std::process::id()));
+        // A memory file system where there is one: recovery syncs, and syncing to a real
+        // disk thousands of times would be most of the run.
+        let shm = Path::new("/dev/shm");
+        let base = match shm.is_dir() {
+            true => shm.to_path_buf(),
+            false => std::env::temp_dir(),
+        };
+        let dir = base.join(format!("sluice-fuzz-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Scratch(dir)
@@ -322,7 +364,8 @@ impl Drop for Scratch {
 }
 
 /// Lays out a data directory from one fuzz input: payload 0 says how (`[snapshot frames,
-/// commits in the first segment, tear the tail, snapshot seq (u64 LE)]`), the next payloads
+/// commits in the first segment, flags (1: tear the tail, 2: renumber), snapshot seq (u64
+/// LE), first seq when renumbering (u64 LE)]`), the next payloads
 /// are the snapshot's body frames, the rest the commit records, framed afresh.
 fn lay_out(dir: &Path, input: &[u8]) {
     let parts = split(input);
@@ -342,7 +385,23 @@ fn lay_out(dir: &Path, input: &[u8]) {
         }
         write_snapshot(dir, seq, &[body]).unwrap();
     }
-    let seq_of = |p: &[u8]| p.get(1..9).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+    let mut log: Vec<Vec<u8>> = log.iter().map(|p| p.to_vec()).collect();
+    if get(2) & 2 != 0 {
+        // Renumber the commits from a seq of the control's choosing (wrapping), so seq
+        // chains near 0 and u64::MAX are a one-field mutation away.
+        let start = control
+            .get(11..19)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+        for (i, p) in log.iter_mut().enumerate() {
+            if let Some(seq) = p.get_mut(1..9) {
+                seq.copy_from_slice(&start.wrapping_add(i as u64).to_le_bytes());
+            }
+        }
+    }
+    let seq_of = |p: &[u8]| {
+        p.get(1..9)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
     let split_at = get(1).min(log.len());
     for part in [&log[..split_at], &log[split_at..]] {
         let Some(first) = part.first() else { continue };
@@ -358,7 +417,7 @@ fn lay_out(dir: &Path, input: &[u8]) {
             let mut torn = Vec::new();
             frame::encode_into(&mut torn, last).unwrap();
             torn.truncate(torn.len() / 2);
-            let path = segment_path(dir, seq_of(log[split_at.min(log.len() - 1)]));
+            let path = segment_path(dir, seq_of(&log[split_at.min(log.len() - 1)]));
             let mut bytes = std::fs::read(&path).unwrap_or_default();
             bytes.extend_from_slice(&torn);
             std::fs::write(path, bytes).unwrap();
@@ -369,14 +428,15 @@ fn lay_out(dir: &Path, input: &[u8]) {
 #[test]
 fn fuzz_recovery_of_a_damaged_directory() {
     let mut seeds = Vec::new();
-    for (after, split_at, torn) in [(0, 0, 0), (4, 3, 0), (9, 0, 1), (usize::MAX, 2, 1)] {
+    for (after, split_at, flags) in [(0, 0, 0), (4, 3, 2), (9, 0, 1), (usize::MAX, 2, 3)] {
         let (commits, frames, seq) = workload(after);
         let snap: Vec<Vec<u8>> = match after {
             0 => Vec::new(),
             _ => frames.iter().map(|f| unframe(f)).collect(),
         };
-        let mut control = vec![snap.len() as u8, split_at, torn];
+        let mut control = vec![snap.len() as u8, split_at, flags];
         control.extend_from_slice(&seq.to_le_bytes());
+        control.extend_from_slice(&1u64.to_le_bytes());
         let mut parts = vec![control];
         parts.extend(snap);
         parts.extend(commits.iter().map(|c| payload_of(c)));
@@ -399,8 +459,10 @@ fn fuzz_recovery_of_a_damaged_directory() {
                 Ok(recovered) => {
                     assert_snapshot_round_trips(&recovered.db);
                     // A repaired directory recovers again to the same state.
-                    let again = recover(&scratch.0, &opts).expect("a repaired directory recovers");
+                    let mut again =
+                        recover(&scratch.0, &opts).expect("a repaired directory recovers");
                     assert_eq!(state(&again.db), state(&recovered.db));
+                    write_back(&mut again.db);
                     format!(
                         "ok torn={} skipped={} check={}",
                         recovered.torn_tail.is_some(),
@@ -414,4 +476,50 @@ fn fuzz_recovery_of_a_damaged_directory() {
                 Err(e) => first_word(&e.to_string()),
             }
         });
+}
+
+// ---------------------------------------------------------------------------------------
+// Regression cases: the exact inputs the fuzzer found (SLUICE_FUZZ_SEED=492150982), each a
+// panic in recovery before its fix. Laid out and recovered as the target does.
+
+/// `sluice check`'s answer and recovery's, as text.
+fn check_and_recover(input: &[u8]) -> (Result<u64, String>, Result<String, String>) {
+    let scratch = Scratch::new(&format!("regression-{}", input.len()));
+    lay_out(&scratch.0, input);
+    let opts = RecoveryOptions {
+        limits: Limits::default(),
+        retention: Retention::default(),
+        repair: true,
+    };
+    let checked = check(&scratch.0).map(|r| r.seq).map_err(|e| e.to_string());
+    let recovered = recover(&scratch.0, &opts)
+        .map(|r| state(&r.db))
+        .map_err(|e| e.to_string());
+    (checked, recovered)
+}
+
+/// Found by `fuzz_recovery_of_a_damaged_directory`: recovery.rs:104 (`db.seq + 1` overflowed): a snapshot whose header claims seq u64::MAX.
+#[test]
+fn a_snapshot_at_seq_u64_max_is_refused_not_overflowed() {
+    const INPUT: &[u8] = b"\x13\x00\x03\x02\x03\xff\xff\xff\xff\xff\xff\xff\xff\x01\x00\x00\x00\x00\x00\x00\x00\"\x00\x01\x01\x01u\x03\x01k\x03\x01\x00\x01v\x00\x01\x01\x01\n\x01w\x03\x01\x01\x05\x01x\x00\x01\x03u_v\x02\x01\x02\xe2\x00\x02\x01u\n\x05\x00\x01\x0f\x03\x05\x00\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x05\x02\xc3\xa9\x05\x05key-0\x01\x02\x03\x05\x05key-0\x01\x00\x05\x01x\x05\x05key-1\x01\x03\x03\x05\x05key-1\x01\x02\x05\x01x\x05\x06key-11\x01\r\x03\x05\x06key-11\x01\x16\x05\x01x\x05\x05key-3\x01\x05\x03\x05\x05key-3\x01\x06\x05\x01x\x05\x05key-4\x01\x06\x03\x05\x05key-4\x01\x08\x05\x01h\x05\x05key-5\x01\x07\x03\x05\x05key-5\x01\n\x05\x01x\x05\x05key-7\x01\t\x03\x05\x05key-7\x01\x0e\x05\x01x\x05\x05key-8\x01\n\x03\x05\x05key-8\x01\x10\x05\x01x\x05\x05key-9\x01\x0b\x03\x05\x05key-9\x01\x12\x05\x01x\x03\x00\x03\x01\n\x00\x02\x01EATE TAB";
+    let (checked, recovered) = check_and_recover(INPUT);
+    let err = checked.expect_err("check finds the damage");
+    assert!(
+        err.contains("implausible") || err.contains("seq 0"),
+        "{err}"
+    );
+    recovered.expect_err("recovery refuses the damaged directory");
+}
+
+/// Found by `fuzz_recovery_of_a_damaged_directory`: recovery.rs:184 (`seq - 1` overflowed): a log whose first record claims seq 0 behind a snapshot.
+#[test]
+fn a_commit_record_with_seq_zero_is_refused() {
+    const INPUT: &[u8] = b"\x13\x00\x04\x03\x02\x04\x00\x00\x00\x00\x00\x7f\x00\x00\x00\x00\x00\x00\x00\x00\x00`\x00\x01\x02\x01t\x07\x02id\x00\x01\x00\x04name\x03\x00\x00\x05score\x01\x00\x01\x02\x00\x00\x00\x00\x00\x00\xe0?\x04flag\x02\x00\x00\x04data\x04\x00\x00\x03doc\x05\x00\x00\x02ts\x06\x01\x01\x08\x00\x00\x01\x06t_name\x01\x01\x01u\x02\x01k\x03\x01\x00\x01v\x00\x01\x01\x01\n\x00\x00\x90\x00\x02\x01t\x03\x01\'\x01\x02\x07\x01\'\x05\x02n0\x02\x00\x00\x00\x00\x00\x00\x00\x00\x04\x06\x04\x00\x01e\xff\x07\x0e{\"a\":[0,null]}\x08\x00\x01\x19\x01\x03\x07\x01\x19\x05\x02n1\x02UUUUUU\xd5?\x03\x06\x04\x00\x01\x02\xff\x07\x0e{\"a\":[1,null]}\x08\x80\x89z\x01\x0b\x01\x04\x07\x01\x0b\x05\x02n2\x02UUUUUU\xe5?\x04\x06\x04\x00\x01\x02\xff\x07\x0e{\"a\":[2,null]}\x08\x80\x92\xf4\x01=\x00\x02\x01u\x03\x05\x05key-0\x01\x02\x02\x05\x05key-0\x01\x00\x05\x05key-1\x01\x03\x02\x05\x05key-1\x01\x02\x05\x05key-2\x01\x04\x02\x05\x05key-2\x01\x04\x03\x00\x03\x02\x06\x93\x00\x02\x01\x00\x00\x00\x00\x00\x00\x00&CREATE TABLE t \xe2\x80\xa6; CREATE TABLE u \xe2\x80\xa6\x02\x01\x00\x01t\x07\x02id\x00\x01\x00\x04name\x03\x00\x00\x05score\x01\x00\x01\x02\x00\x00\x00\x00\x00\x00\xe0?\x04flag\x02\x00\x00\x04data\x04\x00\x00\x03doc\x05\x00\x00\x02ts\x06\x01\x01\x08\x00\x00\x01\x06t_name\x01\x01\x01\x01\x01u\x02\x01k\x03\x01\x00\x01v\x00\x01\x01\x01\n\x00\x00\x00\x01\x02\x00\x00\x00\x00\x00\x00\x00\x02";
+    let (checked, recovered) = check_and_recover(INPUT);
+    let err = checked.expect_err("check finds the damage");
+    assert!(
+        err.contains("implausible") || err.contains("seq 0"),
+        "{err}"
+    );
+    recovered.expect_err("recovery refuses the damaged directory");
 }

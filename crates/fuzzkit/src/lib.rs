@@ -79,6 +79,9 @@ pub enum Kind {
 const CORPUS_MAX: usize = 1024;
 /// Panicking inputs kept for the report.
 const FOUND_MAX: usize = 20;
+/// Panicking inputs shrunk before the report, and the executions each may take.
+const MINIMIZE_MAX: usize = 3;
+const MINIMIZE_TRIES: usize = 5000;
 
 /// One fuzz target's run.
 pub struct Fuzzer {
@@ -103,12 +106,16 @@ impl Fuzzer {
     pub fn new(name: &str, default_execs: u64, kind: Kind) -> Fuzzer {
         install_panic_hook();
         let execs = env_u64("SLUICE_FUZZ_EXECS").unwrap_or(default_execs);
-        let base = env_u64("SLUICE_FUZZ_SEED").unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-                % 1_000_000_000
+        // One base seed per process, so one `SLUICE_FUZZ_SEED` replays every target.
+        static BASE: OnceLock<u64> = OnceLock::new();
+        let base = *BASE.get_or_init(|| {
+            env_u64("SLUICE_FUZZ_SEED").unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+                    % 1_000_000_000
+            })
         });
         // Each target gets its own stream from the same base seed.
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -139,7 +146,8 @@ impl Fuzzer {
 
     /// Tokens the text and byte mutators insert (keywords, field names, magic values).
     pub fn dictionary(mut self, words: &[&str]) -> Self {
-        self.dict.extend(words.iter().map(|w| w.as_bytes().to_vec()));
+        self.dict
+            .extend(words.iter().map(|w| w.as_bytes().to_vec()));
         self
     }
 
@@ -192,11 +200,7 @@ impl Fuzzer {
     }
 
     /// [`Fuzzer::exec`] for a future (polled under `catch_unwind`).
-    pub async fn exec_async<R>(
-        &mut self,
-        input: &[u8],
-        fut: impl Future<Output = R>,
-    ) -> Option<R> {
+    pub async fn exec_async<R>(&mut self, input: &[u8], fut: impl Future<Output = R>) -> Option<R> {
         let watch = Watch::begin(&self.name, self.seed, self.done, input);
         let result = CatchUnwind(Box::pin(fut)).await;
         drop(watch);
@@ -230,13 +234,58 @@ impl Fuzzer {
     }
 
     /// Runs the whole target: `f` returns the outcome of an input (see [`Fuzzer::outcome`]).
+    /// Panicking inputs are shrunk (see [`Fuzzer::minimize`]) before the report.
     pub fn run(mut self, mut f: impl FnMut(&[u8]) -> String) -> Summary {
         while let Some(input) = self.next_input() {
             if let Some(outcome) = self.exec(&input, || f(&input)) {
                 self.outcome(&input, &outcome);
             }
         }
+        let found = std::mem::take(&mut self.found);
+        for (i, (exec, input, message)) in found.into_iter().enumerate() {
+            let input = match i < MINIMIZE_MAX {
+                true => self.minimize(&input, &message, &mut f),
+                false => input,
+            };
+            self.found.push((exec, input, message));
+        }
         self.finish()
+    }
+
+    /// The smallest input found (by deleting ever smaller chunks) that still panics at the
+    /// same place as `input` — what a regression case should hold.
+    pub fn minimize(
+        &mut self,
+        input: &[u8],
+        message: &str,
+        f: &mut impl FnMut(&[u8]) -> String,
+    ) -> Vec<u8> {
+        let place = |m: &str| m.split(": ").next().unwrap_or_default().to_string();
+        let want = place(message);
+        let mut best = input.to_vec();
+        let mut tries = 0;
+        let mut chunk = best.len().div_ceil(2).max(1);
+        loop {
+            let mut at = 0;
+            while at < best.len() && tries < MINIMIZE_TRIES {
+                let mut candidate = best.clone();
+                candidate.drain(at..(at + chunk).min(best.len()));
+                tries += 1;
+                IN_FUZZ.with(|c| *c.borrow_mut() = Some(String::new()));
+                let panicked =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| f(&candidate))).is_err();
+                let got = IN_FUZZ.with(|c| c.borrow_mut().take()).unwrap_or_default();
+                if panicked && place(&got) == want {
+                    best = candidate;
+                } else {
+                    at += chunk;
+                }
+            }
+            if chunk == 1 || tries >= MINIMIZE_TRIES {
+                return best;
+            }
+            chunk /= 2;
+        }
     }
 
     /// Prints `fuzz <target>: <n> executions, <k> panics` and fails (with every panicking

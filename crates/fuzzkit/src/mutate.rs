@@ -265,7 +265,11 @@ pub fn json(
         0 | 1 => *target = scalar(rng, dict),
         2 => match target {
             Value::Object(map) if !map.is_empty() => {
-                let key = map.keys().nth(rng.below(map.len())).cloned().expect("non-empty");
+                let key = map
+                    .keys()
+                    .nth(rng.below(map.len()))
+                    .cloned()
+                    .expect("non-empty");
                 map.remove(&key);
             }
             Value::Array(items) if !items.is_empty() => {
@@ -342,7 +346,9 @@ pub fn scalar(rng: &mut Rng, dict: &[Vec<u8>]) -> Value {
         7 => Value::Array(Vec::new()),
         8 => Value::Object(Map::new()),
         9 => Value::String(rng.pick(INTERESTING_NUMBERS).to_string()),
-        _ if !dict.is_empty() => Value::String(String::from_utf8_lossy(rng.pick(dict).as_slice()).into()),
+        _ if !dict.is_empty() => {
+            Value::String(String::from_utf8_lossy(rng.pick(dict).as_slice()).into())
+        }
         _ => Value::from(rng.below(100) as u64),
     }
 }

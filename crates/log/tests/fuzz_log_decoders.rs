@@ -108,7 +108,10 @@ fn fuzz_segment_scan() {
                     Ok(end) => {
                         assert!(end.valid_len as usize <= input.len());
                         assert_eq!(end.torn.is_some(), end.valid_len as usize != input.len());
-                        assert!(is_newest || end.torn.is_none(), "only the newest may be torn");
+                        assert!(
+                            is_newest || end.torn.is_none(),
+                            "only the newest may be torn"
+                        );
                         // What recovery keeps (the prefix) scans clean to the same frames.
                         let mut again = Vec::new();
                         let prefix = &input[..end.valid_len as usize];
@@ -147,7 +150,9 @@ fn fuzz_snapshot_file() {
                 Ok(snap) => {
                     let mut bytes = 0;
                     for (offset, payload) in snap.frames() {
-                        assert!(offset as usize + FRAME_HEADER_BYTES + payload.len() <= input.len());
+                        assert!(
+                            offset as usize + FRAME_HEADER_BYTES + payload.len() <= input.len()
+                        );
                         bytes += payload.len();
                     }
                     assert!(bytes <= input.len());
