@@ -19,6 +19,9 @@ pub const SNAP_END: u8 = 3;
 /// `seq + 1` and `version + 1` can never overflow later.
 pub const COUNTER_MAX: u64 = i64::MAX as u64;
 
+/// Items a decoder reserves room for up front, whatever count the bytes claim.
+const DECODE_RESERVE_MAX: usize = 1024;
+
 /// A snapshot rows frame is closed once its payload passes this size.
 pub const SNAP_FRAME_BYTES_TARGET: usize = 1 << 20;
 
@@ -252,6 +255,12 @@ impl<'a> Reader<'a> {
         }
         Err("varint too long".into())
     }
+    /// Room to reserve for `n` decoded items: a count is checked only against the bytes
+    /// left, and a decoded item is many times larger than its smallest encoding, so a
+    /// damaged count must not size an allocation by itself (growth amortises the rest).
+    pub fn reserve(n: usize) -> usize {
+        n.min(DECODE_RESERVE_MAX)
+    }
     pub fn len(&mut self) -> DecodeResult<usize> {
         let n = self.varint()?;
         if n as usize > self.buf.len() - self.pos {
@@ -320,7 +329,7 @@ impl<'a> Reader<'a> {
             .collect::<DecodeResult<Vec<_>>>()?;
         let pk = self.varint()? as usize;
         let n_ix = self.len()?;
-        let mut indexes = Vec::with_capacity(n_ix);
+        let mut indexes = Vec::with_capacity(Self::reserve(n_ix));
         for _ in 0..n_ix {
             let name = self.string()?;
             let n = self.len()?;
@@ -358,7 +367,7 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
     let body = match kind {
         RECORD_ROWS => {
             let n = r.len()?;
-            let mut rows = Vec::with_capacity(n);
+            let mut rows = Vec::with_capacity(Reader::reserve(n));
             for _ in 0..n {
                 let table = r.string()?;
                 let op = match r.u8()? {
@@ -545,7 +554,7 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
         SNAP_ROWS => {
             let table = r.string()?;
             let n = r.len()?;
-            let mut rows = Vec::with_capacity(n);
+            let mut rows = Vec::with_capacity(Reader::reserve(n));
             for _ in 0..n {
                 let key = r.key()?;
                 let version = r.counter("version")?;
