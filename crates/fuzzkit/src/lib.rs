@@ -21,8 +21,10 @@
 //! # Layout
 //! - [`Rng`]: splitmix64, the only source of randomness, so a seed replays a run exactly.
 //! - [`mutate`]: byte, text-token and JSON-tree mutators.
+//! - [`corpus`]: seeds taken from the project's tests (SQL, DDL, function modules).
 //! - [`Fuzzer`]: the loop — corpus, novelty feedback, panic capture, hang watchdog, report.
 
+pub mod corpus;
 pub mod mutate;
 
 use std::cell::RefCell;
