@@ -89,7 +89,8 @@ fn params_for(plan: &sluice_query::Plan, salt: usize) -> Params {
 fn kind(e: &QueryError) -> String {
     let variant = format!("{e:?}");
     let variant = variant.split(['(', ' ']).next().unwrap_or("");
-    let words: Vec<&str> = e.to_string().split_whitespace().take(3).collect();
+    let message = e.to_string();
+    let words: Vec<&str> = message.split_whitespace().take(3).collect();
     format!("{variant} {}", words.join(" "))
 }
 
