@@ -38,6 +38,16 @@ pub const INFLIGHT_PER_CONNECTION_MAX: usize = 1024;
 /// Requests handed from the reader to the sender beyond those in flight.
 const OUTBOUND_QUEUE_MAX: usize = 64;
 
+/// Nesting a MessagePack frame may have, as `serde_json` allows JSON: `rmp_serde`'s own
+/// limit (1024) overflows a runtime worker's 2 MiB stack in a debug build (found by fuzzing).
+const MSGPACK_DEPTH_MAX: usize = 128;
+
+fn msgpack_value(bytes: &[u8]) -> Result<Value, rmp_serde::decode::Error> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MSGPACK_DEPTH_MAX);
+    serde::Deserialize::deserialize(&mut de)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Encoding {
     Json,
@@ -153,7 +163,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                 if bytes.len() > body_max {
                     Err(too_big(bytes.len(), body_max))
                 } else {
-                    rmp_serde::from_slice::<Value>(&bytes)
+                    msgpack_value(&bytes)
                         .map_err(|e| ApiError::bad_request(format!("malformed MessagePack: {e}")))
                 }
             }

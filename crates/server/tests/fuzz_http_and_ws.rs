@@ -112,13 +112,13 @@ struct Server {
 struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new() -> Scratch {
+    fn new(name: &str) -> Scratch {
         let shm = std::path::Path::new("/dev/shm");
         let base = match shm.is_dir() {
             true => shm.to_path_buf(),
             false => std::env::temp_dir(),
         };
-        let dir = base.join(format!("sluice-fuzz-server-{}", std::process::id()));
+        let dir = base.join(format!("sluice-fuzz-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         Scratch(dir)
     }
@@ -130,8 +130,8 @@ impl Drop for Scratch {
     }
 }
 
-async fn start() -> Server {
-    let dir = Scratch::new();
+async fn start(name: &str) -> Server {
+    let dir = Scratch::new(name);
     let module = [corpus::MODULES[0], corpus::MODULES[1], corpus::MODULES[2]].concat();
     let (core, addr) = common::serve(
         &dir.0,
@@ -395,6 +395,58 @@ async fn fuzz_ws(server: &Server, msgpack: bool, execs: u64) {
     fuzzer.finish();
 }
 
+/// Nesting far deeper than any decoder's recursion limit, over HTTP and both WebSocket
+/// encodings, is an error reply — not a stack overflow that would take the process down.
+/// Regression: a MessagePack frame of 100 000 nested one-element arrays (`0x91` × 100 000)
+/// overflowed a runtime worker's stack (rmp_serde's depth limit of 1024 is too deep for a
+/// 2 MiB stack in a debug build) and aborted the whole server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_requests_are_refused_not_a_stack_overflow() {
+    let server = start("nesting").await;
+    let depth = 100_000;
+    let json_body = format!("{{\"sql\": {}{}}}", "[".repeat(depth), "]".repeat(depth));
+    for uri in ["/v1/sql", "/v1/query", "/v1/mutate", "/v1/call/transfer"] {
+        let (status, reply) = send(
+            &server.router,
+            Method::POST,
+            uri,
+            json_body.clone().into_bytes(),
+        )
+        .await;
+        assert_eq!(
+            check_reply(status, &reply, uri).split(' ').nth(1),
+            Some("bad_request")
+        );
+    }
+    let sql = format!("SELECT {}1{} FROM t", "(".repeat(depth), ")".repeat(depth));
+    let body = json!({"sql": sql}).to_string().into_bytes();
+    let (status, reply) = send(&server.router, Method::POST, "/v1/query", body).await;
+    check_reply(status, &reply, "deeply nested SQL");
+    for (protocol, frame) in [
+        ("sluice.json.v1", Message::Text(json_body.clone().into())),
+        (
+            "sluice.msgpack.v1",
+            Message::Binary(vec![0x91; depth].into()),
+        ),
+    ] {
+        let mut ws = connect(&server.ws_url, protocol).await;
+        ws.send(frame).await.unwrap();
+        let reply = tokio::time::timeout(REPLY_WAIT, ws.next())
+            .await
+            .expect("a reply to a deeply nested frame")
+            .expect("the connection stays open")
+            .unwrap();
+        let kind = check_ws_message(reply, protocol.contains("msgpack"), protocol);
+        assert_eq!(
+            kind.as_deref().map(|k| k.starts_with("error bad_request")),
+            Some(true)
+        );
+    }
+    let (status, _) = send(&server.router, Method::GET, "/health", Vec::new()).await;
+    assert_eq!(status, 200);
+    server.core.shutdown().await.expect("a clean shutdown");
+}
+
 fn ws_seeds() -> Vec<Value> {
     vec![
         json!({"id": 1, "type": "call", "name": "transfer", "args": {"from": 1, "to": 2, "amount": 1}, "durability": "fsync"}),
@@ -413,7 +465,7 @@ fn ws_seeds() -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuzz_every_request_a_client_can_send() {
-    let server = start().await;
+    let server = start("server").await;
     let panics_before = sluice_fuzzkit::panics_elsewhere();
     let selects: Vec<Value> = corpus::SELECTS
         .iter()
