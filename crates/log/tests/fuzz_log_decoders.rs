@@ -122,11 +122,17 @@ fn fuzz_segment_scan() {
                         .expect("the kept prefix scans clean");
                         assert!(clean.torn.is_none());
                         assert_eq!(again, seen);
-                        outcome.push_str(if end.torn.is_some() { "torn " } else { "ok " });
+                        match &end.torn {
+                            // The reason, without the path and the offsets around it.
+                            Some(t) => {
+                                outcome.push_str(t.split(['(', ')']).nth(1).unwrap_or("torn"))
+                            }
+                            None => outcome.push_str(&format!("ok {} ", seen.len().min(3))),
+                        }
                     }
-                    Err(LogError::Corrupt { offset, .. }) => {
+                    Err(LogError::Corrupt { offset, reason, .. }) => {
                         assert!(offset as usize <= input.len());
-                        outcome.push_str("corrupt ");
+                        outcome.push_str(&reason);
                     }
                     Err(other) => panic!("scan over bytes answered {other}"),
                 }
