@@ -258,7 +258,7 @@ fn first_word(s: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Targets
 
-const EXECS: u64 = 20_000;
+const EXECS: u64 = 50_000;
 
 /// A commit record of 4 GiB of text, of a row of 2^32 values and of 2^32 rows is refused
 /// from the count alone, before anything of that size is allocated.
@@ -448,7 +448,7 @@ fn fuzz_recovery_of_a_damaged_directory() {
         retention: Retention::default(),
         repair: true,
     };
-    Fuzzer::new("engine_recovery", 3_000, Kind::Bytes)
+    Fuzzer::new("engine_recovery", 10_000, Kind::Bytes)
         .seeds(seeds)
         .len_max(1 << 14)
         .run(|input| {

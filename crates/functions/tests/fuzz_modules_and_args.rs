@@ -105,7 +105,7 @@ const ARGS: &[&str] = &[
 fn fuzz_function_module_source() {
     let mut functions = functions();
     let mut db = Some(seeded_db());
-    Fuzzer::new("functions_module", 3_000, Kind::Text)
+    Fuzzer::new("functions_module", 5_000, Kind::Text)
         .seeds(corpus::MODULES.iter().copied())
         .dictionary(corpus::JS_WORDS)
         .len_max(1 << 14)
@@ -142,7 +142,7 @@ fn fuzz_function_call_args() {
         json!({"name": exports[0], "args": args}).to_string()
     });
     let words: Vec<&str> = exports.iter().map(String::as_str).collect();
-    Fuzzer::new("functions_args", 5_000, Kind::Json)
+    Fuzzer::new("functions_args", 10_000, Kind::Json)
         .seeds(seeds)
         .dictionary(&words)
         .run(|input| {
