@@ -100,6 +100,8 @@ pub struct Fuzzer {
     len_max: usize,
     panics: u64,
     found: Vec<(u64, Vec<u8>, String)>,
+    /// Whether a panic on another thread during an execution counts as that input's.
+    elsewhere: bool,
 }
 
 impl Fuzzer {
@@ -136,6 +138,7 @@ impl Fuzzer {
             len_max: 1 << 16,
             panics: 0,
             found: Vec::new(),
+            elsewhere: false,
         }
     }
 
@@ -156,6 +159,14 @@ impl Fuzzer {
     /// Mutated inputs are cut to this many bytes (default 64 KiB).
     pub fn len_max(mut self, len_max: usize) -> Self {
         self.len_max = len_max;
+        self
+    }
+
+    /// Counts a panic on any other thread during an execution (a server's writer or a
+    /// connection task the input reached) as a panic of that input. For targets that run
+    /// one execution at a time against a whole server.
+    pub fn panics_elsewhere_count(mut self) -> Self {
+        self.elsewhere = true;
         self
     }
 
@@ -195,22 +206,29 @@ impl Fuzzer {
     /// Runs `f` on `input` (one execution), catching a panic. `None` means it panicked.
     pub fn exec<R>(&mut self, input: &[u8], f: impl FnOnce() -> R) -> Option<R> {
         let watch = Watch::begin(&self.name, self.seed, self.done, input);
+        let elsewhere = panics_elsewhere();
         IN_FUZZ.with(|c| *c.borrow_mut() = Some(String::new()));
         let result = std::panic::catch_unwind(AssertUnwindSafe(f));
         drop(watch);
-        self.after(input, result.ok())
+        self.after(input, result.ok(), elsewhere)
     }
 
     /// [`Fuzzer::exec`] for a future (polled under `catch_unwind`).
     pub async fn exec_async<R>(&mut self, input: &[u8], fut: impl Future<Output = R>) -> Option<R> {
         let watch = Watch::begin(&self.name, self.seed, self.done, input);
+        let elsewhere = panics_elsewhere();
         let result = CatchUnwind(Box::pin(fut)).await;
         drop(watch);
-        self.after(input, result)
+        self.after(input, result, elsewhere)
     }
 
-    fn after<R>(&mut self, input: &[u8], result: Option<R>) -> Option<R> {
-        let message = IN_FUZZ.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    fn after<R>(&mut self, input: &[u8], result: Option<R>, elsewhere: u64) -> Option<R> {
+        let mut message = IN_FUZZ.with(|c| c.borrow_mut().take()).unwrap_or_default();
+        let mut result = result;
+        if self.elsewhere && panics_elsewhere() != elsewhere {
+            message = format!("on another thread: {}", last_panic_elsewhere());
+            result = None;
+        }
         if result.is_none() {
             self.panics += 1;
             if self.found.len() < FOUND_MAX {
@@ -366,6 +384,18 @@ thread_local! {
 
 static PANICS_ELSEWHERE: AtomicU64 = AtomicU64::new(0);
 
+fn last_elsewhere() -> &'static Mutex<String> {
+    static LAST: OnceLock<Mutex<String>> = OnceLock::new();
+    LAST.get_or_init(|| Mutex::new(String::new()))
+}
+
+fn last_panic_elsewhere() -> String {
+    last_elsewhere()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 fn install_panic_hook() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -381,14 +411,16 @@ fn install_panic_hook() {
                 .location()
                 .map(|l| format!("{}:{}", l.file(), l.line()))
                 .unwrap_or_default();
+            let text = format!("panicked at {location}: {message}");
             let captured = IN_FUZZ.with(|c| match c.borrow_mut().as_mut() {
                 Some(slot) => {
-                    *slot = format!("panicked at {location}: {message}");
+                    *slot = text.clone();
                     true
                 }
                 None => false,
             });
             if !captured {
+                *last_elsewhere().lock().unwrap_or_else(|e| e.into_inner()) = text;
                 PANICS_ELSEWHERE.fetch_add(1, Ordering::SeqCst);
                 previous(info);
             }

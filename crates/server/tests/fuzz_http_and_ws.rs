@@ -210,6 +210,7 @@ struct Route<'a> {
 
 async fn fuzz_route(server: &Server, route: Route<'_>) {
     let mut fuzzer = Fuzzer::new(route.name, route.execs, route.kind)
+        .panics_elsewhere_count()
         .seeds(route.seeds)
         .dictionary(route.words)
         .len_max(1 << 15);
@@ -323,6 +324,7 @@ async fn fuzz_ws(server: &Server, msgpack: bool, execs: u64) {
         "name",
     ];
     let mut fuzzer = Fuzzer::new(name, execs, Kind::Json)
+        .panics_elsewhere_count()
         .seeds(seeds)
         .dictionary(&words)
         .len_max(1 << 15);
