@@ -14,6 +14,14 @@ pub const SNAP_SCHEMA: u8 = 1;
 pub const SNAP_ROWS: u8 = 2;
 pub const SNAP_END: u8 = 3;
 
+/// Largest seq or row version a record may carry. Both count up by one per commit from 0,
+/// so nothing real comes near; a larger value read back is damage, refused here so that
+/// `seq + 1` and `version + 1` can never overflow later.
+pub const COUNTER_MAX: u64 = i64::MAX as u64;
+
+/// Items a decoder reserves room for up front, whatever count the bytes claim.
+const DECODE_RESERVE_MAX: usize = 1024;
+
 /// A snapshot rows frame is closed once its payload passes this size.
 pub const SNAP_FRAME_BYTES_TARGET: usize = 1 << 20;
 
@@ -247,12 +255,26 @@ impl<'a> Reader<'a> {
         }
         Err("varint too long".into())
     }
+    /// Room to reserve for `n` decoded items: a count is checked only against the bytes
+    /// left, and a decoded item is many times larger than its smallest encoding, so a
+    /// damaged count must not size an allocation by itself (growth amortises the rest).
+    pub fn reserve(n: usize) -> usize {
+        n.min(DECODE_RESERVE_MAX)
+    }
     pub fn len(&mut self) -> DecodeResult<usize> {
         let n = self.varint()?;
         if n as usize > self.buf.len() - self.pos {
             return Err(format!("implausible length {n}"));
         }
         Ok(n as usize)
+    }
+    /// A seq or version: a varint no larger than [`COUNTER_MAX`].
+    pub fn counter(&mut self, what: &str) -> DecodeResult<u64> {
+        let v = self.varint()?;
+        if v > COUNTER_MAX {
+            return Err(format!("implausible {what} {v}"));
+        }
+        Ok(v)
     }
     pub fn zigzag(&mut self) -> DecodeResult<i64> {
         let v = self.varint()?;
@@ -307,7 +329,7 @@ impl<'a> Reader<'a> {
             .collect::<DecodeResult<Vec<_>>>()?;
         let pk = self.varint()? as usize;
         let n_ix = self.len()?;
-        let mut indexes = Vec::with_capacity(n_ix);
+        let mut indexes = Vec::with_capacity(Self::reserve(n_ix));
         for _ in 0..n_ix {
             let name = self.string()?;
             let n = self.len()?;
@@ -339,10 +361,13 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
     let mut r = Reader::new(payload);
     let kind = r.u8()?;
     let seq = r.u64_fixed()?;
+    if seq == 0 || seq > COUNTER_MAX {
+        return Err(format!("implausible seq {seq}"));
+    }
     let body = match kind {
         RECORD_ROWS => {
             let n = r.len()?;
-            let mut rows = Vec::with_capacity(n);
+            let mut rows = Vec::with_capacity(Reader::reserve(n));
             for _ in 0..n {
                 let table = r.string()?;
                 let op = match r.u8()? {
@@ -351,7 +376,7 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     2 => ChangeOp::Delete,
                     o => return Err(format!("unknown change op {o}")),
                 };
-                let version = r.varint()?;
+                let version = r.counter("version")?;
                 let key = r.key()?;
                 let values = if op == ChangeOp::Delete {
                     None
@@ -529,11 +554,11 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
         SNAP_ROWS => {
             let table = r.string()?;
             let n = r.len()?;
-            let mut rows = Vec::with_capacity(n);
+            let mut rows = Vec::with_capacity(Reader::reserve(n));
             for _ in 0..n {
                 let key = r.key()?;
-                let version = r.varint()?;
-                let seq = r.varint()?;
+                let version = r.counter("version")?;
+                let seq = r.counter("seq")?;
                 let nv = r.len()?;
                 let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
                 rows.push((

@@ -360,8 +360,11 @@ impl Db {
 
     /// Applies a commit read back from the log or a peer. It **must** be the next seq.
     pub fn replay(&mut self, seq: u64, body: ReplayBody) -> Result<(), String> {
-        if seq != self.seq + 1 {
-            return Err(format!("expected seq {}, found {seq}", self.seq + 1));
+        if self.seq.checked_add(1) != Some(seq) {
+            return Err(format!(
+                "expected seq {}, found {seq}",
+                self.seq as u128 + 1
+            ));
         }
         let commit_body = match body {
             ReplayBody::Schema { changes, sql } => {

@@ -15,7 +15,9 @@ use sluice_log::snapshot::{list_snapshots, SnapshotFile};
 use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
-use crate::codec::{decode_commit, decode_snapshot_frame, DecodeResult, SnapshotLoader};
+use crate::codec::{
+    decode_commit, decode_snapshot_frame, DecodeResult, SnapshotLoader, COUNTER_MAX,
+};
 use std::collections::HashMap;
 
 use crate::db::{Change, Commit, CommitBody, Db, Limits, ReplayBody};
@@ -98,10 +100,10 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             };
             let seq = peek_seq(payload).map_err(&corrupt)?;
             match prev_seq {
-                Some(prev) if seq != prev + 1 => {
+                Some(prev) if prev.checked_add(1) != Some(seq) => {
                     return Err(corrupt(format!("seq {seq} follows seq {prev}")));
                 }
-                None if seq > db.seq + 1 => {
+                None if seq > db.seq.saturating_add(1) => {
                     return Err(corrupt(format!(
                         "the log starts at seq {seq} but the state is at seq {}: commits are missing",
                         db.seq
@@ -224,6 +226,13 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
 
 fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryError> {
     let file = SnapshotFile::read(path)?;
+    if file.seq > COUNTER_MAX {
+        return Err(RecoveryError::Corrupt {
+            path: path.to_path_buf(),
+            offset: sluice_log::snapshot::SNAPSHOT_MAGIC.len() as u64,
+            reason: format!("implausible snapshot seq {}", file.seq),
+        });
+    }
     let mut db = Db::new(opts.limits.clone(), Changelog::new(opts.retention));
     let mut loader = SnapshotLoader::new();
     let mut last_offset = 0;
@@ -279,8 +288,13 @@ struct FrameRef {
 }
 
 /// The seq of a commit record without decoding the rest (kind byte, then u64 seq).
+/// Seqs start at 1 (0 is the empty state), so a record claiming seq 0 is damaged.
 fn peek_seq(payload: &[u8]) -> Result<u64, String> {
     match payload.get(1..9) {
+        Some(b) if b == [0; 8] => Err("commit record with seq 0 (seqs start at 1)".into()),
+        Some(b) if u64::from_le_bytes(b.try_into().expect("8 bytes")) > COUNTER_MAX => {
+            Err("commit record with an implausible seq".into())
+        }
         Some(b)
             if matches!(
                 payload[0],

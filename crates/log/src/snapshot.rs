@@ -89,6 +89,11 @@ pub struct SnapshotFile {
 impl SnapshotFile {
     pub fn read(path: &Path) -> Result<SnapshotFile, LogError> {
         let bytes = std::fs::read(path).map_err(|e| LogError::io(path, e))?;
+        Self::from_bytes(path, bytes)
+    }
+
+    /// Verifies `bytes`, the contents of the snapshot file `path` (named in errors).
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<SnapshotFile, LogError> {
         let corrupt = |offset: usize, reason: &str| LogError::Corrupt {
             path: path.to_path_buf(),
             offset: offset as u64,

@@ -299,7 +299,7 @@ fn literal(expr: &Expr, ty: ColumnType, column: &str) -> Result<Value, SqlError>
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
             expr: inner,
-        } => match literal(inner, ty, column)? {
+        } if matches!(&**inner, Expr::Value(_)) => match literal(inner, ty, column)? {
             Value::Integer(i) => return Ok(Value::Integer(-i)),
             Value::Real(r) => return Ok(Value::Real(-r)),
             Value::Timestamp(t) => return Ok(Value::Timestamp(-t)),
