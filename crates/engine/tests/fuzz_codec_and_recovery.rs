@@ -108,11 +108,13 @@ fn workload(snapshot_after: usize) -> (Vec<Arc<Commit>>, Vec<Vec<u8>>, u64) {
         tx.upsert("u", &obj(json!({"k": format!("key-{i}"), "v": i})), None)
             .unwrap();
         if i % 4 == 3 {
+            // The row was written by this transaction: its version is this commit's seq.
+            let version = tx.seq();
             tx.patch(
                 "t",
                 &json!(i * 7 - 20),
                 &obj(json!({"name": null})),
-                Some(1),
+                Some(version),
             )
             .unwrap();
             tx.delete("u", &json!(format!("key-{}", i - 1)), None)
