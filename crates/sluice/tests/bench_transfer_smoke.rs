@@ -43,10 +43,7 @@ fn quick_transfer_bench_commits_on_every_target_and_verifies_every_balance() {
     if let Err(e) = sluice_bench::verify_results(out.path(), "transfer") {
         panic!("sluice bench transfer --quick: {e:#}");
     }
-    let samples: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(out.path().join("transfer/samples.json")).expect("samples.json"),
-    )
-    .expect("samples.json is JSON");
+    let samples = samples_of(&out);
     let cases = samples["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 4 * 2, "four targets × two alphas");
     let summary = std::fs::read_to_string(out.path().join("transfer/summary.md")).unwrap();
@@ -81,9 +78,9 @@ fn quick_transfer_bench_commits_on_every_target_and_verifies_every_balance() {
     }
 }
 
-#[test]
-fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
-    let out = TempDir::new("transfer-tamper-results").expect("a temp dir");
+/// A quick 100-account transfer run over `targets` with one hidden test `flag`.
+fn quick_run(name: &str, targets: &str, flag: &str) -> (TempDir, std::process::Output) {
+    let out = TempDir::new(&format!("transfer-{name}-results")).expect("a temp dir");
     let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "bench",
@@ -93,15 +90,25 @@ fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
             "100",
             "--alpha",
             "0",
-            "--targets",
-            "sluice-http",
-            "--tamper-before-restart",
-            "--out",
         ])
+        .args(["--targets", targets, flag, "--out"])
         .arg(out.path())
         .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
         .output()
         .expect("run sluice bench transfer");
+    (out, output)
+}
+
+fn samples_of(out: &TempDir) -> serde_json::Value {
+    serde_json::from_slice(
+        &std::fs::read(out.path().join("transfer/samples.json")).expect("samples.json"),
+    )
+    .expect("samples.json is JSON")
+}
+
+#[test]
+fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
+    let (out, output) = quick_run("tamper", "sluice-http", "--tamper-before-restart");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),
@@ -118,10 +125,7 @@ fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
             && stderr.contains("1 of 100 accounts wrong: account 0: expected "),
         "{stderr}"
     );
-    let samples: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(out.path().join("transfer/samples.json")).expect("samples.json"),
-    )
-    .expect("samples.json is JSON");
+    let samples = samples_of(&out);
     let r = &samples["cases"][0]["restart"];
     assert_eq!(r["ok"], false, "{r}");
     assert_eq!(r["balance"]["every_account"]["mismatches"], 1, "{r}");
@@ -130,33 +134,12 @@ fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
 
 #[test]
 fn transfers_in_flight_when_the_server_dies_are_resolved_by_the_check_after_restart() {
-    let out = TempDir::new("transfer-kill-results").expect("a temp dir");
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "bench",
-            "transfer",
-            "--quick",
-            "--accounts",
-            "100",
-            "--alpha",
-            "0",
-            "--targets",
-            "sluice-http,sluice-ws",
-            "--kill-mid-window",
-            "--out",
-        ])
-        .arg(out.path())
-        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
-        .output()
-        .expect("run sluice bench transfer");
+    let (out, output) = quick_run("kill", "sluice-http,sluice-ws", "--kill-mid-window");
     let stderr = String::from_utf8_lossy(&output.stderr);
     // The case fails (its clients lost the server), but every acknowledged transfer is
     // there after the restart and the unknown ones are accounted for exactly.
     assert!(!output.status.success(), "{stderr}");
-    let samples: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(out.path().join("transfer/samples.json")).expect("samples.json"),
-    )
-    .expect("samples.json is JSON");
+    let samples = samples_of(&out);
     for case in samples["cases"].as_array().expect("cases") {
         assert!(!case["error"].is_null(), "{case}");
         let r = &case["restart"];
