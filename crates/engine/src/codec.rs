@@ -618,6 +618,13 @@ impl SnapshotLoader {
                 }
                 self.tables_expected = Some(schemas.len() as u64);
                 for schema in schemas {
+                    // The same checks as CREATE TABLE and replay: a snapshot's schemas are
+                    // outside bytes too (duplicate columns, a REAL primary key, …).
+                    crate::db::validate_columns(&schema)
+                        .map_err(|e| format!("table {:?}: {}", schema.name, e.message))?;
+                    if db.tables.contains_key(&schema.name) {
+                        return Err(format!("table {:?} is declared twice", schema.name));
+                    }
                     db.tables.insert(
                         schema.name.clone(),
                         crate::table::Table::new(std::sync::Arc::new(schema)),

@@ -459,7 +459,7 @@ pub struct ReplayRow {
     pub version: u64,
 }
 
-fn validate_columns(schema: &TableSchema) -> Result<(), TxError> {
+pub(crate) fn validate_columns(schema: &TableSchema) -> Result<(), TxError> {
     if schema.columns.is_empty() {
         return Err(TxError::schema("a table needs at least one column"));
     }
