@@ -21,6 +21,7 @@
 //! A failure names its seed and step. Reproduce it with
 //! `SLUICE_ORACLE_SEED=<seed> SLUICE_ORACLE_STEPS=<steps> cargo test -p sluice-engine --test model_oracle`.
 
+use sluice_fuzzkit::env_u64;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -44,16 +45,6 @@ use sluice_log::{frame, Durability, Log, LogConfig, LogError, Waiter};
 
 // ---------------------------------------------------------------------------------------
 // Seeds, steps and failure context
-
-fn env_u64(name: &str) -> Option<u64> {
-    let text = std::env::var(name).ok()?;
-    let t = text.trim();
-    let parsed = match t.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => t.parse(),
-    };
-    Some(parsed.unwrap_or_else(|_| panic!("{name}={text:?} is not a number")))
-}
 
 fn seeds(default: &[u64]) -> Vec<u64> {
     env_u64("SLUICE_ORACLE_SEED").map_or_else(|| default.to_vec(), |s| vec![s])

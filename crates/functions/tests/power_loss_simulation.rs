@@ -32,6 +32,7 @@
 //! The log thread runs concurrently, so how commits group into writes depends on timing:
 //! a seed fixes the workload, the fault plan and the cut, not the exact interleaving.
 
+use sluice_fuzzkit::env_u64;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -50,16 +51,6 @@ use sluice_log::{frame, Durability, Log, LogConfig, LogError, Progress, Waiter};
 
 // ---------------------------------------------------------------------------------------
 // Seeds and knobs
-
-fn env_u64(name: &str) -> Option<u64> {
-    let text = std::env::var(name).ok()?;
-    let t = text.trim();
-    let parsed = match t.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => t.parse(),
-    };
-    Some(parsed.unwrap_or_else(|_| panic!("{name}={text:?} is not a number")))
-}
 
 const DEFAULT_SEEDS: [u64; 4] = [0x51_0001, 0x51_0002, 0x51_0003, 0x51_0004];
 const DEFAULT_CRASHES_PER_SEED: u64 = 500;

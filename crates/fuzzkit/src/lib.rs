@@ -364,13 +364,16 @@ pub fn panics_elsewhere() -> u64 {
     PANICS_ELSEWHERE.load(Ordering::SeqCst)
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(
-        v.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-    )
+/// A number from the environment variable `name` (decimal, or hex with `0x`): the seeds and
+/// long-mode knobs of every seeded test. Panics on anything else, naming the variable.
+pub fn env_u64(name: &str) -> Option<u64> {
+    let text = std::env::var(name).ok()?;
+    let t = text.trim();
+    let parsed = match t.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    Some(parsed.unwrap_or_else(|_| panic!("{name}={text:?} is not a number")))
 }
 
 // ---------------------------------------------------------------------------------------

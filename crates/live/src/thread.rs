@@ -22,8 +22,6 @@ enum Input {
         reply: oneshot::Sender<Result<SubId, QueryError>>,
     },
     Unsubscribe(SubId),
-    /// Nothing to do; lets a waiting writer notice that the thread is gone.
-    Ping,
 }
 
 /// The handle the server keeps; dropping the last one stops the thread.
@@ -85,16 +83,9 @@ impl LiveHandle {
         let mut state = self.handoff.queued.lock();
         if state.queued_commits > 0 && state.queued_commits + n > max {
             state.waits += 1;
+            // The live thread is critical: if it stopped, the process has exited.
             while state.queued_commits > 0 && state.queued_commits + n > max {
-                if self
-                    .handoff
-                    .applied
-                    .wait_for(&mut state, Duration::from_millis(50))
-                    .timed_out()
-                    && self.tx.send(Input::Ping).is_err()
-                {
-                    return; // the live thread is gone
-                }
+                self.handoff.applied.wait(&mut state);
             }
         }
         state.queued_commits += n;
@@ -162,7 +153,6 @@ fn run(
                     let _ = reply.send(result);
                 }
                 Input::Unsubscribe(sub) => live.unsubscribe(sub),
-                Input::Ping => {}
             }
         }
         if last_expiry.elapsed() >= tick {

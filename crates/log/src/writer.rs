@@ -93,6 +93,10 @@ pub struct LogStats {
 
 struct Pending<W> {
     buf: Vec<u8>,
+    /// The most `buf` held, and how many submits waited for the log thread to take it
+    /// (kept here, under the lock `submit` holds anyway, not in the stats).
+    buf_peak: usize,
+    submit_waits: u64,
     frames: u64,
     last_seq: u64,
     waiters: Vec<W>,
@@ -160,6 +164,8 @@ impl<W: Waiter> Log<W> {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
                 buf: Vec::new(),
+                buf_peak: 0,
+                submit_waits: 0,
                 frames: 0,
                 last_seq,
                 waiters: Vec::new(),
@@ -229,7 +235,7 @@ impl<W: Waiter> Log<W> {
         // A submission larger than the bound alone still goes in, once nothing is pending.
         let max = self.shared.pending_bytes_max;
         if !pending.buf.is_empty() && pending.buf.len() + frames.len() > max {
-            lock(&self.shared.stats).submit_waits += 1;
+            pending.submit_waits += 1;
             while !pending.buf.is_empty() && pending.buf.len() + frames.len() > max {
                 if let Some(reason) = lock(&self.shared.poison).clone() {
                     drop(pending);
@@ -244,10 +250,7 @@ impl<W: Waiter> Log<W> {
             }
         }
         pending.buf.extend_from_slice(frames);
-        {
-            let mut stats = lock(&self.shared.stats);
-            stats.pending_bytes_peak = stats.pending_bytes_peak.max(pending.buf.len() as u64);
-        }
+        pending.buf_peak = pending.buf_peak.max(pending.buf.len());
         pending.frames += frame_count;
         pending.last_seq = last_seq;
         pending.waiters.extend(waiters);
@@ -289,10 +292,15 @@ impl<W: Waiter> Log<W> {
     }
 
     pub fn stats(&self) -> LogStats {
-        let pending_bytes = lock(&self.shared.pending).buf.len() as u64;
+        let (bytes, peak, waits) = {
+            let p = lock(&self.shared.pending);
+            (p.buf.len(), p.buf_peak, p.submit_waits)
+        };
         let mut stats = lock(&self.shared.stats).clone();
-        stats.pending_bytes = pending_bytes;
+        stats.pending_bytes = bytes as u64;
+        stats.pending_bytes_peak = peak as u64;
         stats.pending_bytes_max = self.shared.pending_bytes_max as u64;
+        stats.submit_waits = waits;
         stats
     }
 

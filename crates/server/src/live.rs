@@ -32,6 +32,8 @@ pub(crate) struct Subscription {
     core: Core,
     pub sub: SubId,
     pub sink: Arc<Sink>,
+    /// Flips at graceful shutdown (taken once here, not per event).
+    closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Drop for Subscription {
@@ -49,15 +51,15 @@ impl Subscription {
             core: core.clone(),
             sub,
             sink,
+            closing: core.closing(),
         })
     }
 
     /// The next event, once its seq is confirmed; `None` when the subscription ended.
-    pub(crate) async fn next(&self) -> Option<Arc<Event>> {
-        let mut closing = self.core.closing();
+    pub(crate) async fn next(&mut self) -> Option<Arc<Event>> {
         let received = tokio::select! {
             event = self.sink.recv() => Some(event),
-            _ = closing.wait_for(|&c| c) => None,
+            _ = self.closing.wait_for(|&c| c) => None,
         };
         let event = match received {
             Some(event) => event?,
@@ -114,7 +116,7 @@ pub(crate) async fn sse(
             .transpose()?,
     };
     let subscription = Subscription::open(&core, Subscribe { sql, params, since }).await?;
-    let stream = futures_util::stream::unfold(subscription, |s| async move {
+    let stream = futures_util::stream::unfold(subscription, |mut s| async move {
         let event = s.next().await?;
         let mut sse = SseEvent::default()
             .event(event.kind.as_str())

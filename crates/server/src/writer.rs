@@ -254,12 +254,6 @@ impl Writer {
 
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
-        if batch
-            .iter()
-            .any(|r| matches!(r, Request::Mutate { .. } | Request::Call { .. }))
-        {
-            sluice_log::critical::injected_panic_point("writer");
-        }
         let shared = self.shared.clone();
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
@@ -282,6 +276,9 @@ impl Writer {
                 {
                     refuse(req, CoreError::Poisoned(reason.clone()));
                     continue;
+                }
+                if matches!(req, Request::Mutate { .. } | Request::Call { .. }) {
+                    sluice_log::critical::injected_panic_point("writer");
                 }
                 let db: &mut Db = guard.as_mut().expect("the writer holds the lock");
                 match req {
@@ -427,10 +424,9 @@ impl Writer {
         let st = db.begin();
         let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
         // A call that met the commit-size limit is refused even if it caught the error.
-        let result = match (result, lent.st.over_limit()) {
-            (Ok(_), Some(e)) => Err(CoreError::Tx(e.clone())),
-            (Err(_), Some(e)) => Err(CoreError::Tx(e.clone())),
-            (result, None) => result.map_err(CoreError::from),
+        let result = match lent.st.over_limit() {
+            Some(e) => Err(CoreError::Tx(e.clone())),
+            None => result.map_err(CoreError::from),
         };
         let outcome = match result {
             Ok(value) => {

@@ -118,15 +118,19 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             tokio::select! {
                 biased;
                 Some(reply) = inflight.replies.next(), if !inflight.replies.is_empty() => {
-                    inflight.answered(1);
-                    if sink.feed(encode(encoding, &reply)).await.is_err() {
-                        return;
+                    let mut answered = 1;
+                    let mut fed = sink.feed(encode(encoding, &reply)).await.is_ok();
+                    while fed {
+                        let Some(Some(reply)) = inflight.replies.next().now_or_never() else {
+                            break;
+                        };
+                        answered += 1;
+                        fed = sink.feed(encode(encoding, &reply)).await.is_ok();
                     }
-                    while let Some(Some(reply)) = inflight.replies.next().now_or_never() {
-                        inflight.answered(1);
-                        if sink.feed(encode(encoding, &reply)).await.is_err() {
-                            return;
-                        }
+                    // One update of the shared gauge per batch of replies, not per reply.
+                    inflight.answered(answered);
+                    if !fed {
+                        return;
                     }
                     if sink.flush().await.is_err() {
                         return;
@@ -332,7 +336,7 @@ impl Subscriptions {
             params,
             since,
         };
-        let subscription = Subscription::open(core, req).await?;
+        let mut subscription = Subscription::open(core, req).await?;
         let events = events.clone();
         let task = tokio::spawn(async move {
             while let Some(event) = subscription.next().await {
