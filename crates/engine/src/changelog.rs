@@ -35,18 +35,26 @@ pub struct Changelog {
 }
 
 fn approx_bytes(commit: &Commit) -> usize {
-    match &commit.body {
-        CommitBody::Rows(changes) => changes
-            .iter()
-            .map(|c| {
-                64 + c
-                    .row
-                    .as_ref()
-                    .map_or(0, |r| r.iter().map(Value::encoded_len).sum())
-            })
-            .sum(),
-        CommitBody::Schema { sql, .. } => 64 + sql.len(),
-    }
+    let records: usize = commit
+        .appends
+        .iter()
+        .flat_map(|a| &a.records)
+        .map(|r| r.bytes() as usize)
+        .sum();
+    records
+        + match &commit.body {
+            CommitBody::Rows(changes) => changes
+                .iter()
+                .map(|c| {
+                    64 + c
+                        .row
+                        .as_ref()
+                        .map_or(0, |r| r.iter().map(Value::encoded_len).sum())
+                })
+                .sum(),
+            CommitBody::Schema { sql, .. } => 64 + sql.len(),
+            CommitBody::Topic(_) => 64,
+        }
 }
 
 impl Changelog {

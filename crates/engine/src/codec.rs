@@ -2,17 +2,31 @@
 //! `docs/formats.md`; integers are little-endian, lengths and counts are LEB128 varints,
 //! signed integers zigzag-encoded varints.
 
-use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow};
+use std::sync::Arc;
+
+use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow, TopicChange};
 use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
 use crate::table::RowEntry;
+use crate::topic::{check_tag, check_topic_name, Appended, Record, Topic, TopicConfig};
 use crate::value::{ColumnType, Key, Value};
 
 pub const RECORD_ROWS: u8 = 1;
 pub const RECORD_SCHEMA: u8 = 2;
+/// Row changes and topic appends of one transaction.
+pub const RECORD_TX: u8 = 3;
+/// A topic created, changed or dropped.
+pub const RECORD_TOPIC: u8 = 4;
 
 pub const SNAP_SCHEMA: u8 = 1;
 pub const SNAP_ROWS: u8 = 2;
 pub const SNAP_END: u8 = 3;
+/// A topic's name, retention, offsets and last append time.
+pub const SNAP_TOPIC: u8 = 4;
+/// A run of a topic's records.
+pub const SNAP_RECORDS: u8 = 5;
+
+const TOPIC_PUT: u8 = 1;
+const TOPIC_DROP: u8 = 2;
 
 /// Largest seq or row version a record may carry. Both count up by one per commit from 0,
 /// so nothing real comes near; a larger value read back is damage, refused here so that
@@ -138,7 +152,11 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
     let mut w = Writer(out);
     match &commit.body {
         CommitBody::Rows(changes) => {
-            w.u8(RECORD_ROWS);
+            w.u8(if commit.appends.is_empty() {
+                RECORD_ROWS
+            } else {
+                RECORD_TX
+            });
             w.u64_fixed(commit.seq);
             w.varint(changes.len() as u64);
             for c in changes {
@@ -157,6 +175,37 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
                     }
                 }
             }
+            if !commit.appends.is_empty() {
+                w.varint(commit.appends.len() as u64);
+                for a in &commit.appends {
+                    w.str(&a.topic);
+                    w.varint(a.records.first().map_or(0, |r| r.offset));
+                    w.varint(a.records.len() as u64);
+                    for r in &a.records {
+                        w.record_body(r);
+                    }
+                }
+            }
+        }
+        CommitBody::Topic(change) => {
+            w.u8(RECORD_TOPIC);
+            w.u64_fixed(commit.seq);
+            match change {
+                TopicChange::Put {
+                    name,
+                    config,
+                    created,
+                } => {
+                    w.u8(TOPIC_PUT);
+                    w.str(name);
+                    w.topic_config(config);
+                    w.u8(u8::from(*created));
+                }
+                TopicChange::Drop { name } => {
+                    w.u8(TOPIC_DROP);
+                    w.str(name);
+                }
+            }
         }
         CommitBody::Schema { changes, sql } => {
             w.u8(RECORD_SCHEMA);
@@ -171,6 +220,22 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
 }
 
 impl Writer<'_> {
+    fn topic_config(&mut self, c: &TopicConfig) {
+        self.varint(c.retain_records);
+        self.varint(c.retain_bytes);
+        self.varint(c.retain_secs);
+    }
+
+    /// A record without its offset (implied by its run) and seq (its commit's).
+    fn record_body(&mut self, r: &Record) {
+        self.zigzag(r.ts_us);
+        self.varint(r.tags.len() as u64);
+        for t in r.tags.iter() {
+            self.str(t);
+        }
+        self.str(&r.data);
+    }
+
     fn schema_change(&mut self, change: &SchemaChange) {
         let w = self;
         {
@@ -365,7 +430,7 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
         return Err(format!("implausible seq {seq}"));
     }
     let body = match kind {
-        RECORD_ROWS => {
+        RECORD_ROWS | RECORD_TX => {
             let n = r.len()?;
             let mut rows = Vec::with_capacity(Reader::reserve(n));
             for _ in 0..n {
@@ -396,7 +461,53 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     version,
                 });
             }
-            ReplayBody::Rows(rows)
+            if kind == RECORD_ROWS {
+                ReplayBody::Rows(rows)
+            } else {
+                let n = r.len()?;
+                let mut appends = Vec::with_capacity(Reader::reserve(n));
+                for _ in 0..n {
+                    let topic = r.string()?;
+                    check_topic_name(&topic).map_err(|e| e.message)?;
+                    let first = r.counter("offset")?;
+                    let count = r.len()?;
+                    let mut records = Vec::with_capacity(Reader::reserve(count));
+                    for i in 0..count as u64 {
+                        let offset = first
+                            .checked_add(i)
+                            .filter(|o| *o <= COUNTER_MAX)
+                            .ok_or("implausible offset")?;
+                        records.push(Arc::new(r.record_body(offset, seq)?));
+                    }
+                    if records.is_empty() {
+                        return Err(format!("an empty run of records for topic {topic:?}"));
+                    }
+                    appends.push(Appended {
+                        topic: topic.into(),
+                        records,
+                    });
+                }
+                if appends.is_empty() {
+                    return Err("a transaction record without appends".into());
+                }
+                ReplayBody::Tx { rows, appends }
+            }
+        }
+        RECORD_TOPIC => {
+            let change = match r.u8()? {
+                TOPIC_PUT => TopicChange::Put {
+                    name: r.string()?,
+                    config: r.topic_config()?,
+                    created: match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        b => return Err(format!("bad created flag {b}")),
+                    },
+                },
+                TOPIC_DROP => TopicChange::Drop { name: r.string()? },
+                k => return Err(format!("unknown topic change {k}")),
+            };
+            ReplayBody::Topic(change)
         }
         RECORD_SCHEMA => {
             let sql = r.string()?;
@@ -415,6 +526,39 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
 }
 
 impl Reader<'_> {
+    fn topic_config(&mut self) -> DecodeResult<TopicConfig> {
+        Ok(TopicConfig {
+            retain_records: self.varint()?,
+            retain_bytes: self.varint()?,
+            retain_secs: self.varint()?,
+        })
+    }
+
+    fn record_body(&mut self, offset: u64, seq: u64) -> DecodeResult<Record> {
+        let ts_us = self.zigzag()?;
+        let n = self.len()?;
+        if n > crate::topic::TAGS_PER_RECORD_MAX {
+            return Err(format!("a record with {n} tags"));
+        }
+        let mut tags = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = self.string()?;
+            check_tag(&t).map_err(|e| e.message)?;
+            tags.push(t.into_boxed_str());
+        }
+        let data = self.string()?;
+        if serde_json::from_str::<&serde_json::value::RawValue>(&data).is_err() {
+            return Err("a record whose data is not JSON".into());
+        }
+        Ok(Record {
+            offset,
+            ts_us,
+            seq,
+            tags: tags.into_boxed_slice(),
+            data: data.into_boxed_str(),
+        })
+    }
+
     fn schema_change(&mut self) -> DecodeResult<SchemaChange> {
         let r = self;
         {
@@ -506,11 +650,49 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
             total_rows += n;
         }
     }
+    let mut total_records = 0u64;
+    for t in db.topics.values() {
+        payload.clear();
+        let mut w = Writer(&mut payload);
+        w.u8(SNAP_TOPIC);
+        w.str(t.name());
+        w.topic_config(&t.config());
+        w.varint(t.first());
+        w.varint(t.next());
+        out.push(frame(&payload));
+        let mut records = t.records().peekable();
+        while let Some(first) = records.peek().map(|r| r.offset) {
+            body.clear();
+            let mut n = 0u64;
+            {
+                let mut w = Writer(&mut body);
+                for r in records.by_ref() {
+                    w.varint(r.seq);
+                    w.record_body(r);
+                    n += 1;
+                    if w.0.len() >= SNAP_FRAME_BYTES_TARGET {
+                        break;
+                    }
+                }
+            }
+            payload.clear();
+            let mut w = Writer(&mut payload);
+            w.u8(SNAP_RECORDS);
+            w.str(t.name());
+            w.varint(first);
+            w.varint(n);
+            payload.extend_from_slice(&body);
+            out.push(frame(&payload));
+            total_records += n;
+        }
+    }
     payload.clear();
     let mut w = Writer(&mut payload);
     w.u8(SNAP_END);
     w.varint(db.tables.len() as u64);
     w.varint(total_rows);
+    w.varint(db.topics.len() as u64);
+    w.varint(total_records);
     out.push(frame(&payload));
     out
 }
@@ -533,9 +715,22 @@ pub enum SnapFrame {
         table: String,
         rows: Vec<(Key, RowEntry)>,
     },
+    Topic {
+        name: String,
+        config: TopicConfig,
+        first: u64,
+        next: u64,
+    },
+    Records {
+        topic: String,
+        records: Vec<Record>,
+    },
     End {
         tables: u64,
         rows: u64,
+        /// Topics and records (0 and 0 in snapshots written before topics existed).
+        topics: u64,
+        records: u64,
     },
 }
 
@@ -572,10 +767,54 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
             }
             SnapFrame::Rows { table, rows }
         }
-        SNAP_END => SnapFrame::End {
-            tables: r.varint()?,
-            rows: r.varint()?,
-        },
+        SNAP_TOPIC => {
+            let name = r.string()?;
+            check_topic_name(&name).map_err(|e| e.message)?;
+            let config = r.topic_config()?;
+            let first = r.counter("offset")?;
+            let next = r.counter("offset")?;
+            if first > next {
+                return Err(format!(
+                    "topic {name:?} starts at {first} after its next offset {next}"
+                ));
+            }
+            SnapFrame::Topic {
+                name,
+                config,
+                first,
+                next,
+            }
+        }
+        SNAP_RECORDS => {
+            let topic = r.string()?;
+            let first = r.counter("offset")?;
+            let n = r.len()?;
+            let mut records = Vec::with_capacity(Reader::reserve(n));
+            for i in 0..n as u64 {
+                let seq = r.counter("seq")?;
+                let offset = first
+                    .checked_add(i)
+                    .filter(|o| *o <= COUNTER_MAX)
+                    .ok_or("implausible offset")?;
+                records.push(r.record_body(offset, seq)?);
+            }
+            SnapFrame::Records { topic, records }
+        }
+        SNAP_END => {
+            let tables = r.varint()?;
+            let rows = r.varint()?;
+            let (topics, records) = if r.is_empty() {
+                (0, 0)
+            } else {
+                (r.varint()?, r.varint()?)
+            };
+            SnapFrame::End {
+                tables,
+                rows,
+                topics,
+                records,
+            }
+        }
         k => return Err(format!("unknown snapshot frame kind {k}")),
     };
     if !r.is_empty() {
@@ -592,6 +831,9 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
 pub struct SnapshotLoader {
     tables_expected: Option<u64>,
     rows: u64,
+    records: u64,
+    /// Each topic's declared next offset, checked at the end.
+    topics_next: Vec<(String, u64)>,
     done: bool,
     pending: Option<(String, Vec<(Key, RowEntry)>)>,
 }
@@ -652,13 +894,65 @@ impl SnapshotLoader {
                     }
                 }
             }
-            SnapFrame::End { tables, rows } => {
+            SnapFrame::Topic {
+                name,
+                config,
+                first,
+                next,
+            } => {
+                self.flush(db)?;
+                if db.topics.contains_key(&name) {
+                    return Err(format!("topic {name:?} is declared twice"));
+                }
+                self.topics_next.push((name.clone(), next));
+                db.topics
+                    .insert(name.clone(), Topic::starting_at(&name, config, first));
+            }
+            SnapFrame::Records { topic, records } => {
+                let t = db
+                    .topics
+                    .get_mut(&topic)
+                    .ok_or_else(|| format!("records for unknown topic {topic:?}"))?;
+                for r in records {
+                    if r.offset != t.next() || r.ts_us < t.last_ts_us() {
+                        return Err(format!(
+                            "record at offset {} of topic {topic:?} does not follow offset {}",
+                            r.offset,
+                            t.next()
+                        ));
+                    }
+                    t.push(Arc::new(r));
+                    self.records += 1;
+                }
+            }
+            SnapFrame::End {
+                tables,
+                rows,
+                topics,
+                records,
+            } => {
                 self.flush(db)?;
                 if Some(tables) != self.tables_expected || rows != self.rows {
                     return Err(format!(
                         "end frame counts {tables} tables / {rows} rows, found {:?} / {}",
                         self.tables_expected, self.rows
                     ));
+                }
+                if topics != self.topics_next.len() as u64 || records != self.records {
+                    return Err(format!(
+                        "end frame counts {topics} topics / {records} records, found {} / {}",
+                        self.topics_next.len(),
+                        self.records
+                    ));
+                }
+                for (name, next) in &self.topics_next {
+                    let t = &db.topics[name];
+                    if t.next() != *next {
+                        return Err(format!(
+                            "topic {name:?} declares next offset {next} but its records end at {}",
+                            t.next()
+                        ));
+                    }
                 }
                 self.done = true;
             }

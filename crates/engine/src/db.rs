@@ -14,6 +14,7 @@ use crate::changelog::Changelog;
 use crate::error::{ErrorCode, TxError};
 use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
 use crate::table::{RowEntry, Table};
+use crate::topic::{self, Appended, Topic, TopicConfig};
 use crate::value::{ColumnType, Key, Value};
 
 /// Limits the engine enforces; each is named in the error that enforces it.
@@ -26,6 +27,15 @@ pub struct Limits {
     /// Encoded size of one transaction's commit record (`--max-commit-bytes`): enforced op
     /// by op while the transaction is built, so a commit always fits in one log frame.
     pub commit_bytes_max: usize,
+    /// Topics in the database (`--max-topics`).
+    pub topics_max: usize,
+    /// One record's data (compact JSON) plus its tags (`--max-record-bytes`).
+    pub record_bytes_max: usize,
+    /// `retain_records` of a topic created without one (`--topic-retain-records`).
+    pub topic_retain_records: u64,
+    /// `retain_bytes` of a topic created without one, and the most any topic may set
+    /// (`--topic-retain-bytes`).
+    pub topic_retain_bytes: u64,
 }
 
 /// Largest accepted `commit_bytes_max`. The size counted against it is an upper bound of the
@@ -39,6 +49,10 @@ impl Default for Limits {
             row_bytes_max: 1 << 20,
             columns_per_table_max: 256,
             commit_bytes_max: 16 << 20,
+            topics_max: 1024,
+            record_bytes_max: 1 << 20,
+            topic_retain_records: 1_000_000,
+            topic_retain_bytes: 64 << 20,
         }
     }
 }
@@ -101,6 +115,22 @@ pub enum CommitBody {
         changes: Vec<SchemaChange>,
         sql: String,
     },
+    /// A topic created, its retention changed, or dropped.
+    Topic(TopicChange),
+}
+
+/// What a topic DDL commit did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicChange {
+    /// Created (`created`) or changed the retention of an existing topic.
+    Put {
+        name: String,
+        config: TopicConfig,
+        created: bool,
+    },
+    Drop {
+        name: String,
+    },
 }
 
 /// A committed transaction: the unit of the changelog, the log and replication.
@@ -108,6 +138,8 @@ pub enum CommitBody {
 pub struct Commit {
     pub seq: u64,
     pub body: CommitBody,
+    /// Records the transaction appended to topics (only with a `Rows` body).
+    pub appends: Vec<Appended>,
 }
 
 /// What a successful write op reports back.
@@ -121,6 +153,7 @@ pub struct WriteResult {
 /// The whole in-memory database.
 pub struct Db {
     pub tables: BTreeMap<String, Table>,
+    pub topics: BTreeMap<String, Topic>,
     /// Seq of the last applied commit.
     pub seq: u64,
     pub changelog: Changelog,
@@ -134,12 +167,15 @@ enum Undo {
         key: Key,
         old: Option<RowEntry>,
     },
+    /// Remove the newest record of `topic`, whose last append time was `prev_ts` before.
+    Append { topic: String, prev_ts: i64 },
 }
 
 impl Db {
     pub fn new(limits: Limits, changelog: Changelog) -> Self {
         Db {
             tables: BTreeMap::new(),
+            topics: BTreeMap::new(),
             seq: 0,
             changelog,
             limits,
@@ -195,9 +231,157 @@ impl Db {
                 changes: applied,
                 sql,
             },
+            appends: Vec::new(),
         });
         self.changelog.push(commit.clone());
         Ok(Some(commit))
+    }
+
+    /// Creates topic `name` (with `config`, or the defaults of [`Limits`]) or, if it exists
+    /// and `config` differs from its own, changes its retention (trimming at once). `Ok(None)`:
+    /// nothing changed, no seq consumed.
+    pub fn put_topic(
+        &mut self,
+        name: &str,
+        config: Option<TopicConfig>,
+    ) -> Result<Option<Arc<Commit>>, TxError> {
+        topic::check_topic_name(name)?;
+        let change = match (self.topics.get(name), config) {
+            (Some(_), None) => return Ok(None),
+            (Some(t), Some(c)) if t.config() == c => return Ok(None),
+            (Some(_), Some(c)) => {
+                self.check_topic_config(&c)?;
+                TopicChange::Put {
+                    name: name.to_string(),
+                    config: c,
+                    created: false,
+                }
+            }
+            (None, c) => {
+                let max = self.limits.topics_max;
+                if self.topics.len() >= max {
+                    return Err(TxError::new(
+                        ErrorCode::Limit,
+                        format!(
+                            "there are already {max} topics; topics_max (--max-topics) is {max}"
+                        ),
+                    ));
+                }
+                let c = c.unwrap_or(TopicConfig {
+                    retain_records: self.limits.topic_retain_records,
+                    retain_bytes: self.limits.topic_retain_bytes,
+                    retain_secs: 0,
+                });
+                self.check_topic_config(&c)?;
+                TopicChange::Put {
+                    name: name.to_string(),
+                    config: c,
+                    created: true,
+                }
+            }
+        };
+        self.apply_topic_change(&change)
+            .expect("validated against the current topics");
+        Ok(Some(self.push_commit(CommitBody::Topic(change))))
+    }
+
+    /// Drops topic `name` and its records.
+    pub fn drop_topic(&mut self, name: &str) -> Result<Arc<Commit>, TxError> {
+        if !self.topics.contains_key(name) {
+            return Err(TxError::new(
+                ErrorCode::NotFound,
+                format!("no topic named {name:?}"),
+            ));
+        }
+        let change = TopicChange::Drop {
+            name: name.to_string(),
+        };
+        self.apply_topic_change(&change).expect("checked above");
+        Ok(self.push_commit(CommitBody::Topic(change)))
+    }
+
+    /// Drops records past their topic's age limit (`retain_secs`) as of `now_us`; returns
+    /// how many. Not a commit: the horizon of a topic only moves forward, and recovery trims
+    /// again by the clock it starts with.
+    pub fn trim_topics(&mut self, now_us: i64) -> u64 {
+        self.topics
+            .values_mut()
+            .filter(|t| t.config().retain_secs > 0)
+            .map(|t| t.trim(Some(now_us)))
+            .sum()
+    }
+
+    fn check_topic_config(&self, c: &TopicConfig) -> Result<(), TxError> {
+        let ceiling = self.limits.topic_retain_bytes;
+        if c.retain_records == 0 || c.retain_bytes == 0 {
+            return Err(TxError::new(
+                ErrorCode::BadRequest,
+                "retain_records and retain_bytes must be at least 1",
+            ));
+        }
+        if c.retain_bytes > ceiling {
+            return Err(TxError::new(
+                ErrorCode::Limit,
+                format!(
+                    "retain_bytes {} is over topic_retain_bytes (--topic-retain-bytes) of {ceiling}",
+                    c.retain_bytes
+                ),
+            ));
+        }
+        if c.retain_secs > i64::MAX as u64 / 1_000_000 {
+            return Err(TxError::new(
+                ErrorCode::BadRequest,
+                format!("retain_secs {} is too large", c.retain_secs),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies a topic change (new or replayed). Limits bind new requests only: replay
+    /// accepts what was logged under other limits.
+    fn apply_topic_change(&mut self, change: &TopicChange) -> Result<(), TxError> {
+        match change {
+            TopicChange::Put {
+                name,
+                config,
+                created,
+            } => {
+                topic::check_topic_name(name)?;
+                match self.topics.get_mut(name) {
+                    Some(t) if !created => {
+                        t.set_config(*config);
+                        t.trim(None);
+                    }
+                    None if *created => {
+                        self.topics.insert(name.clone(), Topic::new(name, *config));
+                    }
+                    _ => {
+                        return Err(TxError::new(
+                            ErrorCode::AlreadyExists,
+                            format!("topic {name:?}: created twice or changed before it exists"),
+                        ))
+                    }
+                }
+            }
+            TopicChange::Drop { name } => {
+                self.topics.remove(name).ok_or_else(|| {
+                    TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the next seq for a commit with `body` and records it in the changelog.
+    fn push_commit(&mut self, body: CommitBody) -> Arc<Commit> {
+        self.seq += 1;
+        let commit = Arc::new(Commit {
+            seq: self.seq,
+            body,
+            appends: Vec::new(),
+        });
+        self.changelog.push(commit.clone());
+        commit
     }
 
     fn undo_schema(&mut self, undo: SchemaUndo) {
@@ -366,7 +550,36 @@ impl Db {
                 self.seq as u128 + 1
             ));
         }
+        let mut appends = Vec::new();
         let commit_body = match body {
+            ReplayBody::Topic(change) => {
+                self.apply_topic_change(&change)
+                    .map_err(|e| format!("seq {seq}: topic change does not apply: {e}"))?;
+                CommitBody::Topic(change)
+            }
+            ReplayBody::Tx { rows, appends: a } => {
+                let changes = self.replay_rows(seq, rows)?;
+                for batch in &a {
+                    let t = self.topics.get_mut(&*batch.topic).ok_or_else(|| {
+                        format!("seq {seq} appends to unknown topic {:?}", batch.topic)
+                    })?;
+                    for r in &batch.records {
+                        if r.offset != t.next() || r.ts_us < t.last_ts_us() || r.seq != seq {
+                            return Err(format!(
+                                "seq {seq}: record at offset {} of topic {:?} does not follow offset {} (ts {})",
+                                r.offset,
+                                batch.topic,
+                                t.next(),
+                                t.last_ts_us()
+                            ));
+                        }
+                        t.push(r.clone());
+                    }
+                    t.trim(None);
+                }
+                appends = a;
+                CommitBody::Rows(changes)
+            }
             ReplayBody::Schema { changes, sql } => {
                 for change in &changes {
                     // Limits bind new requests, not history: a lowered limit must not stop
@@ -383,53 +596,56 @@ impl Db {
                 }
                 CommitBody::Schema { changes, sql }
             }
-            ReplayBody::Rows(rows) => {
-                let mut changes = Vec::with_capacity(rows.len());
-                for r in rows {
-                    let table = self
-                        .tables
-                        .get_mut(&r.table)
-                        .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
-                    let row: Option<Arc<[Value]>> = r.values.map(Into::into);
-                    let old = match &row {
-                        Some(values) => {
-                            if values.len() != table.schema.columns.len() {
-                                return Err(format!(
-                                    "seq {seq}: row of {} values for table {:?} of {} columns",
-                                    values.len(),
-                                    r.table,
-                                    table.schema.columns.len()
-                                ));
-                            }
-                            table.put(
-                                r.key.clone(),
-                                RowEntry {
-                                    values: values.clone(),
-                                    version: r.version,
-                                    seq,
-                                },
-                            )
-                        }
-                        None => table.remove(&r.key),
-                    };
-                    changes.push(Change {
-                        table: table.schema.clone(),
-                        op: r.op,
-                        key: r.key,
-                        row,
-                        old: old.map(|e| e.values),
-                        version: r.version,
-                    });
-                }
-                CommitBody::Rows(changes)
-            }
+            ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows)?),
         };
         self.seq = seq;
         self.changelog.push(Arc::new(Commit {
             seq,
             body: commit_body,
+            appends,
         }));
         Ok(())
+    }
+
+    fn replay_rows(&mut self, seq: u64, rows: Vec<ReplayRow>) -> Result<Vec<Change>, String> {
+        let mut changes = Vec::with_capacity(rows.len());
+        for r in rows {
+            let table = self
+                .tables
+                .get_mut(&r.table)
+                .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+            let row: Option<Arc<[Value]>> = r.values.map(Into::into);
+            let old = match &row {
+                Some(values) => {
+                    if values.len() != table.schema.columns.len() {
+                        return Err(format!(
+                            "seq {seq}: row of {} values for table {:?} of {} columns",
+                            values.len(),
+                            r.table,
+                            table.schema.columns.len()
+                        ));
+                    }
+                    table.put(
+                        r.key.clone(),
+                        RowEntry {
+                            values: values.clone(),
+                            version: r.version,
+                            seq,
+                        },
+                    )
+                }
+                None => table.remove(&r.key),
+            };
+            changes.push(Change {
+                table: table.schema.clone(),
+                op: r.op,
+                key: r.key,
+                row,
+                old: old.map(|e| e.values),
+                version: r.version,
+            });
+        }
+        Ok(changes)
     }
 }
 
@@ -437,6 +653,12 @@ impl Db {
 #[derive(Clone, Debug)]
 pub enum ReplayBody {
     Rows(Vec<ReplayRow>),
+    /// Row changes and topic appends of one transaction (records carry their seq).
+    Tx {
+        rows: Vec<ReplayRow>,
+        appends: Vec<Appended>,
+    },
+    Topic(TopicChange),
     Schema {
         changes: Vec<SchemaChange>,
         sql: String,
@@ -524,6 +746,7 @@ pub struct TxState {
     seq: u64,
     undo: Vec<Undo>,
     changes: Vec<Change>,
+    appends: Vec<Appended>,
     /// Upper bound of the commit record's encoded size so far (see [`Limits::commit_bytes_max`]).
     commit_bytes: usize,
     /// Set once an op was refused for the commit size: the transaction must not commit even
@@ -614,6 +837,17 @@ impl Tx<'_> {
         self.ops().delete(table, id, if_version)
     }
 
+    /// Appends a record to `topic`; returns its offset. See [`TxRef::append`].
+    pub fn append(
+        &mut self,
+        topic: &str,
+        tags: Vec<String>,
+        data: &Json,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
+        self.ops().append(topic, tags, data, ts_us)
+    }
+
     /// Makes the transaction's changes permanent in memory and returns its commit, or
     /// `None` if it changed nothing (it then consumes no seq).
     pub fn commit(mut self) -> Option<Arc<Commit>> {
@@ -634,6 +868,7 @@ impl Db {
             seq: self.seq + 1,
             undo: Vec::new(),
             changes: Vec::new(),
+            appends: Vec::new(),
             commit_bytes: COMMIT_HEADER_BYTES_MAX,
             over_limit: None,
         }
@@ -653,13 +888,24 @@ impl Db {
         );
         st.undo.clear();
         st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
-        if st.changes.is_empty() {
+        if st.changes.is_empty() && st.appends.is_empty() {
             return None;
         }
         assert_eq!(st.seq, self.seq + 1, "commits apply in seq order");
+        let appends = std::mem::take(&mut st.appends);
+        // Retention only ever trims committed records, so an undo never has to restore one.
+        for a in &appends {
+            let t = self
+                .topics
+                .get_mut(&*a.topic)
+                .expect("appended topics exist");
+            let newest = a.records.last().map(|r| r.ts_us);
+            t.trim(newest);
+        }
         let commit = Arc::new(Commit {
             seq: st.seq,
             body: CommitBody::Rows(std::mem::take(&mut st.changes)),
+            appends,
         });
         self.seq = st.seq;
         self.changelog.push(commit.clone());
@@ -669,9 +915,20 @@ impl Db {
     /// Undoes every op of `st`, newest first; `st` is left empty.
     pub fn rollback_state(&mut self, st: &mut TxState) {
         st.changes.clear();
+        st.appends.clear();
         st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
         st.over_limit = None;
-        while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
+        while let Some(undo) = st.undo.pop() {
+            let (table, key, old) = match undo {
+                Undo::Restore { table, key, old } => (table, key, old),
+                Undo::Append { topic, prev_ts } => {
+                    self.topics
+                        .get_mut(&topic)
+                        .expect("topics do not change inside a tx")
+                        .pop_back(prev_ts);
+                    continue;
+                }
+            };
             let t = self
                 .tables
                 .get_mut(&table)
@@ -829,6 +1086,79 @@ impl TxRef<'_> {
         self.write(table_name, key, None, ChangeOp::Delete, version)
     }
 
+    /// Appends a record with `tags` and `data` to `topic` at append time `ts_us` (raised to
+    /// the topic's last append time if the clock went back); returns its offset. The record
+    /// is part of this transaction: undone on rollback, visible to others only once committed.
+    pub fn append(
+        &mut self,
+        topic_name: &str,
+        tags: Vec<String>,
+        data: &Json,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
+        if !self.db.topics.contains_key(topic_name) {
+            return Err(TxError::new(
+                ErrorCode::NotFound,
+                format!("no topic named {topic_name:?}"),
+            ));
+        }
+        let tags = topic::check_tags(tags)?;
+        let data = data.to_string();
+        let bytes = topic::new_record_bytes(&tags, &data);
+        let max = self.db.limits.record_bytes_max;
+        if bytes > max as u64 {
+            return Err(TxError::new(
+                ErrorCode::Limit,
+                format!("a record of topic {topic_name:?} is {bytes} bytes with its tags; record_bytes_max (--max-record-bytes) is {max}"),
+            ));
+        }
+        self.add_commit_bytes(record_bytes_bound(topic_name, &tags, &data))?;
+        let topic = &self.db.topics[topic_name];
+        let record = Arc::new(topic::make_record(
+            topic,
+            self.st.seq,
+            ts_us,
+            tags,
+            data.into_boxed_str(),
+        ));
+        let offset = record.offset;
+        let prev_ts = topic.last_ts_us();
+        let topic = self.db.topics.get_mut(topic_name).expect("looked up above");
+        topic.push(record.clone());
+        self.st.undo.push(Undo::Append {
+            topic: topic_name.to_string(),
+            prev_ts,
+        });
+        match self.st.appends.last_mut() {
+            Some(a) if *a.topic == *topic_name => a.records.push(record),
+            _ => self.st.appends.push(Appended {
+                topic: topic.name().clone(),
+                records: vec![record],
+            }),
+        }
+        Ok(offset)
+    }
+
+    /// Counts `bytes` more against `commit_bytes_max`; past it the transaction is marked
+    /// (it must roll back even if its caller carries on).
+    fn add_commit_bytes(&mut self, bytes: usize) -> Result<(), TxError> {
+        let total = self.st.commit_bytes.saturating_add(bytes);
+        let max = self.db.limits.commit_bytes_max;
+        if total > max {
+            let e = TxError::new(
+                ErrorCode::Limit,
+                format!(
+                    "the transaction's commit would exceed commit_bytes_max (--max-commit-bytes) of {max} bytes (at least {total} bytes after {} changes); nothing was written",
+                    self.st.changes.len() + self.st.appends.iter().map(|a| a.records.len()).sum::<usize>() + 1
+                ),
+            );
+            self.st.over_limit = Some(e.clone());
+            return Err(e);
+        }
+        self.st.commit_bytes = total;
+        Ok(())
+    }
+
     fn check_row_size(&self, table: &str, values: &[Value]) -> Result<(), TxError> {
         let bytes: usize = values.iter().map(Value::encoded_len).sum();
         let max = self.db.limits.row_bytes_max;
@@ -849,21 +1179,7 @@ impl TxRef<'_> {
         op: ChangeOp,
         version: u64,
     ) -> Result<WriteResult, TxError> {
-        let bytes = change_bytes_bound(table_name, &key, row.as_deref());
-        let total = self.st.commit_bytes.saturating_add(bytes);
-        let max = self.db.limits.commit_bytes_max;
-        if total > max {
-            let e = TxError::new(
-                ErrorCode::Limit,
-                format!(
-                    "the transaction's commit would exceed commit_bytes_max (--max-commit-bytes) of {max} bytes (at least {total} bytes after {} changes); nothing was written",
-                    self.st.changes.len() + 1
-                ),
-            );
-            self.st.over_limit = Some(e.clone());
-            return Err(e);
-        }
-        self.st.commit_bytes = total;
+        self.add_commit_bytes(change_bytes_bound(table_name, &key, row.as_deref()))?;
         let table = self
             .db
             .tables
@@ -902,8 +1218,17 @@ impl TxRef<'_> {
     }
 }
 
-/// Most bytes a commit record's header takes (record type, seq, change count).
-const COMMIT_HEADER_BYTES_MAX: usize = 1 + 8 + 10;
+/// Most bytes a commit record's header takes (record type, seq, change count, topic count).
+const COMMIT_HEADER_BYTES_MAX: usize = 1 + 8 + 10 + 10;
+
+/// An upper bound of one appended record's encoded size in a commit record: its topic's
+/// name, offset and record count (as if every record opened its own topic run), time, tags
+/// and data, each with its largest length prefix.
+fn record_bytes_bound(topic: &str, tags: &[Box<str>], data: &str) -> usize {
+    const VARINT_MAX: usize = 10;
+    let tags: usize = tags.iter().map(|t| VARINT_MAX + t.len()).sum();
+    4 * VARINT_MAX + topic.len() + VARINT_MAX + VARINT_MAX + tags + VARINT_MAX + data.len()
+}
 
 /// An upper bound of one change's encoded size in a commit record (`codec::encode_commit`):
 /// table name, op, version, key and values, each with its largest length prefix.

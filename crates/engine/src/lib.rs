@@ -11,6 +11,7 @@
 //! - [`schema`]: table schemas and [`SchemaChange`] (what DDL means).
 //! - [`table`]: rows and indexes of one table.
 //! - [`db`]: [`Db`], [`Tx`] (transactions), [`Commit`] and [`Change`].
+//! - [`topic`]: topics — records, tag index, filters, retention.
 //! - [`changelog`]: the retained window of commits for catch-up.
 //! - [`codec`]: bytes of log records and snapshot frames.
 //! - [`recovery`]: load the newest valid snapshot, replay the tail, verify a directory.
@@ -22,11 +23,15 @@ pub mod error;
 pub mod recovery;
 pub mod schema;
 pub mod table;
+pub mod topic;
 pub mod value;
 
 pub use changelog::{Changelog, Retention};
-pub use db::{Change, ChangeOp, Commit, CommitBody, Db, Limits, Tx, TxRef, TxState, WriteResult};
+pub use db::{
+    Change, ChangeOp, Commit, CommitBody, Db, Limits, TopicChange, Tx, TxRef, TxState, WriteResult,
+};
 pub use error::{ErrorCode, TxError};
 pub use schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
 pub use sluice_log::critical;
+pub use topic::{Appended, Record, TagFilter, TagIndex, Topic, TopicConfig};
 pub use value::{ColumnType, Key, Value};

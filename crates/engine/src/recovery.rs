@@ -298,7 +298,10 @@ fn peek_seq(payload: &[u8]) -> Result<u64, String> {
         Some(b)
             if matches!(
                 payload[0],
-                crate::codec::RECORD_ROWS | crate::codec::RECORD_SCHEMA
+                crate::codec::RECORD_ROWS
+                    | crate::codec::RECORD_SCHEMA
+                    | crate::codec::RECORD_TX
+                    | crate::codec::RECORD_TOPIC
             ) =>
         {
             Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
@@ -369,20 +372,31 @@ impl WindowSchemas {
                 }
                 CommitBody::Schema { changes, sql }
             }
-            ReplayBody::Rows(rows) => CommitBody::Rows(
-                rows.into_iter()
-                    .map(|r| Change {
-                        table: self.resolve(db, &r.table, r.values.as_ref().map(Vec::len)),
-                        op: r.op,
-                        key: r.key,
-                        row: r.values.map(Into::into),
-                        old: None,
-                        version: r.version,
-                    })
-                    .collect(),
-            ),
+            ReplayBody::Rows(rows) => CommitBody::Rows(self.changes(db, rows)),
+            ReplayBody::Tx { rows, appends } => {
+                let body = CommitBody::Rows(self.changes(db, rows));
+                return Commit { seq, body, appends };
+            }
+            ReplayBody::Topic(change) => CommitBody::Topic(change),
         };
-        Commit { seq, body }
+        Commit {
+            seq,
+            body,
+            appends: Vec::new(),
+        }
+    }
+
+    fn changes(&mut self, db: &Db, rows: Vec<crate::db::ReplayRow>) -> Vec<Change> {
+        rows.into_iter()
+            .map(|r| Change {
+                table: self.resolve(db, &r.table, r.values.as_ref().map(Vec::len)),
+                op: r.op,
+                key: r.key,
+                row: r.values.map(Into::into),
+                old: None,
+                version: r.version,
+            })
+            .collect()
     }
 }
 
@@ -426,6 +440,9 @@ pub fn check(dir: &Path) -> Result<CheckReport, RecoveryError> {
             row_bytes_max: usize::MAX,
             columns_per_table_max: usize::MAX,
             commit_bytes_max: usize::MAX,
+            topics_max: usize::MAX,
+            record_bytes_max: usize::MAX,
+            ..Limits::default()
         },
         retention: Retention {
             commits_max: 1,

@@ -1645,7 +1645,7 @@ impl Harness {
                         assert_eq!(logged, &applied, "DDL {changes:?}: the changes the commit records");
                         assert_eq!(text, &sql);
                     }
-                    CommitBody::Rows(_) => panic!("DDL produced a rows commit"),
+                    CommitBody::Rows(_) | CommitBody::Topic(_) => panic!("DDL produced a rows or topic commit"),
                 }
                 self.stats.ddl_applied += 1;
                 if changes.len() > 1 {

@@ -215,7 +215,7 @@ fn read_deltas(
             let changes: Vec<&Change> = commits
                 .filter_map(|c| match &c.body {
                     CommitBody::Rows(changes) => Some(changes),
-                    CommitBody::Schema { .. } => None,
+                    CommitBody::Schema { .. } | CommitBody::Topic(_) => None,
                 })
                 .flatten()
                 .filter(|c| view.shape.tables.contains(&c.table.name))
@@ -568,6 +568,8 @@ impl Live {
                     }
                 }
             }
+            // Topics feed no view: watches have their own fan-out.
+            CommitBody::Topic(_) => {}
             CommitBody::Rows(changes) => {
                 let mut reached: BTreeMap<ViewId, Vec<&Change>> = BTreeMap::new();
                 for c in changes {

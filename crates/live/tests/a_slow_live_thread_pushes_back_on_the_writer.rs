@@ -15,6 +15,7 @@ fn commit(seq: u64) -> Vec<Arc<Commit>> {
     vec![Arc::new(Commit {
         seq,
         body: CommitBody::Rows(Vec::new()),
+        appends: Vec::new(),
     })]
 }
 

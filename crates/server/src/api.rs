@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use sluice_engine::db::row_to_json;
-use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, TxError};
+use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, TopicChange, TxError};
 use sluice_log::Durability;
 
 use crate::core::{Core, Op};
@@ -609,6 +609,25 @@ async fn changes(
                         json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}),
                     );
                 }
+            }
+            CommitBody::Topic(change) if tables.is_none() => {
+                let (name, op) = match change {
+                    TopicChange::Put {
+                        name,
+                        created: true,
+                        ..
+                    } => (name, "create_topic"),
+                    TopicChange::Put { name, .. } => (name, "alter_topic"),
+                    TopicChange::Drop { name } => (name, "drop_topic"),
+                };
+                out.push(json!({"seq": commit.seq, "topic": name, "op": op}));
+            }
+            CommitBody::Topic(_) => {}
+        }
+        if tables.is_none() {
+            for a in &commit.appends {
+                let (first, last) = (a.records[0].offset, a.records[a.records.len() - 1].offset);
+                out.push(json!({"seq": commit.seq, "topic": &*a.topic, "op": "append", "first": first, "last": last}));
             }
         }
         next = commit.seq;

@@ -50,7 +50,7 @@ fn frames_of(path: &Path, is_newest: bool) -> Vec<FrameInfo> {
         let (seq, body) = decode_commit(payload)
             .unwrap_or_else(|e| panic!("{}: frame at {offset}: {e}", path.display()));
         let inserted = match body {
-            ReplayBody::Rows(rows) => rows
+            ReplayBody::Rows(rows) | ReplayBody::Tx { rows, .. } => rows
                 .iter()
                 .filter(|r| r.op == ChangeOp::Insert)
                 .map(|r| match r.key {
@@ -58,7 +58,7 @@ fn frames_of(path: &Path, is_newest: bool) -> Vec<FrameInfo> {
                     ref other => panic!("unexpected key {other:?}"),
                 })
                 .collect(),
-            ReplayBody::Schema { .. } => Vec::new(),
+            ReplayBody::Schema { .. } | ReplayBody::Topic(_) => Vec::new(),
         };
         found.push((offset, seq, inserted));
         Ok::<(), LogError>(())
