@@ -22,11 +22,13 @@
 //!   trigger + LISTEN/NOTIFY + re-query.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
+//! - [`harness`]: what every suite shares — runtime, the server under test with its own
+//!   data dir, warm-up + measured window, notes, writing and printing the report.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
 //! - [`workload`]: the `events` rows every path writes.
 //! - [`server`]: the real `sluice serve` binary as a child process; `/metrics` parsing.
-//! - [`peers`]: real peers for the run ([`peers::postgres`]; SQLite is linked in, see
-//!   [`transfer::rpc`]).
+//! - [`peers`]: real peers for the run ([`peers::postgres`], [`peers::redis`]; SQLite is
+//!   linked in, see [`transfer::rpc`]).
 //! - [`report`]: result tables, targets, and the files a suite writes.
 //! - [`svg`]: a dependency-free SVG bar and line chart writer.
 //! - [`hist`]: latency histograms (p50/p95/p99) and number formatting.
@@ -36,6 +38,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod harness;
 pub mod hist;
 pub mod ingest;
 pub mod live;
