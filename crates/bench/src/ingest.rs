@@ -214,20 +214,12 @@ pub fn run(args: IngestArgs) -> anyhow::Result<bool> {
     } else {
         None
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::harness::runtime()?;
     let mut report = Report::new("ingest", serde_json::to_value(&params)?);
     let cases = runtime.block_on(run_cases(&params, &bin, pg_bin, &mut report))?;
     let failed = cases.iter().filter(|c| c.error.is_some()).count();
     write_report(&mut report, &params, &cases);
-    let dir = report.write(&args.common.out)?;
-    report.print();
-    eprintln!("results in {}", dir.display());
-    if failed > 0 {
-        eprintln!("{failed} case(s) failed; see the notes in summary.md");
-    }
-    Ok(failed == 0)
+    crate::harness::finish_report(&report, &args.common.out, failed)
 }
 
 async fn run_cases(
@@ -967,16 +959,7 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             .notes
             .push("PostgreSQL peer skipped (--no-peers).".into());
     }
-    if params.quick {
-        report
-            .notes
-            .push("--quick: a smoke run; these numbers are not meaningful.".into());
-    }
-    if cfg!(debug_assertions) {
-        report
-            .notes
-            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
-    }
+    crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
 }
 
