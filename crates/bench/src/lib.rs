@@ -50,6 +50,7 @@ pub mod report;
 pub mod server;
 pub mod svg;
 pub mod sys;
+pub mod topics;
 pub mod transfer;
 pub mod workload;
 
