@@ -16,6 +16,9 @@
 //! # Layout
 //! - [`ingest`]: `sluice bench ingest` — write throughput and ack latency per durability
 //!   class, in-process and over HTTP, against PostgreSQL.
+//! - [`fanout`]: `sluice bench fanout` — append → every watcher latency and deliveries/s
+//!   of topic watchers over SSE and WebSocket, against Redis pub/sub and Redis Streams.
+//! - [`topics`]: the topic rows of `sluice bench ingest` and the tag index micro-benchmark.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
 //! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
 //!   number of views and query shape, memory per view, against PostgreSQL's
@@ -38,6 +41,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod fanout;
 pub mod harness;
 pub mod hist;
 pub mod ingest;
@@ -75,6 +79,10 @@ pub enum Suite {
     /// views and query shape, memory per view; PostgreSQL trigger + LISTEN/NOTIFY + re-query
     /// as the peer.
     Live(live::LiveArgs),
+    /// Topic fan-out: append → every watcher p50/p95/p99 at 100 / 1 000 / 10 000 watchers
+    /// over SSE and WebSocket, deliveries/s at saturation, one tag vs own tag; Redis
+    /// pub/sub and Redis Streams (XREAD BLOCK) as peers.
+    Fanout(fanout::FanoutArgs),
 }
 
 /// Options every suite takes.
@@ -101,6 +109,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "recovery" => recovery::verify_samples(&samples),
         "transfer" => transfer::verify_samples(&samples),
         "live" => live::verify_samples(&samples),
+        "fanout" => fanout::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -112,6 +121,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Recovery(a) => recovery::run(a)?,
         Suite::Transfer(a) => transfer::run(a)?,
         Suite::Live(a) => live::run(a)?,
+        Suite::Fanout(a) => fanout::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS
