@@ -54,7 +54,7 @@ const LATENCY_PHASE_DELIVERIES_PER_SEC: f64 = 100_000.0;
 /// The latency phase sends no faster than this.
 const LATENCY_PHASE_MIN_INTERVAL: Duration = Duration::from_millis(2);
 /// Deliveries one saturation phase may produce at most (a bound on time and memory).
-const SAT_DELIVERIES_MAX: u64 = 20_000_000;
+const SAT_DELIVERIES_MAX: u64 = 10_000_000;
 /// Watchers connecting at once.
 const CONNECT_CONCURRENCY: usize = 200;
 /// Open files this process wants: one per watcher plus the publisher and some slack.
@@ -337,20 +337,50 @@ enum Endpoint {
     Redis(u16),
 }
 
-/// The watchers each record is addressed to.
+/// The watchers each record is addressed to; own-tag subsets are drawn as records are
+/// sent, from the seeded generator.
 struct Plan {
-    /// Own-tag mode: the addressees of record n; one-tag mode: empty (everyone).
-    subsets: Vec<Vec<u32>>,
+    /// Own-tag mode: addressees of record r at `subsets[r * per_record..][..per_record]`;
+    /// one-tag mode: empty (everyone).
+    subsets: Vec<u32>,
+    per_record: usize,
     watchers: usize,
+    own: bool,
+    next: Box<dyn FnMut() -> u64 + Send>,
 }
 
 impl Plan {
-    fn addressed(&self, n: u64) -> usize {
-        if self.subsets.is_empty() {
-            self.watchers
-        } else {
-            self.subsets[n as usize].len()
+    fn new(own: bool, watchers: usize, seed: u64) -> Plan {
+        Plan {
+            subsets: Vec::new(),
+            per_record: if own {
+                OWN_TAG_SUBSET.min(watchers)
+            } else {
+                watchers
+            },
+            watchers,
+            own,
+            next: Box::new(rng(seed)),
         }
+    }
+
+    fn addressed(&self, _r: u64) -> usize {
+        self.per_record
+    }
+
+    /// The addressees of record `r` (own-tag mode; drawn up to `r` on first use).
+    fn subset(&mut self, r: u64) -> &[u32] {
+        let k = self.per_record;
+        while self.subsets.len() < (r as usize + 1) * k {
+            let start = self.subsets.len();
+            while self.subsets.len() < start + k {
+                let w = ((self.next)() % self.watchers as u64) as u32;
+                if !self.subsets[start..].contains(&w) {
+                    self.subsets.push(w);
+                }
+            }
+        }
+        &self.subsets[r as usize * k..(r as usize + 1) * k]
     }
 }
 
@@ -381,25 +411,7 @@ async fn run_case(
         .min((2_000_000 / per_record as u64).max(if params.quick { 1 } else { 20 }));
     let sat_max = (SAT_DELIVERIES_MAX / per_record as u64).max(SAT_BATCH as u64);
     let capacity = (latency_appends + sat_max) as usize;
-    let mut plan = Plan {
-        subsets: Vec::new(),
-        watchers: n,
-    };
-    if own {
-        let mut next = rng(params.seed ^ (n as u64) << 20);
-        plan.subsets = (0..capacity)
-            .map(|_| {
-                let mut s: Vec<u32> = Vec::with_capacity(per_record);
-                while s.len() < per_record {
-                    let w = (next() % n as u64) as u32;
-                    if !s.contains(&w) {
-                        s.push(w);
-                    }
-                }
-                s
-            })
-            .collect();
-    }
+    let mut plan = Plan::new(own, n, params.seed ^ ((n as u64) << 20));
     let shared = Arc::new(Shared::new(capacity, latency_appends));
 
     // Set up the topic / channels and the publisher.
@@ -473,7 +485,7 @@ async fn run_case(
     ));
     let result = phases(
         params,
-        &plan,
+        &mut plan,
         &shared,
         &states,
         &mut publisher,
@@ -505,7 +517,7 @@ async fn run_case(
 #[allow(clippy::too_many_arguments)]
 async fn phases(
     params: &Params,
-    plan: &Plan,
+    plan: &mut Plan,
     shared: &Arc<Shared>,
     states: &[Arc<WatcherState>],
     publisher: &mut Publisher,
@@ -599,17 +611,17 @@ async fn wait_for(
 
 /// Each watcher's count and order-sensitive hash against what was addressed to it among
 /// records `0..sent`.
-fn verify(plan: &Plan, states: &[Arc<WatcherState>], sent: u64) -> anyhow::Result<()> {
+fn verify(plan: &mut Plan, states: &[Arc<WatcherState>], sent: u64) -> anyhow::Result<()> {
     let n = plan.watchers;
     let mut count = vec![0u64; n];
     let mut hash = vec![0u64; n];
-    if plan.subsets.is_empty() {
+    if !plan.own {
         let h = (0..sent).fold(0, fold);
         count.iter_mut().for_each(|c| *c = sent);
         hash.iter_mut().for_each(|x| *x = h);
     } else {
         for r in 0..sent {
-            for &w in &plan.subsets[r as usize] {
+            for &w in plan.subset(r) {
                 count[w as usize] += 1;
                 hash[w as usize] = fold(hash[w as usize], r);
             }
@@ -658,7 +670,7 @@ enum Publisher {
 impl Publisher {
     /// Sends records `first..first + count` (one request / one pipeline) and waits for the
     /// acknowledgement.
-    async fn send(&mut self, plan: &Plan, first: u64, count: usize) -> anyhow::Result<()> {
+    async fn send(&mut self, plan: &mut Plan, first: u64, count: usize) -> anyhow::Result<()> {
         let range = first..first + count as u64;
         match self {
             Publisher::Sluice {
@@ -668,13 +680,10 @@ impl Publisher {
             } => {
                 let records: Vec<Value> = range
                     .map(|r| {
-                        let tags: Vec<String> = if plan.subsets.is_empty() {
+                        let tags: Vec<String> = if !plan.own {
                             vec!["all".into()]
                         } else {
-                            plan.subsets[r as usize]
-                                .iter()
-                                .map(|w| format!("w:{w}"))
-                                .collect()
+                            plan.subset(r).iter().map(|w| format!("w:{w}")).collect()
                         };
                         json!({"tags": tags, "data": {"n": r}})
                     })
@@ -719,10 +728,10 @@ impl Publisher {
                         }
                         replies += 1;
                     };
-                    if plan.subsets.is_empty() {
+                    if !plan.own {
                         one(format!("{prefix}:all"));
                     } else {
-                        for w in &plan.subsets[r as usize] {
+                        for w in plan.subset(r) {
                             one(format!("{prefix}:w:{w}"));
                         }
                     }
