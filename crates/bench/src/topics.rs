@@ -173,7 +173,8 @@ pub struct TagCase {
     pub build_s: f64,
     /// Mean ns per exact lookup of a present tag, random order.
     pub exact_ns: f64,
-    /// p99 over batches of [`TAG_BATCH`] lookups (ns per lookup within a batch).
+    /// p50 and p99 over batches of [`TAG_BATCH`] lookups (ns per lookup within a batch).
+    pub exact_p50_ns: f64,
     pub exact_p99_ns: f64,
     /// Mean ns per exact lookup of an absent tag.
     pub exact_miss_ns: f64,
@@ -195,6 +196,7 @@ pub fn tag_lookups(n: u64, window: Duration, seed: u64) -> TagCase {
         tags: n,
         build_s: 0.0,
         exact_ns: 0.0,
+        exact_p50_ns: 0.0,
         exact_p99_ns: 0.0,
         exact_miss_ns: 0.0,
         prefix10_ns: 0.0,
@@ -252,7 +254,7 @@ fn tag_lookups_into(case: &mut TagCase, n: u64, window: Duration, seed: u64) -> 
             t[..t.len() - 1].to_string()
         })
         .collect();
-    let timed = |f: &dyn Fn(usize) -> usize| -> (f64, f64, u64) {
+    let timed = |f: &dyn Fn(usize) -> usize| -> (f64, f64, f64, u64) {
         let mut per_batch = Vec::new();
         let started = Instant::now();
         let mut k = 0usize;
@@ -268,20 +270,20 @@ fn tag_lookups_into(case: &mut TagCase, n: u64, window: Duration, seed: u64) -> 
         black_box(found);
         let total = started.elapsed().as_nanos() as f64;
         per_batch.sort_by(f64::total_cmp);
-        let p99 = per_batch[(per_batch.len() * 99 / 100).min(per_batch.len() - 1)];
-        (total / k as f64, p99, k as u64)
+        let at = |q: usize| per_batch[(per_batch.len() * q / 100).min(per_batch.len() - 1)];
+        (total / k as f64, at(50), at(99), k as u64)
     };
-    let (exact, exact_p99, count) = timed(&|k| {
+    let (exact, exact_p50, exact_p99, count) = timed(&|k| {
         index
             .lookup_exact(black_box(&probes[k]))
             .map_or(0, |l| l.len())
     });
-    let (miss, _, _) = timed(&|k| {
+    let (miss, _, _, _) = timed(&|k| {
         index
             .lookup_exact(black_box(&misses[k]))
             .map_or(0, |l| l.len())
     });
-    let (prefix, prefix_p99, _) = timed(&|k| {
+    let (prefix, _, prefix_p99, _) = timed(&|k| {
         index
             .lookup_prefix(black_box(&prefixes[k]))
             .map(|(_, l)| l.len())
@@ -294,6 +296,7 @@ fn tag_lookups_into(case: &mut TagCase, n: u64, window: Duration, seed: u64) -> 
         prefixes[0]
     );
     case.exact_ns = exact;
+    case.exact_p50_ns = exact_p50;
     case.exact_p99_ns = exact_p99;
     case.exact_miss_ns = miss;
     case.prefix10_ns = prefix;
@@ -386,7 +389,10 @@ pub fn write_report(report: &mut Report, appends: &[AppendCase], tags: &[TagCase
                 fmt_si(t.tags as f64)
             ),
             goal: format!("< {TARGET_EXACT_NS:.0} ns"),
-            measured: format!("{:.0} ns mean, {:.0} ns p99", t.exact_ns, t.exact_p99_ns),
+            measured: format!(
+                "{:.0} ns mean ({:.0} ns p50, {:.0} ns p99 of batches)",
+                t.exact_ns, t.exact_p50_ns, t.exact_p99_ns
+            ),
             met: Some(t.exact_ns < TARGET_EXACT_NS),
         });
     }
@@ -463,6 +469,7 @@ pub fn write_report(report: &mut Report, appends: &[AppendCase], tags: &[TagCase
             "distinct tags",
             "build",
             "exact (hit)",
+            "exact p50",
             "exact p99",
             "exact (miss)",
             "prefix → 10 tags",
@@ -470,14 +477,16 @@ pub fn write_report(report: &mut Report, appends: &[AppendCase], tags: &[TagCase
         ],
     );
     tt.note = Some(format!(
-        "Times per lookup, averaged over batches of {TAG_BATCH} lookups of random tags \
-         (p99 over those batches). Prefix lookups iterate every matching tag's posting list."
+        "Times per lookup: the mean over the whole timed loop, and p50/p99 over batches of \
+         {TAG_BATCH} lookups of random tags (a clock read per lookup would cost more than the \
+         lookup). Prefix lookups iterate every matching tag's posting list."
     ));
     for t in tags {
         if t.error.is_some() {
             tt.row(vec![
                 fmt_si(t.tags as f64),
                 "failed".into(),
+                "—".into(),
                 "—".into(),
                 "—".into(),
                 "—".into(),
@@ -490,6 +499,7 @@ pub fn write_report(report: &mut Report, appends: &[AppendCase], tags: &[TagCase
             fmt_si(t.tags as f64),
             format!("{:.2} s", t.build_s),
             format!("{:.0} ns", t.exact_ns),
+            format!("{:.0} ns", t.exact_p50_ns),
             format!("{:.0} ns", t.exact_p99_ns),
             format!("{:.0} ns", t.exact_miss_ns),
             format!("{:.0} ns", t.prefix10_ns),

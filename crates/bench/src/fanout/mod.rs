@@ -10,12 +10,13 @@
 //!   `XADD` per addressee, pipelined).
 //!
 //! A case has two phases on one set of connections:
-//! 1. **latency**: single-record appends (HTTP `POST …/records`, or Redis `PUBLISH`/`XADD`)
-//!    paced so the watchers are not saturated; for each record, the time from just before
-//!    it is sent until the *last* watcher it is addressed to has it (p50/p95/p99), and the
-//!    latency of every single delivery;
-//! 2. **saturation**: batches of [`SAT_BATCH`] records back to back for a bounded time;
-//!    deliveries/s = deliveries ÷ (first send → last delivery).
+//! 1. **latency**: single-record appends (HTTP `POST …/records`, or Redis `PUBLISH`/`XADD`),
+//!    each sent once the previous one reached every addressee; for each record, the time
+//!    from just before it is sent until the *last* watcher it is addressed to has it
+//!    (p50/p95/p99), and the latency of every single delivery;
+//! 2. **saturation**: requests of about [`SAT_REQUEST_DELIVERIES`] deliveries back to back
+//!    for a bounded time (at most [`SAT_DELIVERIES_MAX`] deliveries); deliveries/s =
+//!    deliveries ÷ (first send → last delivery).
 //!
 //! Then every watcher's account is checked: it received exactly the records addressed to
 //! it, each once, in order (count and an order-sensitive hash per watcher). A case that
@@ -47,14 +48,17 @@ const TARGET_P99_US: u64 = 5_000;
 const TARGET_P99_WATCHERS: usize = 10_000;
 /// Watchers each record is addressed to in the own-tag mode (≤ 16 tags per record).
 pub const OWN_TAG_SUBSET: usize = 8;
-/// Records per request in the saturation phase.
-pub const SAT_BATCH: usize = 10;
-/// Deliveries per second the latency phase aims at (so it measures latency, not queueing).
-const LATENCY_PHASE_DELIVERIES_PER_SEC: f64 = 100_000.0;
-/// The latency phase sends no faster than this.
-const LATENCY_PHASE_MIN_INTERVAL: Duration = Duration::from_millis(2);
+/// Deliveries one saturation request aims at: records per request =
+/// this ÷ addressees per record, between 1 and [`SAT_BATCH_MAX`].
+pub const SAT_REQUEST_DELIVERIES: usize = 2_000;
+pub const SAT_BATCH_MAX: usize = 200;
+/// Pause between two records of the latency phase, after the previous one reached every
+/// addressee (so each is measured alone, not behind a queue).
+const LATENCY_PHASE_GAP: Duration = Duration::from_millis(2);
+/// Deliveries of the latency phase at most (fewer records when each reaches many).
+const LATENCY_DELIVERIES_MAX: u64 = 1_000_000;
 /// Deliveries one saturation phase may produce at most (a bound on time and memory).
-const SAT_DELIVERIES_MAX: u64 = 10_000_000;
+const SAT_DELIVERIES_MAX: u64 = 5_000_000;
 /// Watchers connecting at once.
 const CONNECT_CONCURRENCY: usize = 200;
 /// Open files this process wants: one per watcher plus the publisher and some slack.
@@ -106,7 +110,7 @@ struct Params {
     seed: u64,
     drain_seconds: f64,
     own_tag_subset: usize,
-    saturation_batch: usize,
+    saturation_request_deliveries: usize,
     quick: bool,
 }
 
@@ -124,7 +128,8 @@ struct Case {
     delivery_p50_us: u64,
     delivery_p95_us: u64,
     delivery_p99_us: u64,
-    /// Saturation phase.
+    /// Saturation phase: records per request, records, deliveries.
+    sat_batch: usize,
     sat_records: u64,
     sat_deliveries: u64,
     sat_seconds: f64,
@@ -204,7 +209,7 @@ impl Params {
             seed: a.seed,
             drain_seconds: a.drain_seconds,
             own_tag_subset: OWN_TAG_SUBSET,
-            saturation_batch: SAT_BATCH,
+            saturation_request_deliveries: SAT_REQUEST_DELIVERIES,
             quick,
         })
     }
@@ -290,6 +295,7 @@ async fn run_cases(
                     delivery_p50_us: 0,
                     delivery_p95_us: 0,
                     delivery_p99_us: 0,
+                    sat_batch: 0,
                     sat_records: 0,
                     sat_deliveries: 0,
                     sat_seconds: 0.0,
@@ -405,11 +411,13 @@ async fn run_case(
     let n = case.watchers;
     let own = case.filter == "own-tag";
     let per_record = if own { OWN_TAG_SUBSET.min(n) } else { n };
-    // Fewer latency records when each reaches very many watchers (≤ 2 M deliveries).
+    // Fewer latency records when each reaches very many watchers.
     let latency_appends = params
         .appends
-        .min((2_000_000 / per_record as u64).max(if params.quick { 1 } else { 20 }));
-    let sat_max = (SAT_DELIVERIES_MAX / per_record as u64).max(SAT_BATCH as u64);
+        .min((LATENCY_DELIVERIES_MAX / per_record as u64).max(if params.quick { 1 } else { 20 }));
+    let sat_batch = (SAT_REQUEST_DELIVERIES / per_record).clamp(1, SAT_BATCH_MAX);
+    case.sat_batch = sat_batch;
+    let sat_max = (SAT_DELIVERIES_MAX / per_record as u64).max(sat_batch as u64);
     let capacity = (latency_appends + sat_max) as usize;
     let mut plan = Plan::new(own, n, params.seed ^ ((n as u64) << 20));
     let shared = Arc::new(Shared::new(capacity, latency_appends));
@@ -525,21 +533,17 @@ async fn phases(
     latency_appends: u64,
     sat_max: u64,
 ) -> anyhow::Result<()> {
-    let per_record = plan.addressed(0);
-    let interval = Duration::from_secs_f64(per_record as f64 / LATENCY_PHASE_DELIVERIES_PER_SEC)
-        .max(LATENCY_PHASE_MIN_INTERVAL);
     let drain = Duration::from_secs_f64(params.drain_seconds);
-    // 1. Latency: one record at a time, paced.
-    let start = Instant::now();
+    let sat_batch = case.sat_batch;
+    // 1. Latency: one record at a time, each once the previous reached every addressee.
     let mut expected = 0u64;
     for i in 0..latency_appends {
-        let due = start + interval * i as u32;
-        tokio::time::sleep_until(due.into()).await;
         shared.sent[i as usize].store(shared.now_us().max(1), Ordering::Relaxed);
         publisher.send(plan, i, 1).await?;
         expected += plan.addressed(i) as u64;
+        wait_for(shared, states, expected, drain).await?;
+        tokio::time::sleep(LATENCY_PHASE_GAP).await;
     }
-    wait_for(shared, states, expected, drain).await?;
     case.latency_appends = latency_appends;
     let mut all = Latency::new();
     for i in 0..latency_appends as usize {
@@ -559,14 +563,14 @@ async fn phases(
     let sat_start_us = shared.now_us();
     let sat_start = Instant::now();
     let before = shared.deliveries.load(Ordering::Relaxed);
-    while sat_start.elapsed() < window && next + SAT_BATCH as u64 <= first + sat_max {
+    while sat_start.elapsed() < window && next + sat_batch as u64 <= first + sat_max {
         let now = shared.now_us().max(1);
-        for j in next..next + SAT_BATCH as u64 {
+        for j in next..next + sat_batch as u64 {
             shared.sent[j as usize].store(now, Ordering::Relaxed);
             expected += plan.addressed(j) as u64;
         }
-        publisher.send(plan, next, SAT_BATCH).await?;
-        next += SAT_BATCH as u64;
+        publisher.send(plan, next, sat_batch).await?;
+        next += sat_batch as u64;
     }
     wait_for(shared, states, expected, drain).await?;
     let last = (first..next)
@@ -757,17 +761,14 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
          readers, `XADD`), no persistence. **one tag**: every watcher on one tag (channel, \
          stream), every record to all; **own tag**: watcher i on `w:<i>`, each record to {} \
          random watchers (Redis: one PUBLISH/XADD per addressee, pipelined). The latency phase \
-         paces single records (≤ {} deliveries/s); *all watchers* is the time until the last \
-         addressee has the record, *delivery* the time of each single delivery. The saturation \
-         phase sends batches of {} records back to back for {:.1}s; deliveries/s counts from \
-         the first send to the last delivery. Every case then checks that each watcher got \
+         sends single records, each once the previous one reached every addressee; *all \
+         watchers* is the time until the last addressee has the record, *delivery* the time of \
+         each single delivery. The saturation phase sends requests of about {} deliveries \
+         (records × addressees; column `batch`) back to back for {:.1}s; deliveries/s counts \
+         from the first send to the last delivery. Every case then checks that each watcher got \
          exactly its records, once each, in order. Watchers, server and Redis share this \
          machine's CPUs; one tokio task per watcher connection.",
-        params.durability,
-        OWN_TAG_SUBSET,
-        fmt_si(LATENCY_PHASE_DELIVERIES_PER_SEC),
-        SAT_BATCH,
-        params.saturation_seconds
+        params.durability, OWN_TAG_SUBSET, SAT_REQUEST_DELIVERIES, params.saturation_seconds
     ));
     let ok: Vec<&Case> = cases.iter().filter(|c| c.error.is_none()).collect();
     // Target 1: p99 at 10 000 watchers, per Sluice transport, one tag.
@@ -842,6 +843,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
             "p99",
             "one delivery p50",
             "p99",
+            "records/request (saturation)",
             "deliveries/s (saturation)",
             "vs Redis pub/sub",
             "verified",
@@ -865,6 +867,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
         "delivery_p50_us",
         "delivery_p95_us",
         "delivery_p99_us",
+        "sat_batch",
         "sat_records",
         "sat_deliveries",
         "sat_seconds",
@@ -896,6 +899,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
                 "—".into(),
                 "—".into(),
                 "—".into(),
+                "—".into(),
                 "no".into(),
             ]);
         } else {
@@ -908,6 +912,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
                 fmt_us(c.all_watchers.p99_us),
                 fmt_us(c.delivery_p50_us),
                 fmt_us(c.delivery_p99_us),
+                c.sat_batch.to_string(),
                 fmt_si(c.deliveries_per_sec),
                 vs,
                 if c.verified { "yes" } else { "no" }.into(),
@@ -925,6 +930,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
             c.delivery_p50_us.to_string(),
             c.delivery_p95_us.to_string(),
             c.delivery_p99_us.to_string(),
+            c.sat_batch.to_string(),
             c.sat_records.to_string(),
             c.sat_deliveries.to_string(),
             format!("{:.3}", c.sat_seconds),
