@@ -179,32 +179,18 @@ where
     Ok(w)
 }
 
-/// The same as [`measure`] for a synchronous step (in-process cases).
+/// The same as [`measure`] for a synchronous step (in-process cases): each step is a
+/// ready future, so the measurement runs to its end without a runtime.
 pub fn measure_sync(
     warmup: Duration,
     window: Duration,
     max_ops: u64,
     mut step: impl FnMut() -> anyhow::Result<u64>,
 ) -> anyhow::Result<Window> {
-    let warm_end = Instant::now() + warmup;
-    while Instant::now() < warm_end {
-        step()?;
-    }
-    let started = Instant::now();
-    let mut w = Window {
-        seconds: 0.0,
-        ops: 0,
-        items: 0,
-        latency: Latency::new(),
-    };
-    while w.ops < max_ops && started.elapsed() < window {
-        let t = Instant::now();
-        w.items += step()?;
-        w.latency.record(t.elapsed());
-        w.ops += 1;
-    }
-    w.seconds = started.elapsed().as_secs_f64();
-    Ok(w)
+    use futures_util::FutureExt;
+    measure(warmup, window, max_ops, || std::future::ready(step()))
+        .now_or_never()
+        .expect("ready steps never wait")
 }
 
 /// Raises this process's soft open-file limit towards `want` (never above the hard limit);

@@ -43,6 +43,16 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// A row of a failed case: its identity cells, `failed`, and `—` in the other columns.
+    pub fn failed_row(&mut self, id: Vec<String>) {
+        let mut cells = id;
+        if cells.len() < self.headers.len() {
+            cells.push("failed".into());
+        }
+        cells.resize(self.headers.len(), "—".into());
+        self.row(cells);
+    }
+
     pub fn markdown(&self) -> String {
         let mut out = format!("## {}\n\n", self.title);
         let cell = |s: &str| s.replace('|', "\\|");

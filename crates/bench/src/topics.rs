@@ -483,16 +483,7 @@ pub fn write_report(report: &mut Report, appends: &[AppendCase], tags: &[TagCase
     ));
     for t in tags {
         if t.error.is_some() {
-            tt.row(vec![
-                fmt_si(t.tags as f64),
-                "failed".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-            ]);
+            tt.failed_row(vec![fmt_si(t.tags as f64)]);
             continue;
         }
         tt.row(vec![
@@ -875,7 +866,11 @@ mod tests {
     fn inproc_appends_count_whole_batches() {
         let c = inproc_append(10, 1, Duration::ZERO, Duration::from_millis(20));
         assert_eq!(c.error, None);
-        assert!(c.records > 0 && c.records % 10 == 0, "{}", c.records);
+        assert!(
+            c.records > 0 && c.records.is_multiple_of(10),
+            "{}",
+            c.records
+        );
     }
 }
 

@@ -168,7 +168,8 @@ impl Params {
         let mut transports = Vec::new();
         for t in &a.transports {
             let t = Transport::parse(t)?;
-            if !(a.no_peers && t.is_redis()) && !transports.contains(&t) {
+            let skipped = a.no_peers && t.is_redis();
+            if !skipped && !transports.contains(&t) {
                 transports.push(t);
             }
         }
@@ -888,19 +889,10 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
             _ => "—".into(),
         };
         if c.error.is_some() {
-            table.row(vec![
+            table.failed_row(vec![
                 c.watchers.to_string(),
                 c.filter.into(),
                 c.transport.name().into(),
-                "failed".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "—".into(),
-                "no".into(),
             ]);
         } else {
             table.row(vec![
@@ -1030,18 +1022,20 @@ mod tests {
         let a: Vec<u64> = (0..4).map(|_| next()).collect();
         let mut again = rng(7);
         assert_eq!(a, (0..4).map(|_| again()).collect::<Vec<_>>(), "seeded");
-        let plan = Plan {
-            subsets: vec![vec![0, 2], vec![1]],
-            watchers: 3,
-        };
-        assert_eq!(plan.addressed(0), 2);
+        let mut plan = Plan::new(true, 20, 3);
+        assert_eq!(plan.addressed(0), OWN_TAG_SUBSET);
+        let s5 = plan.subset(5).to_vec();
+        assert_eq!(s5.len(), OWN_TAG_SUBSET);
+        assert!(s5.iter().all(|&w| w < 20));
+        let mut distinct = s5.clone();
+        distinct.sort();
+        distinct.dedup();
         assert_eq!(
-            Plan {
-                subsets: vec![],
-                watchers: 3
-            }
-            .addressed(5),
-            3
+            distinct.len(),
+            OWN_TAG_SUBSET,
+            "no watcher twice in one subset"
         );
+        assert_eq!(Plan::new(true, 20, 3).subset(5), &s5[..], "seeded");
+        assert_eq!(Plan::new(false, 3, 1).addressed(5), 3);
     }
 }

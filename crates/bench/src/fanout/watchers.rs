@@ -284,10 +284,7 @@ async fn sse(t: &Target, state: &WatcherState, shared: &Shared) -> anyhow::Resul
     loop {
         // Move whole chunks from `raw` to `text`.
         if chunked {
-            loop {
-                let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
-                    break;
-                };
+            while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
                 let size_str = std::str::from_utf8(&raw[..eol])?;
                 let size =
                     usize::from_str_radix(size_str.split(';').next().unwrap_or("").trim(), 16)

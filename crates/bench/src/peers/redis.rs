@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::resp::{Conn, Value};
-use crate::sys::{free_port, kill_and_reap, signal, tail, wait_timeout, TempDir};
+use crate::sys::{free_port, stop_child, tail, TempDir};
 
 /// How long redis-server may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -145,15 +145,6 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = signal(self.child.id(), "TERM");
-            if !wait_timeout(&mut self.child, STOP_TIMEOUT) {
-                eprintln!(
-                    "redis-server (pid {}) did not stop within {STOP_TIMEOUT:?} of SIGTERM; sending SIGKILL",
-                    self.child.id()
-                );
-            }
-        }
-        kill_and_reap(&mut self.child);
+        stop_child(&mut self.child, "redis-server", STOP_TIMEOUT);
     }
 }
