@@ -49,8 +49,11 @@ const TARGET_P99_WATCHERS: usize = 10_000;
 /// Watchers each record is addressed to in the own-tag mode (≤ 16 tags per record).
 pub const OWN_TAG_SUBSET: usize = 8;
 /// Deliveries one saturation request aims at: records per request =
-/// this ÷ addressees per record, between 1 and [`SAT_BATCH_MAX`].
+/// this ÷ addressees per record, between [`SAT_BATCH_MIN`] and [`SAT_BATCH_MAX`]. At least
+/// 10 records per request, so that no side is held to one record per round trip (a Redis
+/// `PUBLISH` is acknowledged only after it was queued to every subscriber).
 pub const SAT_REQUEST_DELIVERIES: usize = 2_000;
+pub const SAT_BATCH_MIN: usize = 10;
 pub const SAT_BATCH_MAX: usize = 200;
 /// Pause between two records of the latency phase, after the previous one reached every
 /// addressee (so each is measured alone, not behind a queue).
@@ -416,7 +419,7 @@ async fn run_case(
     let latency_appends = params
         .appends
         .min((LATENCY_DELIVERIES_MAX / per_record as u64).max(if params.quick { 1 } else { 20 }));
-    let sat_batch = (SAT_REQUEST_DELIVERIES / per_record).clamp(1, SAT_BATCH_MAX);
+    let sat_batch = (SAT_REQUEST_DELIVERIES / per_record).clamp(SAT_BATCH_MIN, SAT_BATCH_MAX);
     case.sat_batch = sat_batch;
     let sat_max = (SAT_DELIVERIES_MAX / per_record as u64).max(sat_batch as u64);
     let capacity = (latency_appends + sat_max) as usize;
@@ -765,7 +768,7 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
          sends single records, each once the previous one reached every addressee; *all \
          watchers* is the time until the last addressee has the record, *delivery* the time of \
          each single delivery. The saturation phase sends requests of about {} deliveries \
-         (records × addressees; column `batch`) back to back for {:.1}s; deliveries/s counts \
+         (records × addressees, at least 10 records; column `records/request`) back to back for {:.1}s; deliveries/s counts \
          from the first send to the last delivery. Every case then checks that each watcher got \
          exactly its records, once each, in order. Watchers, server and Redis share this \
          machine's CPUs; one tokio task per watcher connection.",
