@@ -405,8 +405,19 @@ impl Hub {
         })
     }
 
-    fn unregister(&self, id: usize) {
+    /// Removes watcher `id` if it is still the one that holds `end` (a watcher the hub cut
+    /// off is already gone, and its slot may serve another watcher by now).
+    fn unregister(&self, id: usize, end: &Arc<EndSlot>) {
         let mut st = self.state.lock();
+        let ours = matches!(st.slots.get(id), Some(Some((_, slot))) if Arc::ptr_eq(&slot.end, end));
+        if ours {
+            Self::remove_locked(&mut st, id);
+            drop(st);
+            self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn remove_locked(st: &mut HubState, id: usize) {
         let Some((topic, slot)) = st.slots.get_mut(id).and_then(Option::take) else {
             return;
         };
@@ -437,8 +448,6 @@ impl Hub {
             }
             routes.watchers -= 1;
         }
-        drop(st);
-        self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Routes one confirmed commit: topic DDL updates the routes, appends go to watchers.
@@ -472,6 +481,7 @@ impl Hub {
                 }
             }
         }
+        let mut cut: Vec<usize> = Vec::new();
         let HubState { topics, slots, .. } = &mut *st;
         let mut targets: Vec<usize> = Vec::new();
         for batch in &commit.appends {
@@ -519,6 +529,7 @@ impl Hub {
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             self.counters.lagging.fetch_add(1, Ordering::Relaxed);
                             slot.end.end(Ended::Lagging);
+                            cut.push(id);
                         }
                         // The watch is gone; it unregisters itself.
                         Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -529,6 +540,15 @@ impl Hub {
                     .fetch_add(delivered, Ordering::Relaxed);
             }
         }
+        // A lagging watcher leaves the routes at once, even if its connection is stuck and
+        // its task cannot run to notice.
+        for id in &cut {
+            Self::remove_locked(&mut st, *id);
+        }
+        drop(st);
+        self.counters
+            .watchers
+            .fetch_sub(cut.len() as u64, Ordering::Relaxed);
     }
 
     fn poison(&self, reason: String) {
@@ -622,7 +642,7 @@ pub struct Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.hub.unregister(self.id);
+        self.hub.unregister(self.id, &self.end);
     }
 }
 
