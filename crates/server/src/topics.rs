@@ -47,6 +47,8 @@ pub(crate) const HUB_FEED_ROUNDS_MAX: usize = 4096;
 pub struct TopicInfo {
     pub name: String,
     pub first: u64,
+    /// The newest offset, `None` while the topic never had a record.
+    pub last: Option<u64>,
     pub next: u64,
     pub records: u64,
     pub bytes: u64,
@@ -61,6 +63,7 @@ impl TopicInfo {
         TopicInfo {
             name: t.name().to_string(),
             first: t.first(),
+            last: t.next().checked_sub(1),
             next: t.next(),
             records: t.len() as u64,
             bytes: t.bytes(),
@@ -176,6 +179,7 @@ pub(crate) fn apply_topic_op(
                 topic: TopicInfo {
                     name,
                     first: 0,
+                    last: None,
                     next: 0,
                     records: 0,
                     bytes: 0,
