@@ -232,7 +232,7 @@ impl WireRecord {
         out.push_str(",\"ts\":");
         out.push_str(&r.ts_us.to_string());
         out.push_str(",\"tags\":");
-        out.push_str(&serde_json::to_string(&r.tags).expect("strings serialize"));
+        out.push_str(&serde_json::to_string(&tag_strs(&r.tags)).expect("strings serialize"));
         out.push_str(",\"data\":");
         out.push_str(&r.data);
     }
@@ -275,8 +275,12 @@ impl WireRecord {
     /// The record as a JSON value (read pages).
     pub fn json(record: &Record) -> Json {
         let data: Json = serde_json::from_str(&record.data).unwrap_or(Json::Null);
-        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": record.tags, "data": data})
+        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": tag_strs(&record.tags), "data": data})
     }
+}
+
+fn tag_strs(tags: &[sluice_engine::topic::Tag]) -> Vec<&str> {
+    tags.iter().map(|t| &**t).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -530,7 +534,7 @@ impl Hub {
                 targets.clear();
                 targets.extend_from_slice(&routes.all);
                 for tag in record.tags.iter() {
-                    if let Some(list) = routes.exact.get(tag) {
+                    if let Some(list) = routes.exact.get(&**tag) {
                         targets.extend_from_slice(list);
                     }
                     for (&len, _) in routes.prefix_lens.range(..=tag.len()) {
