@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 use sluice_engine::{Commit, CommitBody, Record, TagFilter, TopicChange, TopicConfig, TxError};
 use sluice_log::Durability;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use crate::core::Core;
 use crate::error::CoreError;
@@ -294,12 +294,12 @@ enum Ended {
     Poisoned(String),
 }
 
-/// Shared between the hub and one watch: set once, read by the watch's task.
+/// Shared between the hub and one watch: set once, read by the watch's task. The hub sets
+/// it and then drops the watch's queue sender, so a waiting watch wakes to a closed queue.
 #[derive(Default)]
 struct EndSlot {
     ended: AtomicBool,
     why: Mutex<Option<Ended>>,
-    notify: Notify,
 }
 
 impl EndSlot {
@@ -308,7 +308,6 @@ impl EndSlot {
         if slot.is_none() {
             *slot = Some(why);
             self.ended.store(true, Ordering::Release);
-            self.notify.notify_one();
         }
     }
 }
@@ -501,15 +500,27 @@ impl Hub {
                 }
                 TopicChange::Put { .. } => {}
                 TopicChange::Drop { name } => {
-                    if let Some(routes) = st.topics.remove(name.as_str()) {
-                        if routes.watchers > 0 {
-                            for (t, slot) in st.slots.iter().flatten() {
-                                if **t == **name {
+                    if st.topics.get(name.as_str()).is_some_and(|r| r.watchers > 0) {
+                        let ids: Vec<usize> = st
+                            .slots
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(id, s)| match s {
+                                Some((t, slot)) if **t == **name => {
                                     slot.end.end(Ended::Dropped);
+                                    Some(id)
                                 }
-                            }
+                                _ => None,
+                            })
+                            .collect();
+                        for id in &ids {
+                            Self::remove_locked(&mut st, *id);
                         }
+                        self.counters
+                            .watchers
+                            .fetch_sub(ids.len() as u64, Ordering::Relaxed);
                     }
+                    st.topics.remove(name.as_str());
                 }
             }
         }
@@ -586,9 +597,15 @@ impl Hub {
     fn poison(&self, reason: String) {
         let mut st = self.state.lock();
         st.poisoned = Some(reason.clone());
-        for (_, slot) in st.slots.iter().flatten() {
-            slot.end.end(Ended::Poisoned(reason.clone()));
+        let mut removed = 0;
+        for id in 0..st.slots.len() {
+            if let Some((_, slot)) = &st.slots[id] {
+                slot.end.end(Ended::Poisoned(reason.clone()));
+                Self::remove_locked(&mut st, id);
+                removed += 1;
+            }
         }
+        self.counters.watchers.fetch_sub(removed, Ordering::Relaxed);
     }
 }
 
@@ -708,16 +725,13 @@ impl Watch {
                 self.replay_page()?;
                 continue;
             }
-            tokio::select! {
-                r = self.queue.recv() => match r {
-                    Some(r) if r.offset() < self.next => continue,
-                    Some(r) => {
-                        self.next = r.offset() + 1;
-                        return Ok(r);
-                    }
-                    None => return Err(self.ended()),
-                },
-                _ = self.end.notify.notified() => continue,
+            match self.queue.recv().await {
+                Some(r) if r.offset() < self.next => continue,
+                Some(r) => {
+                    self.next = r.offset() + 1;
+                    return Ok(r);
+                }
+                None => return Err(self.ended()),
             }
         }
     }
