@@ -115,17 +115,22 @@ impl NewRecord {
         }
     }
 
-    /// From the raw JSON text of a request, kept as it is unless it has line breaks (only
-    /// possible as whitespace between tokens), which are printed away.
-    pub fn from_raw(tags: Vec<String>, data: &serde_json::value::RawValue) -> Self {
+    /// From the raw JSON text of a request. The text must parse as a JSON value the way
+    /// every reader will parse it (a number beyond f64, a lone surrogate escape are refused
+    /// here rather than served as something else later); it is kept as it is unless it has
+    /// line breaks (only possible as whitespace between tokens), which are printed away.
+    pub fn from_raw(
+        tags: Vec<String>,
+        data: &serde_json::value::RawValue,
+    ) -> Result<Self, serde_json::Error> {
         let text = data.get();
+        let value: Json = serde_json::from_str(text)?;
         let data = if text.bytes().any(|b| b == b'\n' || b == b'\r') {
-            let value: Json = serde_json::from_str(text).expect("RawValue holds valid JSON");
             value.to_string().into_boxed_str()
         } else {
             text.into()
         };
-        NewRecord { tags, data }
+        Ok(NewRecord { tags, data })
     }
 }
 
