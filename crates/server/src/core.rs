@@ -145,6 +145,10 @@ impl Core {
                 repair: true,
             },
         )?;
+        let mut recovered = recovered;
+        // Replay trims topics by count and bytes only; what the age limits dropped before the
+        // restart must not come back.
+        recovered.db.trim_topics(crate::writer::now_us());
         let seq = recovered.db.seq;
         let log_bytes_since_snapshot = recovered.replayed_bytes;
         let info = RecoveryInfo {
@@ -191,6 +195,8 @@ impl Core {
         )
         .map_err(|source| OpenError::Thread { source })?;
         let writer = Writer::spawn(shared.clone(), rx, tx.downgrade(), log_bytes_since_snapshot)?;
+        crate::writer::spawn_ticker(tx.downgrade())
+            .map_err(|source| OpenError::Thread { source })?;
         Ok(Core {
             shared,
             requests: tx,

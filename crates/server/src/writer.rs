@@ -98,6 +98,9 @@ pub(crate) enum Request {
     },
     /// From the snapshot thread: it finished a job and can take the next one.
     SnapshotIdle,
+    /// From the ticker: nothing to do but the round's periodic work (topics' age limits),
+    /// so an idle writer still drops expired records.
+    Tick,
     Shutdown {
         reply: Reply<()>,
     },
@@ -278,6 +281,15 @@ impl Writer {
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
         let shared = self.shared.clone();
+        if batch.iter().all(|r| matches!(r, Request::Tick)) {
+            // An idle writer's tick: only the periodic work, not a round.
+            batch.clear();
+            if self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL {
+                self.topics_trimmed = std::time::Instant::now();
+                shared.db.write().trim_topics(now_us());
+            }
+            return None;
+        }
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
         let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
@@ -416,7 +428,7 @@ impl Writer {
                         let _ = reply.send(Ok(self.functions.exports().to_vec()));
                     }
                     Request::Snapshot { reply } => snapshot_replies.push(reply),
-                    Request::SnapshotIdle => {}
+                    Request::SnapshotIdle | Request::Tick => {}
                     Request::Shutdown { reply } => shutdown = Some(reply),
                 }
             }
@@ -571,7 +583,7 @@ fn refuse(req: Request, err: CoreError) {
         Request::Snapshot { reply } => {
             let _ = reply.send(Err(err));
         }
-        Request::SnapshotIdle => {}
+        Request::SnapshotIdle | Request::Tick => {}
         Request::Shutdown { reply } => {
             let _ = reply.send(Err(err));
         }
@@ -579,9 +591,27 @@ fn refuse(req: Request, err: CoreError) {
 }
 
 /// How often the writer drops records past their topic's age limit.
-const TOPIC_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const TOPIC_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-fn now_us() -> i64 {
+/// Starts the ticker: a thread that wakes an idle writer once per [`TOPIC_TRIM_INTERVAL`]
+/// (never waiting: a full queue means a busy writer, which trims in its rounds anyway). It
+/// ends when the writer's queue is gone.
+pub(crate) fn spawn_ticker(requests: mpsc::WeakSender<Request>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("sluice-ticker".into())
+        .spawn(move || loop {
+            std::thread::sleep(TOPIC_TRIM_INTERVAL);
+            let Some(tx) = requests.upgrade() else {
+                return;
+            };
+            if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Request::Tick) {
+                return;
+            }
+        })?;
+    Ok(())
+}
+
+pub(crate) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
