@@ -132,6 +132,57 @@ pub fn check_tags(tags: Vec<String>) -> Result<Box<[Box<str>]>, TxError> {
     Ok(out.into_boxed_slice())
 }
 
+/// The `tags` and `data` of a record given as JSON `{"tags"?: [strings], "data"?: any}`
+/// (missing data is `null`). Tags are checked when appended.
+pub fn record_from_json(
+    record: serde_json::Value,
+) -> Result<(Vec<String>, serde_json::Value), TxError> {
+    let bad = |m: String| TxError::new(ErrorCode::BadRequest, m);
+    let serde_json::Value::Object(mut record) = record else {
+        return Err(bad(
+            "a record must be an object {\"tags\": [...], \"data\": ...}".into(),
+        ));
+    };
+    if let Some(extra) = record
+        .keys()
+        .find(|k| !["tags", "data"].contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown field {extra:?} in a record (expected tags, data)"
+        )));
+    }
+    let tags = match record.remove("tags") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(items)) => {
+            if items.len() > TAGS_PER_RECORD_MAX {
+                return Err(TxError::new(
+                    ErrorCode::Limit,
+                    format!(
+                        "a record has {} tags; tags_per_record_max is {TAGS_PER_RECORD_MAX}",
+                        items.len()
+                    ),
+                ));
+            }
+            items
+                .into_iter()
+                .map(|t| match t {
+                    serde_json::Value::String(s) => Ok(s),
+                    other => Err(bad(format!(
+                        "a record's tags must be strings, found {other}"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "a record's tags must be an array, found {other}"
+            )))
+        }
+    };
+    let data = record.remove("data").unwrap_or(serde_json::Value::Null);
+    Ok((tags, data))
+}
+
 /// Which records a reader or watcher wants: any of some exact tags or tag prefixes, or all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TagFilter {

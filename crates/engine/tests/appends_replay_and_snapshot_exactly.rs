@@ -11,8 +11,11 @@ fn db() -> Db {
     Db::new(Limits::default(), Changelog::new(Retention::default()))
 }
 
-/// (offset, ts, tags, data, seq) of every record kept, topic by topic.
-fn topics(db: &Db) -> Vec<(String, u64, u64, Vec<(u64, i64, Vec<String>, String, u64)>)> {
+/// (offset, ts, tags, data, seq) of one record.
+type Kept = (u64, i64, Vec<String>, String, u64);
+
+/// (name, first, next, records) of every topic.
+fn topics(db: &Db) -> Vec<(String, u64, u64, Vec<Kept>)> {
     db.topics
         .iter()
         .map(|(name, t)| {

@@ -158,6 +158,27 @@ pub(crate) fn install<'js>(
 
     let s = slot.clone();
     tx.set(
+        "append",
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, topic: String, record: Value<'js>| {
+                let record = json_arg(&ctx, &record, "record")?;
+                let (tags, data) = sluice_engine::topic::record_from_json(record)
+                    .map_err(|e| tx_error(&ctx, e))?;
+                with_access(&ctx, &s, |access| {
+                    let now = access.now_us();
+                    access
+                        .tx()
+                        .append(&topic, tags, &data, now)
+                        .map(|offset| offset as f64)
+                        .map_err(|e| tx_error(&ctx, e))
+                })
+            },
+        )?,
+    )?;
+
+    let s = slot.clone();
+    tx.set(
         "now",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>| {
             with_access(&ctx, &s, |access| Ok(access.now_us() as f64))

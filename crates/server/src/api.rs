@@ -83,6 +83,12 @@ impl From<CoreError> for ApiError {
             CoreError::ShuttingDown => ApiError::shutting_down(),
             CoreError::Poisoned(reason) => ApiError::poisoned(&reason),
             CoreError::Busy(message) => ApiError::busy(message),
+            e @ CoreError::Horizon { first, .. } => {
+                ApiError::new(StatusCode::GONE, "horizon", e.to_string()).with("first", first)
+            }
+            e @ CoreError::Lagging { next, .. } => {
+                ApiError::new(StatusCode::CONFLICT, "lagging", e.to_string()).with("next", next)
+            }
             CoreError::Internal(message) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
@@ -169,7 +175,7 @@ type ApiResult = Result<Json<Value>, ApiError>;
 
 /// The whole HTTP API over `core`.
 pub fn router(core: Core) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/sql", post(sql))
@@ -183,7 +189,8 @@ pub fn router(core: Core) -> Router {
         .route("/v1/call/{name}", post(call))
         .route("/v1/ws", get(crate::ws::upgrade))
         .route("/v1/live", get(crate::live::sse))
-        .route("/v1/functions", get(list_functions).put(put_functions))
+        .route("/v1/functions", get(list_functions).put(put_functions));
+    crate::topics_api::routes(router)
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(Arc::new(core))
@@ -204,7 +211,7 @@ async fn fallback(method: Method, uri: Uri) -> ApiError {
 }
 
 /// Reads the whole body, enforcing `body_bytes_max`.
-async fn read_body(core: &Core, body: Body) -> Result<axum::body::Bytes, ApiError> {
+pub(crate) async fn read_body(core: &Core, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let max = core.config().body_bytes_max;
     axum::body::to_bytes(body, max).await.map_err(|_| {
         ApiError::limit(format!(
@@ -214,7 +221,7 @@ async fn read_body(core: &Core, body: Body) -> Result<axum::body::Bytes, ApiErro
 }
 
 /// Reads the whole body as a JSON object, enforcing `body_bytes_max`.
-async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
+pub(crate) async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
     let bytes = read_body(core, body).await?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;

@@ -50,6 +50,11 @@ pub struct Config {
     /// Live subscriptions one WebSocket connection may hold
     /// (`--live-subscriptions-per-connection`).
     pub live_subscriptions_per_connection_max: usize,
+    /// Records one append may carry (`--max-append-records`).
+    pub append_records_max: usize,
+    /// Records queued for one watcher before it is cut off with `lagging`
+    /// (`--watch-queue-records`).
+    pub watch_queue_records: usize,
 }
 
 impl Config {
@@ -74,6 +79,8 @@ impl Config {
             live: sluice_live::Limits::default(),
             live_heartbeat: std::time::Duration::from_secs(15),
             live_subscriptions_per_connection_max: 1024,
+            append_records_max: 10_000,
+            watch_queue_records: 4096,
         }
     }
 }

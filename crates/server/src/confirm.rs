@@ -51,6 +51,8 @@ impl State {
 pub(crate) struct Confirmations {
     state: Mutex<State>,
     tx: watch::Sender<u64>,
+    /// Woken on every advance, for threads that wait without a runtime (`wait_blocking`).
+    advanced: std::sync::Condvar,
 }
 
 impl Confirmations {
@@ -67,6 +69,7 @@ impl Confirmations {
         Confirmations {
             state: Mutex::new(state),
             tx: watch::channel(seq).0,
+            advanced: std::sync::Condvar::new(),
         }
     }
 
@@ -104,7 +107,7 @@ impl Confirmations {
     }
 
     fn publish(&self, c: u64) {
-        self.tx.send_if_modified(|v| {
+        let advanced = self.tx.send_if_modified(|v| {
             if c > *v {
                 *v = c;
                 true
@@ -112,6 +115,34 @@ impl Confirmations {
                 false
             }
         });
+        if advanced {
+            // Taking the lock orders this wake-up after any waiter's check (see wait_blocking).
+            drop(self.state.lock().unwrap_or_else(|e| e.into_inner()));
+            self.advanced.notify_all();
+        }
+    }
+
+    /// Blocks until `seq` is confirmed (true) or `timeout` passes (false).
+    pub fn wait_blocking(&self, seq: u64, timeout: std::time::Duration) -> bool {
+        if self.confirmed() >= seq {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.confirmed() >= seq {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            s = self
+                .advanced
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 

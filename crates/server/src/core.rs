@@ -96,6 +96,10 @@ pub(crate) struct Shared {
     pub live: sluice_live::LiveHandle,
     /// Set when a graceful shutdown begins: live streams and WebSockets end with a reason.
     pub closing: watch::Sender<bool>,
+    /// Routes confirmed records to watchers.
+    pub hub: Arc<crate::topics::Hub>,
+    /// The writer hands the hub's thread every commit that touches a topic.
+    pub hub_feed: crate::topics::HubFeed,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -159,6 +163,11 @@ impl Core {
         let progress_confirm = confirm.clone();
         let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;
         let (tx, rx) = mpsc::channel(config.writer_queue_max);
+        let hub = Arc::new(crate::topics::Hub::new(
+            &recovered.db,
+            config.watch_queue_records,
+        ));
+        let (hub_feed, hub_rounds) = crate::topics::hub_channel();
         let db = Arc::new(RwLock::new(recovered.db));
         let live = sluice_live::LiveHandle::spawn(db.clone(), config.live.clone())
             .map_err(|source| OpenError::Thread { source })?;
@@ -170,7 +179,17 @@ impl Core {
             counters: Counters::default(),
             live,
             closing: watch::Sender::new(false),
+            hub,
+            hub_feed,
         });
+        let weak = Arc::downgrade(&shared);
+        crate::topics::spawn_hub(
+            hub_rounds,
+            shared.hub.clone(),
+            shared.confirm.clone(),
+            move || weak.upgrade().and_then(|s| s.log.poisoned()),
+        )
+        .map_err(|source| OpenError::Thread { source })?;
         let writer = Writer::spawn(shared.clone(), rx, tx.downgrade(), log_bytes_since_snapshot)?;
         Ok(Core {
             shared,
@@ -236,7 +255,7 @@ impl Core {
         }
     }
 
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<WriterResult<T>>) -> Request,
     ) -> Result<T, CoreError> {

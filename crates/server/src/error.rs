@@ -35,6 +35,12 @@ pub enum CoreError {
     /// The core cannot take this request now; try again.
     #[error("{0}")]
     Busy(String),
+    /// A topic read or watch asked for records older than the oldest kept.
+    #[error("offset {from} is older than the oldest record kept; read again from offset {first}")]
+    Horizon { from: u64, first: u64 },
+    /// A watcher fell too far behind and was cut off; it may resume from `next`.
+    #[error("this watcher fell {queue_max} records behind (watch_queue_records, --watch-queue-records) and was cut off; resume from offset {next}")]
+    Lagging { next: u64, queue_max: usize },
     /// An I/O failure that is not a poisoning (e.g. writing a snapshot file).
     #[error("{0}")]
     Internal(String),
@@ -60,7 +66,10 @@ impl CoreError {
     pub(crate) fn read_state(&self) -> bool {
         matches!(
             self,
-            CoreError::Tx(_) | CoreError::Function(_) | CoreError::Limit(_)
+            CoreError::Tx(_)
+                | CoreError::Function(_)
+                | CoreError::Limit(_)
+                | CoreError::Horizon { .. }
         )
     }
 }

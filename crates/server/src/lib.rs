@@ -14,6 +14,7 @@
 //! - `snapshotter`: the background snapshot thread.
 //! - [`error`]: [`CoreError`], the core's own errors; each transport maps them.
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
+//! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
 //! - `metrics`: Prometheus text rendering.
 
 pub mod api;
@@ -25,6 +26,8 @@ mod confirm;
 mod live;
 mod metrics;
 mod snapshotter;
+pub mod topics;
+mod topics_api;
 mod writer;
 pub mod ws;
 
@@ -32,3 +35,4 @@ pub use crate::config::Config;
 pub use crate::core::{CallOk, Core, MutateOk, Op};
 pub use crate::error::CoreError;
 pub use crate::metrics::add_metrics_hook;
+pub use crate::topics::{AppendOk, NewRecord, PutTopicOk, TopicInfo, TopicSpec, Watch, WireRecord};

@@ -204,6 +204,39 @@ pub(crate) fn render(core: &Core) -> String {
         "Bound of messages queued per connection (--ws-outbound-messages).",
         config.ws_outbound_max as u64,
     );
+    let hub = &core.shared.hub.counters;
+    let topics = core.db().topics.len() as u64;
+    gauge("sluice_topics", "Topics in the database.", topics);
+    gauge(
+        "sluice_topic_records_routed_total",
+        "Records the topics thread routed to watchers once confirmed (appended records).",
+        hub.records_routed.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_topic_deliveries_total",
+        "Records queued for a watcher (one per record per watcher it reached).",
+        hub.deliveries.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_topic_watchers",
+        "Topic watches open (SSE and WebSocket).",
+        hub.watchers.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_topic_watches_opened_total",
+        "Topic watches opened since start.",
+        hub.watches_opened.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_topic_lagging_total",
+        "Watchers cut off with `lagging` because their queue was full.",
+        hub.lagging.load(Ordering::Relaxed),
+    );
+    gauge(
+        "sluice_topic_watch_queue_records_max",
+        "Bound of one watcher's queue (--watch-queue-records).",
+        config.watch_queue_records as u64,
+    );
     let r = core.recovery();
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
     let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);

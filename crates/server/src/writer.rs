@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::core::{CallOk, MutateOk, Op, OpenError, Shared};
 use crate::error::{CoreError, Refusal, WriterResult};
+use crate::topics::{apply_topic_op, AppendOk, NewRecord, PutTopicOk, TopicOp};
 
 type DbGuard = ArcRwLockWriteGuard<RawRwLock, Db>;
 
@@ -74,6 +75,17 @@ pub(crate) enum Request {
         durability: Durability,
         reply: Reply<CallOk>,
     },
+    Topic {
+        op: TopicOp,
+        durability: Durability,
+        reply: Reply<PutTopicOk>,
+    },
+    Append {
+        topic: String,
+        records: Vec<NewRecord>,
+        durability: Durability,
+        reply: Reply<AppendOk>,
+    },
     LoadFunctions {
         source: String,
         reply: Reply<Vec<String>>,
@@ -101,6 +113,8 @@ enum AckReply {
     Mutate(Reply<MutateOk>, MutateOk),
     Schema(Reply<Option<u64>>, u64),
     Call(Reply<CallOk>, CallOk),
+    Topic(Reply<PutTopicOk>, PutTopicOk),
+    Append(Reply<AppendOk>, AppendOk),
 }
 
 impl AckReply {
@@ -115,6 +129,12 @@ impl AckReply {
                 let _ = reply.send(result.map(|_| Some(seq)).map_err(err));
             }
             AckReply::Call(reply, ok) => {
+                let _ = reply.send(result.map(|_| ok).map_err(err));
+            }
+            AckReply::Topic(reply, ok) => {
+                let _ = reply.send(result.map(|_| ok).map_err(err));
+            }
+            AckReply::Append(reply, ok) => {
                 let _ = reply.send(result.map(|_| ok).map_err(err));
             }
         }
@@ -167,6 +187,8 @@ pub(crate) struct Writer {
     /// Snapshot requests that arrived while the snapshot thread was busy; served by the
     /// first round after it is idle again.
     snapshot_waiting: Vec<Reply<u64>>,
+    /// When topics were last trimmed by age.
+    topics_trimmed: std::time::Instant,
 }
 
 impl Writer {
@@ -206,6 +228,7 @@ impl Writer {
                 payload: Vec::new(),
                 published: Vec::new(),
                 snapshot_waiting: Vec::new(),
+                topics_trimmed: std::time::Instant::now(),
             }
             .run(rx)
         })
@@ -271,13 +294,20 @@ impl Writer {
                 }
                 if let (
                     Some(reason),
-                    Request::Mutate { .. } | Request::Schema { .. } | Request::Call { .. },
+                    Request::Mutate { .. }
+                    | Request::Schema { .. }
+                    | Request::Call { .. }
+                    | Request::Topic { .. }
+                    | Request::Append { .. },
                 ) = (&poisoned, &req)
                 {
                     refuse(req, CoreError::Poisoned(reason.clone()));
                     continue;
                 }
-                if matches!(req, Request::Mutate { .. } | Request::Call { .. }) {
+                if matches!(
+                    req,
+                    Request::Mutate { .. } | Request::Call { .. } | Request::Append { .. }
+                ) {
                     sluice_log::critical::injected_panic_point("writer");
                 }
                 let db: &mut Db = guard.as_mut().expect("the writer holds the lock");
@@ -346,6 +376,38 @@ impl Writer {
                             }
                         }
                     }
+                    Request::Topic {
+                        op,
+                        durability,
+                        reply,
+                    } => match apply_topic_op(db, op) {
+                        Err(e) => {
+                            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(refused(e.into(), db)));
+                        }
+                        Ok((None, ok)) => {
+                            let _ = reply.send(Ok(ok));
+                        }
+                        Ok((Some(commit), ok)) => {
+                            self.log_commit(&commit);
+                            done.add(commit.seq, durability, AckReply::Topic(reply, ok));
+                        }
+                    },
+                    Request::Append {
+                        topic,
+                        records,
+                        durability,
+                        reply,
+                    } => match append(db, &topic, records, now_us()) {
+                        Err(e) => {
+                            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(refused(e.into(), db)));
+                        }
+                        Ok((commit, ok)) => {
+                            self.log_commit(&commit);
+                            done.add(commit.seq, durability, AckReply::Append(reply, ok));
+                        }
+                    },
                     Request::LoadFunctions { source, reply } => {
                         let loaded = self.functions.load(&source).map(<[String]>::to_vec);
                         let _ = reply.send(loaded.map_err(|e| Refusal::now(e.into())));
@@ -358,7 +420,12 @@ impl Writer {
                     Request::Shutdown { reply } => shutdown = Some(reply),
                 }
             }
-            guard.as_ref().expect("the writer holds the lock").seq
+            let db = guard.as_mut().expect("the writer holds the lock");
+            if self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL {
+                self.topics_trimmed = std::time::Instant::now();
+                db.trim_topics(now_us());
+            }
+            db.seq
         };
         shared
             .counters
@@ -371,6 +438,7 @@ impl Writer {
         shared.confirm.applied(applied, &done.waiting);
         // After the write lock is released: a view the live thread builds meanwhile starts
         // from a state that already has these commits and skips them.
+        shared.hub_feed.publish(&self.published);
         shared.live.publish(std::mem::take(&mut self.published));
         if !self.frames.is_empty() {
             self.log_bytes_since_snapshot += self.frames.len() as u64;
@@ -418,9 +486,7 @@ impl Writer {
         args: &serde_json::Value,
     ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
+        let now_us = now_us();
         let st = db.begin();
         let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
         // A call that met the commit-size limit is refused even if it caught the error.
@@ -493,6 +559,12 @@ fn refuse(req: Request, err: CoreError) {
         Request::Call { reply, .. } => {
             let _ = reply.send(Err(err));
         }
+        Request::Topic { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Append { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
         Request::LoadFunctions { reply, .. } | Request::ListFunctions { reply } => {
             let _ = reply.send(Err(err));
         }
@@ -504,6 +576,50 @@ fn refuse(req: Request, err: CoreError) {
             let _ = reply.send(Err(err));
         }
     }
+}
+
+/// How often the writer drops records past their topic's age limit.
+const TOPIC_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Appends all `records` to `topic` in one transaction, or none of them.
+fn append(
+    db: &mut Db,
+    topic: &str,
+    records: Vec<NewRecord>,
+    ts_us: i64,
+) -> Result<(Arc<Commit>, AppendOk), TxError> {
+    if records.is_empty() {
+        return Err(TxError::new(
+            sluice_engine::ErrorCode::BadRequest,
+            "an append needs at least one record",
+        ));
+    }
+    let mut tx = db.transaction();
+    let mut first = None;
+    let mut last = 0;
+    for (i, r) in records.into_iter().enumerate() {
+        let offset = tx
+            .append(topic, r.tags, &r.data, ts_us)
+            .map_err(|e| e.at_op(i))?;
+        first.get_or_insert(offset);
+        last = offset;
+    }
+    let seq = tx.seq();
+    let commit = tx.commit().expect("an append of at least one record");
+    Ok((
+        commit,
+        AppendOk {
+            seq,
+            first: first.expect("at least one record"),
+            last,
+        },
+    ))
 }
 
 /// Applies all `ops` in one transaction, or none of them.

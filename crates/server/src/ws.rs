@@ -169,6 +169,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     });
     let body_max = core.config().body_bytes_max;
     let mut subs = Subscriptions::default();
+    let mut watches = Watches::default();
     let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(v)) };
     let mut closing = core.closing();
     loop {
@@ -205,10 +206,40 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             Ok(Value::Object(mut request)) => {
                 let id = request.get("id").cloned().unwrap_or(Value::Null);
                 let kind = request.get("type").and_then(Value::as_str);
-                if matches!(kind, Some("subscribe" | "unsubscribe")) {
+                if matches!(kind, Some("watch" | "unwatch")) {
+                    let qid = request.get("qid").cloned().unwrap_or(Value::Null);
+                    let outcome = if kind == Some("watch") {
+                        let taken = subs.by_qid.contains_key(&qid.to_string());
+                        watches
+                            .watch(
+                                &core,
+                                &request,
+                                &events_tx,
+                                encoding,
+                                subs.by_qid.len(),
+                                taken,
+                            )
+                            .await
+                            .map(|()| None)
+                    } else {
+                        watches.unwatch(&qid).map(Some)
+                    };
+                    match outcome {
+                        Ok(None) => continue, // `watching` follows as an event
+                        Ok(Some(mut reply)) => {
+                            reply["id"] = id;
+                            ready(reply)
+                        }
+                        Err(e) => {
+                            let mut reply = error_reply(&id, e);
+                            reply["qid"] = qid;
+                            ready(reply)
+                        }
+                    }
+                } else if matches!(kind, Some("subscribe" | "unsubscribe")) {
                     let qid = request.get("qid").cloned().unwrap_or(Value::Null);
                     let outcome = if kind == Some("subscribe") {
-                        subs.subscribe(&core, &request, &events_tx, encoding)
+                        subs.subscribe(&core, &request, &events_tx, encoding, &watches)
                             .await
                             .map(|()| None)
                     } else {
@@ -251,6 +282,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
         }
     }
     subs.close_all();
+    watches.close_all();
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
@@ -301,6 +333,7 @@ impl Subscriptions {
         request: &Map<String, Value>,
         events: &mpsc::Sender<Message>,
         encoding: Encoding,
+        watches: &Watches,
     ) -> Result<(), ApiError> {
         let qid = request
             .get("qid")
@@ -309,16 +342,16 @@ impl Subscriptions {
             .clone();
         let name = qid.to_string();
         self.by_qid.retain(|_, task| !task.is_finished());
-        if self.by_qid.contains_key(&name) {
+        if self.by_qid.contains_key(&name) || watches.has_qid(&name) {
             return Err(ApiError::bad_request(format!(
                 "qid {name} is already subscribed on this connection; unsubscribe it first"
             )));
         }
         let max = core.config().live_subscriptions_per_connection_max;
-        if self.by_qid.len() >= max {
+        let held = self.by_qid.len() + watches.len();
+        if held >= max {
             return Err(ApiError::limit(format!(
-                "this connection has {} live subscriptions; subscriptions_per_connection_max (--live-subscriptions-per-connection) is {max}",
-                self.by_qid.len()
+                "this connection has {held} live subscriptions and watches; subscriptions_per_connection_max (--live-subscriptions-per-connection) is {max}"
             )));
         }
         let Some(Value::String(sql)) = request.get("sql") else {
@@ -377,6 +410,144 @@ impl Subscriptions {
     }
 }
 
+/// The topic watches of one connection: at most one per topic, so a record's shared bytes
+/// (which name the topic, not the qid) say which watch they belong to.
+#[derive(Default)]
+struct Watches {
+    /// topic → (qid, forwarding task)
+    by_topic: HashMap<String, (String, JoinHandle<()>)>,
+}
+
+impl Watches {
+    fn len(&self) -> usize {
+        self.by_topic.len()
+    }
+
+    fn has_qid(&self, qid: &str) -> bool {
+        self.by_topic
+            .values()
+            .any(|(q, task)| q == qid && !task.is_finished())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn watch(
+        &mut self,
+        core: &Core,
+        request: &Map<String, Value>,
+        events: &mpsc::Sender<Message>,
+        encoding: Encoding,
+        subscriptions: usize,
+        qid_taken: bool,
+    ) -> Result<(), ApiError> {
+        let qid = request
+            .get("qid")
+            .filter(|q| q.is_string() || q.is_number())
+            .ok_or_else(|| ApiError::bad_request("a watch needs \"qid\" (a string or number)"))?
+            .clone();
+        let name = qid.to_string();
+        let Some(Value::String(topic)) = request.get("topic") else {
+            return Err(ApiError::bad_request("a watch needs \"topic\""));
+        };
+        self.by_topic.retain(|_, (_, task)| !task.is_finished());
+        if qid_taken || self.has_qid(&name) {
+            return Err(ApiError::bad_request(format!(
+                "qid {name} is already in use on this connection; unwatch or unsubscribe it first"
+            )));
+        }
+        if let Some((other, _)) = self.by_topic.get(topic) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "already_exists",
+                format!("topic {topic:?} is already watched on this connection (qid {other}): one watch per topic per connection"),
+            ));
+        }
+        let max = core.config().live_subscriptions_per_connection_max;
+        let held = subscriptions + self.by_topic.len();
+        if held >= max {
+            return Err(ApiError::limit(format!(
+                "this connection has {held} live subscriptions and watches; subscriptions_per_connection_max (--live-subscriptions-per-connection) is {max}"
+            )));
+        }
+        let from = match request.get("from") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                ApiError::bad_request("\"from\" must be a record offset (an integer ≥ 0)")
+            })?),
+        };
+        let tags: Vec<String> = match request.get("tags") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|t| {
+                    t.as_str().map(str::to_string).ok_or_else(|| {
+                        ApiError::bad_request("\"tags\" must be an array of strings")
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "\"tags\" must be an array of strings",
+                ))
+            }
+        };
+        let filter = sluice_engine::TagFilter::parse(&tags)?;
+        let mut watch = core.watch(topic, from, filter).await?;
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        let events = events.clone();
+        let task_qid = qid.clone();
+        let task = tokio::spawn(async move {
+            let watching = json!({"id": id, "type": "watching", "qid": task_qid, "topic": watch.topic(), "next": watch.start()});
+            if events.send(encode(encoding, &watching)).await.is_err() {
+                return;
+            }
+            loop {
+                let message = match watch.next().await {
+                    Ok(record) => match encoding {
+                        Encoding::Json => Message::Text(record.ws_json().clone()),
+                        Encoding::Msgpack => Message::Binary(record.ws_msgpack().clone()),
+                    },
+                    Err(e) => {
+                        let mut reply = error_reply(&Value::Null, e.into());
+                        if let Some(m) = reply.as_object_mut() {
+                            m.remove("id");
+                        }
+                        reply["qid"] = task_qid;
+                        let _ = events.send(encode(encoding, &reply)).await;
+                        return;
+                    }
+                };
+                if events.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        self.by_topic.insert(topic.clone(), (name, task));
+        Ok(())
+    }
+
+    fn unwatch(&mut self, qid: &Value) -> Result<Value, ApiError> {
+        let name = qid.to_string();
+        let topic = self
+            .by_topic
+            .iter()
+            .find(|(_, (q, _))| *q == name)
+            .map(|(t, _)| t.clone())
+            .ok_or_else(|| {
+                ApiError::not_found(format!("no topic watch with qid {qid} on this connection"))
+            })?;
+        let (_, task) = self.by_topic.remove(&topic).expect("found above");
+        // Dropping the task's watch unregisters it from the hub.
+        task.abort();
+        Ok(json!({"type": "unwatched", "qid": qid}))
+    }
+
+    fn close_all(&mut self) {
+        for (_, (_, task)) in self.by_topic.drain() {
+            task.abort();
+        }
+    }
+}
+
 fn too_big(len: usize, max: usize) -> ApiError {
     ApiError::limit(format!(
         "message of {len} bytes exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
@@ -388,6 +559,7 @@ enum Pending {
     Now(Value),
     Call(oneshot::Receiver<WriterResult<CallOk>>),
     Mutate(oneshot::Receiver<WriterResult<MutateOk>>),
+    Append(oneshot::Receiver<WriterResult<crate::topics::AppendOk>>),
 }
 
 impl Pending {
@@ -409,6 +581,9 @@ impl Pending {
                 .settle(rx)
                 .await
                 .map(|ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok)})),
+            Pending::Append(rx) => core.settle(rx).await.map(
+                |ok| json!({"type": "result", "seq": ok.seq, "first": ok.first, "last": ok.last}),
+            ),
         };
         match result {
             Ok(mut v) => {
@@ -456,6 +631,23 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
                 .await?;
             Ok(Pending::Mutate(rx))
         }
+        "append" => {
+            let Some(Value::String(topic)) = request.get("topic") else {
+                return Err(ApiError::bad_request("an append needs \"topic\""));
+            };
+            let topic = topic.clone();
+            let records =
+                crate::topics_api::parse_records(request, core.config().append_records_max)?;
+            let rx = core
+                .enqueue(|reply| Request::Append {
+                    topic,
+                    records,
+                    durability: class,
+                    reply,
+                })
+                .await?;
+            Ok(Pending::Append(rx))
+        }
         "query" => {
             let Some(Value::String(sql)) = request.get("sql") else {
                 return Err(ApiError::bad_request("a query needs \"sql\""));
@@ -469,7 +661,7 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
             Ok(Pending::Now(reply))
         }
         other => Err(ApiError::bad_request(format!(
-            "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe or ping"
+            "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe, append, watch, unwatch or ping"
         ))),
     }
 }

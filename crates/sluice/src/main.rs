@@ -130,9 +130,29 @@ struct ServeArgs {
     /// `sluice_alloc_blocks`); costs two shared atomic adds per allocation, so off by default.
     #[arg(long)]
     count_allocations: bool,
-    /// Live subscriptions one WebSocket connection may hold.
+    /// Live subscriptions and topic watches one WebSocket connection may hold.
     #[arg(long, default_value_t = 1024)]
     live_subscriptions_per_connection: usize,
+    /// Most topics in the database.
+    #[arg(long, default_value_t = sluice_engine::Limits::default().topics_max)]
+    max_topics: usize,
+    /// Largest topic record: its data as compact JSON plus its tags, in bytes.
+    #[arg(long, default_value_t = sluice_engine::Limits::default().record_bytes_max)]
+    max_record_bytes: usize,
+    /// Most records in one append.
+    #[arg(long, default_value_t = 10_000)]
+    max_append_records: usize,
+    /// Records a topic keeps when created without `retain_records`.
+    #[arg(long, default_value_t = sluice_engine::Limits::default().topic_retain_records)]
+    topic_retain_records: u64,
+    /// Bytes of records a topic keeps when created without `retain_bytes`, and the most any
+    /// topic may keep.
+    #[arg(long, default_value_t = sluice_engine::Limits::default().topic_retain_bytes)]
+    topic_retain_bytes: u64,
+    /// Records queued for one topic watcher; a watcher that falls this far behind is cut
+    /// off with `lagging` (and the offset to resume from).
+    #[arg(long, default_value_t = 4096)]
+    watch_queue_records: usize,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -180,6 +200,20 @@ impl ServeArgs {
         config.live.idle_ttl = std::time::Duration::from_secs(self.live_ttl_secs);
         config.live_heartbeat = std::time::Duration::from_millis(self.live_heartbeat_ms);
         config.live_subscriptions_per_connection_max = self.live_subscriptions_per_connection;
+        anyhow::ensure!(
+            self.max_record_bytes >= 1
+                && self.max_append_records >= 1
+                && self.topic_retain_records >= 1
+                && self.topic_retain_bytes >= 1
+                && self.watch_queue_records >= 1,
+            "--max-record-bytes, --max-append-records, --topic-retain-records, --topic-retain-bytes and --watch-queue-records must be at least 1"
+        );
+        config.limits.topics_max = self.max_topics;
+        config.limits.record_bytes_max = self.max_record_bytes;
+        config.limits.topic_retain_records = self.topic_retain_records;
+        config.limits.topic_retain_bytes = self.topic_retain_bytes;
+        config.append_records_max = self.max_append_records;
+        config.watch_queue_records = self.watch_queue_records;
         anyhow::ensure!(
             self.log_pending_bytes >= 1 << 16
                 && self.live_handoff_commits >= 1
