@@ -446,7 +446,11 @@ async fn appends_and_watches_over_ws(api: &Api, addr: std::net::SocketAddr, enc:
     let watches: Vec<(&str, Value, &str)> = vec![
         ("an unknown topic", json!({"topic": "nope"}), "not_found"),
         // A name that cannot exist: `not_found` (or `bad_request` naming the rule).
-        ("a bad topic name", json!({"topic": "a b"}), "not_found|bad_request"),
+        (
+            "a bad topic name",
+            json!({"topic": "a b"}),
+            "not_found|bad_request",
+        ),
         (
             "`*` inside a pattern",
             json!({"topic": "t", "tags": ["a*b"]}),
