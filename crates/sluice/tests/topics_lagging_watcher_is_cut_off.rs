@@ -232,7 +232,14 @@ async fn topics_lagging_watcher_is_cut_off() {
     let ended = tokio::time::timeout(WAIT, read_all).await.is_ok();
     if !ended {
         let text = String::from_utf8_lossy(&raw_buf);
-        let tail: String = text.chars().rev().take(600).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = text
+            .chars()
+            .rev()
+            .take(600)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         panic!(
             "the server did not end the lagging SSE watch within {WAIT:?}; {} bytes read, ending with:\n{tail}",
             raw_buf.len()
