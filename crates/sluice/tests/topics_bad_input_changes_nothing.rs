@@ -15,6 +15,33 @@ use serde_json::{json, Value};
 const RECORD_BYTES_MAX: usize = 1000;
 const APPEND_RECORDS_MAX: usize = 10;
 
+/// (what, topic, records, status, code, names in the message).
+type BadAppend = (
+    String,
+    &'static str,
+    Value,
+    u16,
+    &'static str,
+    Vec<&'static str>,
+);
+/// (what, topic name, body, status, code, names in the message).
+type DdlCase = (
+    &'static str,
+    String,
+    Option<Value>,
+    u16,
+    &'static str,
+    Vec<&'static str>,
+);
+/// (what, query pairs, status, code, names in the message).
+type ReadCase = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    u16,
+    &'static str,
+    Vec<&'static str>,
+);
+
 /// Asserts a structured error: `status`, `code`, and a message containing each of `names`.
 fn assert_error(
     what: &str,
@@ -43,14 +70,7 @@ fn rec(tags: Value, data: Value) -> Value {
 
 /// Appends that must be refused over HTTP and both WebSocket encodings:
 /// (what, topic, records, status, code, names in the message).
-fn bad_appends() -> Vec<(
-    String,
-    &'static str,
-    Value,
-    u16,
-    &'static str,
-    Vec<&'static str>,
-)> {
+fn bad_appends() -> Vec<BadAppend> {
     let good = rec(json!(["a"]), json!(1));
     let long_tag = "t".repeat(129);
     let many_tags: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
@@ -253,7 +273,7 @@ async fn topics_bad_input_changes_nothing() {
 
 async fn topic_ddl(api: &Api) {
     let seq = api.health_seq().await;
-    let cases: Vec<(&str, String, Option<Value>, u16, &str, Vec<&str>)> = vec![
+    let cases: Vec<DdlCase> = vec![
         (
             "a name with a space",
             "a%20b".into(),
@@ -549,7 +569,7 @@ async fn appends_and_watches_over_ws(api: &Api, addr: std::net::SocketAddr, enc:
 
 async fn reads_and_watches(api: &Api) {
     // (what, query pairs, status, code, names)
-    let cases: Vec<(&str, Vec<(&str, &str)>, u16, &str, Vec<&str>)> = vec![
+    let cases: Vec<ReadCase> = vec![
         (
             "from past next",
             vec![("from", "1")],

@@ -203,7 +203,15 @@ async fn appender(
     batches: usize,
 ) -> Vec<(u64, Vec<String>, Value)> {
     let mut rng = Rng::new(seed);
-    let mut ws = Ws::connect(addr, if id % 2 == 0 { Enc::Json } else { Enc::MsgPack }).await;
+    let mut ws = Ws::connect(
+        addr,
+        if id.is_multiple_of(2) {
+            Enc::Json
+        } else {
+            Enc::MsgPack
+        },
+    )
+    .await;
     let mut out = Vec::new();
     for b in 0..batches {
         let span = if rng.chance(20) { 60 } else { 8 };
