@@ -9,7 +9,8 @@
 //! receive exactly the records its filter matches — computed here from what was appended,
 //! independently of the server — in offset order, with no gap and no duplicate, and each
 //! record equal to what `GET …/records` pages out. Past retention (a topic with
-//! `retain_records` 5) a read, a watch `from` and a resume get `horizon` with `first`.
+//! `retain_records` 5) a read, a watch `from` and a resume get `horizon` with `first`; and
+//! dropping a topic ends its watches with `not_found`.
 //!
 //! `SLUICE_TEST_SEED` repeats a run's workload; `SLUICE_TOPIC_BATCHES` makes it longer.
 
@@ -642,4 +643,33 @@ async fn horizon(api: &Api, addr: SocketAddr) {
         }
         ws.close().await;
     }
+
+    // Dropping the topic ends its watches with `not_found`.
+    let mut sse = api
+        .watch_sse("small", None, &[], None)
+        .await
+        .expect("a watch");
+    assert_eq!(sse.event().await.event, "watching");
+    let mut ws = Ws::connect(addr, Enc::Json).await;
+    ws.send(json!({"id": 1, "type": "watch", "qid": "d", "topic": "small"}))
+        .await;
+    let (reply, _) = ws.until_reply(1).await;
+    assert_eq!(reply["type"], "watching", "{reply}");
+    let (status, body) = api.delete_topic("small").await;
+    assert_eq!(status, 200, "{body}");
+    let ev = sse.event().await;
+    assert_eq!(ev.event, "error", "{ev:?}");
+    assert_eq!(ev.data["error"]["code"], "not_found", "{ev:?}");
+    assert!(
+        sse.next_event().await.is_none(),
+        "the stream ends after its error"
+    );
+    let m = ws.next().await.expect("an error message");
+    assert_eq!(
+        (&m["type"], &m["qid"]),
+        (&json!("error"), &json!("d")),
+        "{m}"
+    );
+    assert_eq!(m["error"]["code"], "not_found", "{m}");
+    ws.close().await;
 }
