@@ -7,7 +7,9 @@
 //! moment, and restarted on the same data directory, for several cycles. After each restart:
 //! every acknowledged call's row and record are there (the record at the offset the call
 //! returned), no thrown call left anything, and rows and records match one to one — a call in
-//! flight at the kill is either wholly there or wholly absent.
+//! flight at the kill is either wholly there or wholly absent. An SSE watcher follows the
+//! topic across the kills (resuming with `Last-Event-ID`): every record it was sent had
+//! reached `fsync`, so each must be there, unchanged, after the restart.
 //!
 //! `SLUICE_CRASH_CYCLES` sets the number of kill cycles (default 4); `SLUICE_TEST_SEED`
 //! repeats a run's workload and kill moments.
@@ -19,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::topics::Rec;
 use common::{seed, Api, Rng, Server, TempDir};
 use serde_json::{json, Value};
 
@@ -242,9 +245,36 @@ async fn topics_function_appends_and_writes_rows_atomically() {
     // Kill -9 during a stream of acknowledged calls; restart; check; repeat.
     let mut server = Some(server);
     let mut unknown_total = 0;
+    // A watcher follows the topic across the kills, resuming with Last-Event-ID: every
+    // record it was sent had reached fsync, so it must be there after the restart.
+    let mut seen: Vec<(u64, String, Value)> = Vec::new();
     for cycle in 0..cycles {
         let srv = server.take().expect("a running server");
         let api = srv.api();
+        let last_seen = seen.last().map(|s| s.0);
+        let mut sse = api
+            .watch_sse("events", last_seen.is_none().then_some(0), &[], last_seen)
+            .await
+            .unwrap_or_else(|e| panic!("cycle {cycle}: the watch was refused: {e:?}"));
+        let hello = sse.event().await;
+        assert_eq!(hello.event, "watching", "{hello:?}");
+        assert_eq!(
+            hello.data["next"],
+            json!(last_seen.map_or(0, |l| l + 1)),
+            "{hello:?}"
+        );
+        let follower = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(ev) = sse.next_event().await {
+                if ev.event != "record" {
+                    break;
+                }
+                let r = Rec::from_json(&ev.data);
+                let id = r.data["id"].as_str().expect("data.id").to_string();
+                got.push((r.offset, id, json!(r.tags)));
+            }
+            got
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let tasks: Vec<_> = (0..WRITERS)
             .map(|w| tokio::spawn(writer(api.clone(), w, cycle, rng.next_u64(), stop.clone())))
@@ -265,10 +295,29 @@ async fn topics_function_appends_and_writes_rows_atomically() {
             unknown.extend(out.unknown);
         }
         unknown_total += unknown.len();
+        let followed = tokio::time::timeout(Duration::from_secs(60), follower)
+            .await
+            .expect("the watch ends with the process")
+            .expect("the follower");
+        seen.extend(followed);
         let restarted = start(&data, dir.path(), &module);
         let (rows, records) = state(&restarted.api()).await;
         let what = format!("cycle {cycle} (seed {seed})");
         verify(&what, &rows, &records, &acked, &thrown);
+        for (i, (offset, id, tags)) in seen.iter().enumerate() {
+            assert_eq!(
+                *offset, i as u64,
+                "{what}: the watcher saw offsets in order, no gap"
+            );
+            let (rid, _, rtags) = records.get(offset).unwrap_or_else(|| {
+                panic!("{what}: the watcher was sent record {offset} (call {id}), lost by the kill")
+            });
+            assert_eq!(
+                (rid, rtags),
+                (id, tags),
+                "{what}: record {offset} as sent vs recovered"
+            );
+        }
         for id in rows.keys() {
             assert!(
                 acked.contains_key(id) || unknown.contains(id),
@@ -282,10 +331,11 @@ async fn topics_function_appends_and_writes_rows_atomically() {
             }
         }
         eprintln!(
-            "cycle {cycle}: {acked_now} calls acknowledged, {} in flight at the kill; {} rows, {} records",
+            "cycle {cycle}: {acked_now} calls acknowledged, {} in flight at the kill; {} rows, {} records, {} seen by the watcher",
             unknown.len(),
             rows.len(),
-            records.len()
+            records.len(),
+            seen.len()
         );
         server = Some(restarted);
     }
