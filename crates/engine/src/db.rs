@@ -167,8 +167,6 @@ enum Undo {
         key: Key,
         old: Option<RowEntry>,
     },
-    /// Remove the newest record of `topic`, whose last append time was `prev_ts` before.
-    Append { topic: String, prev_ts: i64 },
 }
 
 impl Db {
@@ -747,6 +745,8 @@ pub struct TxState {
     undo: Vec<Undo>,
     changes: Vec<Change>,
     appends: Vec<Appended>,
+    /// For each run in `appends`: its topic's last append time before the run (for undo).
+    appends_prev_ts: Vec<i64>,
     /// Upper bound of the commit record's encoded size so far (see [`Limits::commit_bytes_max`]).
     commit_bytes: usize,
     /// Set once an op was refused for the commit size: the transaction must not commit even
@@ -848,6 +848,17 @@ impl Tx<'_> {
         self.ops().append(topic, tags, data, ts_us)
     }
 
+    /// Appends a record whose data is JSON text. See [`TxRef::append_json_text`].
+    pub fn append_json_text(
+        &mut self,
+        topic: &str,
+        tags: Vec<String>,
+        data: Box<str>,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
+        self.ops().append_json_text(topic, tags, data, ts_us)
+    }
+
     /// Makes the transaction's changes permanent in memory and returns its commit, or
     /// `None` if it changed nothing (it then consumes no seq).
     pub fn commit(mut self) -> Option<Arc<Commit>> {
@@ -869,6 +880,7 @@ impl Db {
             undo: Vec::new(),
             changes: Vec::new(),
             appends: Vec::new(),
+            appends_prev_ts: Vec::new(),
             commit_bytes: COMMIT_HEADER_BYTES_MAX,
             over_limit: None,
         }
@@ -893,6 +905,7 @@ impl Db {
         }
         assert_eq!(st.seq, self.seq + 1, "commits apply in seq order");
         let appends = std::mem::take(&mut st.appends);
+        st.appends_prev_ts.clear();
         // Retention only ever trims committed records, so an undo never has to restore one.
         for a in &appends {
             let t = self
@@ -915,20 +928,21 @@ impl Db {
     /// Undoes every op of `st`, newest first; `st` is left empty.
     pub fn rollback_state(&mut self, st: &mut TxState) {
         st.changes.clear();
-        st.appends.clear();
         st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
         st.over_limit = None;
-        while let Some(undo) = st.undo.pop() {
-            let (table, key, old) = match undo {
-                Undo::Restore { table, key, old } => (table, key, old),
-                Undo::Append { topic, prev_ts } => {
-                    self.topics
-                        .get_mut(&topic)
-                        .expect("topics do not change inside a tx")
-                        .pop_back(prev_ts);
-                    continue;
-                }
-            };
+        // Topics and tables are independent, so their undo orders need not interleave.
+        while let Some(run) = st.appends.pop() {
+            let prev_ts = st.appends_prev_ts.pop().expect("one per run");
+            let t = self
+                .topics
+                .get_mut(&*run.topic)
+                .expect("topics do not change inside a tx");
+            for _ in &run.records {
+                t.pop_back();
+            }
+            t.set_last_ts(prev_ts);
+        }
+        while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
             let t = self
                 .tables
                 .get_mut(&table)
@@ -1096,6 +1110,19 @@ impl TxRef<'_> {
         data: &Json,
         ts_us: i64,
     ) -> Result<u64, TxError> {
+        self.append_json_text(topic_name, tags, data.to_string().into_boxed_str(), ts_us)
+    }
+
+    /// [`TxRef::append`] with `data` already as JSON text (e.g. the raw text of a request,
+    /// which then is not parsed into values and printed again). The caller guarantees that
+    /// `data` is valid JSON.
+    pub fn append_json_text(
+        &mut self,
+        topic_name: &str,
+        tags: Vec<String>,
+        data: Box<str>,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
         if !self.db.topics.contains_key(topic_name) {
             return Err(TxError::new(
                 ErrorCode::NotFound,
@@ -1103,7 +1130,6 @@ impl TxRef<'_> {
             ));
         }
         let tags = topic::check_tags(tags)?;
-        let data = data.to_string();
         let bytes = topic::new_record_bytes(&tags, &data);
         let max = self.db.limits.record_bytes_max;
         if bytes > max as u64 {
@@ -1113,28 +1139,21 @@ impl TxRef<'_> {
             ));
         }
         self.add_commit_bytes(record_bytes_bound(topic_name, &tags, &data))?;
-        let topic = &self.db.topics[topic_name];
-        let record = Arc::new(topic::make_record(
-            topic,
-            self.st.seq,
-            ts_us,
-            tags,
-            data.into_boxed_str(),
-        ));
-        let offset = record.offset;
-        let prev_ts = topic.last_ts_us();
+        let seq = self.st.seq;
         let topic = self.db.topics.get_mut(topic_name).expect("looked up above");
+        let prev_ts = topic.last_ts_us();
+        let record = Arc::new(topic::make_record(topic, seq, ts_us, tags, data));
+        let offset = record.offset;
         topic.push(record.clone());
-        self.st.undo.push(Undo::Append {
-            topic: topic_name.to_string(),
-            prev_ts,
-        });
         match self.st.appends.last_mut() {
             Some(a) if *a.topic == *topic_name => a.records.push(record),
-            _ => self.st.appends.push(Appended {
-                topic: topic.name().clone(),
-                records: vec![record],
-            }),
+            _ => {
+                self.st.appends.push(Appended {
+                    topic: topic.name().clone(),
+                    records: vec![record],
+                });
+                self.st.appends_prev_ts.push(prev_ts);
+            }
         }
         Ok(offset)
     }

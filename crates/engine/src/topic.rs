@@ -431,19 +431,22 @@ impl Topic {
         self.records.push_back(record);
     }
 
-    /// Undoes the newest append (a rolled-back transaction); `prev_ts` is the topic's last
-    /// append time before it.
-    pub(crate) fn pop_back(&mut self, prev_ts: i64) {
+    /// Undoes the newest append (a rolled-back transaction); the caller then restores the
+    /// last append time with [`Topic::set_last_ts`].
+    pub(crate) fn pop_back(&mut self) {
         let r = self.records.pop_back().expect("undo follows an append");
         for t in r.tags.iter() {
             self.tags.pop(t, r.offset, false);
         }
         self.bytes -= r.bytes();
         self.next -= 1;
-        self.last_ts_us = prev_ts;
         if self.records.is_empty() {
             self.first = self.next;
         }
+    }
+
+    pub(crate) fn set_last_ts(&mut self, ts_us: i64) {
+        self.last_ts_us = ts_us;
     }
 
     /// Drops records from the front by count and bytes, and — when `now_us` is given and the
@@ -659,10 +662,11 @@ mod tests {
         let mut t = Topic::new("t", cfg(10, 1 << 20, 0));
         push(&mut t, &["a"], 10);
         push(&mut t, &["a", "b"], 20);
-        t.pop_back(10);
+        t.pop_back();
+        t.set_last_ts(10);
         assert_eq!((t.next(), t.last_ts_us()), (1, 10));
         assert!(t.tags().lookup_exact("b").is_none());
-        t.pop_back(i64::MIN);
+        t.pop_back();
         assert_eq!((t.first(), t.next(), t.bytes()), (0, 0, 0));
     }
 

@@ -95,11 +95,35 @@ pub struct AppendOk {
     pub last: u64,
 }
 
-/// One record to append: its tags and data.
+/// One record to append: its tags and its data as JSON text.
 #[derive(Clone, Debug)]
 pub struct NewRecord {
     pub tags: Vec<String>,
-    pub data: Json,
+    /// Valid JSON without raw line breaks (they would split an SSE `data:` line): see
+    /// [`NewRecord::from_raw`].
+    pub data: Box<str>,
+}
+
+impl NewRecord {
+    pub fn new(tags: Vec<String>, data: &Json) -> Self {
+        NewRecord {
+            tags,
+            data: data.to_string().into_boxed_str(),
+        }
+    }
+
+    /// From the raw JSON text of a request, kept as it is unless it has line breaks (only
+    /// possible as whitespace between tokens), which are printed away.
+    pub fn from_raw(tags: Vec<String>, data: &serde_json::value::RawValue) -> Self {
+        let text = data.get();
+        let data = if text.bytes().any(|b| b == b'\n' || b == b'\r') {
+            let value: Json = serde_json::from_str(text).expect("RawValue holds valid JSON");
+            value.to_string().into_boxed_str()
+        } else {
+            text.into()
+        };
+        NewRecord { tags, data }
+    }
 }
 
 /// A page of `GET /v1/topics/{name}/records`.

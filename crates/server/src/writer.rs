@@ -605,7 +605,7 @@ fn append(
     let mut last = 0;
     for (i, r) in records.into_iter().enumerate() {
         let offset = tx
-            .append(topic, r.tags, &r.data, ts_us)
+            .append_json_text(topic, r.tags, r.data, ts_us)
             .map_err(|e| e.at_op(i))?;
         first.get_or_insert(offset);
         last = offset;
