@@ -229,6 +229,17 @@ pub struct Sse {
 impl Sse {
     /// The next event (heartbeats skipped), or `None` when the stream ends.
     pub async fn next_event(&mut self) -> Option<Event> {
+        let (event, id, data) = self.next_raw_event().await?;
+        Some(Event {
+            event,
+            id,
+            data: serde_json::from_str(&data)
+                .unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {data:?}")),
+        })
+    }
+
+    /// The next event with its data as text: (event, id, data).
+    pub async fn next_raw_event(&mut self) -> Option<(String, Option<String>, String)> {
         loop {
             if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
                 let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
@@ -250,13 +261,11 @@ impl Sse {
                 if event.is_none() && id.is_none() && data.is_empty() {
                     continue; // a heartbeat
                 }
-                let data = data.join("\n");
-                return Some(Event {
-                    event: event.unwrap_or_else(|| "message".into()),
+                return Some((
+                    event.unwrap_or_else(|| "message".into()),
                     id,
-                    data: serde_json::from_str(&data)
-                        .unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {data:?}")),
-                });
+                    data.join("\n"),
+                ));
             }
             let chunk = tokio::time::timeout(WAIT, self.response.chunk())
                 .await
@@ -325,11 +334,18 @@ impl Ws {
                 Some(Err(_)) | None => return None,
             };
             match (message, self.enc) {
+                // A message the client cannot decode comes back as `{"undecodable": …}`, so
+                // a test can report it beside its other findings.
                 (Message::Text(t), Enc::Json) => {
-                    return Some(serde_json::from_str(&t).expect("a JSON message"))
+                    return Some(serde_json::from_str(&t).unwrap_or_else(
+                        |e| json!({"undecodable": format!("{e}: {}", t.as_str())}),
+                    ))
                 }
                 (Message::Binary(b), Enc::MsgPack) => {
-                    return Some(rmp_serde::from_slice(&b).expect("a MessagePack message"))
+                    return Some(
+                        rmp_serde::from_slice(&b)
+                            .unwrap_or_else(|e| json!({"undecodable": format!("{e}: {b:?}")})),
+                    )
                 }
                 (Message::Close(_), _) => return None,
                 (Message::Ping(_) | Message::Pong(_) | Message::Frame(_), _) => continue,
