@@ -4,7 +4,9 @@
 //! bad topic names, bad record tags (`*`, empty, over 128 bytes, over 16 tags), an oversized
 //! record (`--max-record-bytes`) and batch (`--max-append-records`), a bad record inside a good
 //! batch, bad offsets (past `next`, negative, not a number), bad filters and bad retention —
-//! over HTTP, SSE and both WebSocket encodings.
+//! over HTTP, SSE and both WebSocket encodings — plus `--max-topics`, one watch per topic
+//! per connection, `--live-subscriptions-per-connection`, and PUTs that change nothing
+//! taking no seq.
 
 mod common;
 
@@ -236,6 +238,8 @@ async fn topics_bad_input_changes_nothing() {
             "100000",
             "--max-topics",
             "2",
+            "--live-subscriptions-per-connection",
+            "1",
         ],
     );
     let api = server.api();
@@ -249,6 +253,8 @@ async fn topics_bad_input_changes_nothing() {
     }
     reads_and_watches(&api).await;
 
+    let (s, b) = api.delete_topic("second").await;
+    assert_eq!(s, 200, "{b}");
     // Nothing was appended or created by any of it.
     let topics = api.topics().await;
     assert_eq!(topics.keys().collect::<Vec<_>>(), vec!["t"], "{topics:?}");
@@ -379,20 +385,55 @@ async fn topic_ddl(api: &Api) {
         "limit",
         &["--max-topics"],
     );
-    let (s, b) = api.delete_topic("second").await;
-    assert_eq!(s, 200, "{b}");
-    let (s, b) = api.delete_topic("second").await;
+    let (s, b) = api.delete_topic("nope").await;
     assert_error(
         "DELETE an unknown topic",
         s,
         &b,
         404,
         "not_found",
-        &["second"],
+        &["nope"],
     );
     let (s, b) = api.get("/v1/topics/nope").await;
     assert_error("GET an unknown topic", s, &b, 404, "not_found", &["nope"]);
-    // Only the PUT and DELETE of "second" took seqs.
+    // A PUT that changes nothing takes no seq; a change answers created: false.
+    let (s, b) = api.put_topic("t", None).await;
+    assert_eq!(
+        (s, &b["seq"], &b["created"]),
+        (200, &Value::Null, &json!(false)),
+        "{b}"
+    );
+    let (s, b) = api
+        .put_topic("t", Some(&json!({"retain_records": 10})))
+        .await;
+    assert_eq!((s, &b["created"]), (200, &json!(false)), "{b}");
+    assert!(b["seq"].as_u64().is_some(), "a change takes a seq: {b}");
+    assert_eq!(b["topic"]["retain_records"], 10, "{b}");
+    let (s, b) = api
+        .put_topic("t", Some(&json!({"retain_records": 10})))
+        .await;
+    assert_eq!(
+        (s, &b["seq"]),
+        (200, &Value::Null),
+        "the same retention again: {b}"
+    );
+    let info = api.get_ok("/v1/topics/t").await;
+    for field in [
+        "name",
+        "first",
+        "next",
+        "records",
+        "bytes",
+        "retain_records",
+        "retain_bytes",
+        "retain_secs",
+    ] {
+        assert!(
+            info.get(field).is_some(),
+            "GET /v1/topics/t has {field}: {info}"
+        );
+    }
+    // Only the PUT of "second" and the retention change took seqs.
     assert_eq!(api.health_seq().await, seq + 2);
 }
 
@@ -558,6 +599,34 @@ async fn appends_and_watches_over_ws(api: &Api, addr: std::net::SocketAddr, enc:
         .await;
     let (reply, _) = ws.until_reply(id).await;
     assert_eq!(reply["type"], "error", "unwatch of an unknown qid: {reply}");
+    // --live-subscriptions-per-connection 1: a watch of another topic is one too many …
+    id += 1;
+    ws.send(json!({"id": id, "type": "watch", "qid": "w2", "topic": "second"}))
+        .await;
+    let (reply, _) = ws.until_reply(id).await;
+    assert_error(
+        &format!("{enc:?}: a watch over --live-subscriptions-per-connection"),
+        0,
+        &reply,
+        0,
+        "limit",
+        &["--live-subscriptions-per-connection"],
+    );
+    // … until the first one is unwatched.
+    id += 1;
+    ws.send(json!({"id": id, "type": "unwatch", "qid": "ok"}))
+        .await;
+    let (reply, _) = ws.until_reply(id).await;
+    assert_eq!(
+        (&reply["type"], &reply["qid"]),
+        (&json!("unwatched"), &json!("ok")),
+        "{reply}"
+    );
+    id += 1;
+    ws.send(json!({"id": id, "type": "watch", "qid": "w2", "topic": "second"}))
+        .await;
+    let (reply, _) = ws.until_reply(id).await;
+    assert_eq!(reply["type"], "watching", "{reply}");
     // The connection still works.
     id += 1;
     ws.send(json!({"id": id, "type": "ping"})).await;
