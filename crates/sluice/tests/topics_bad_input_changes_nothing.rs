@@ -520,13 +520,11 @@ async fn appends_and_watches_over_ws(api: &Api, addr: std::net::SocketAddr, enc:
             .await;
         // A frame over --max-body-bytes is not decoded, so its error has "id": null
         // (docs/protocol.md "Errors").
-        let reply = loop {
-            let m = ws.next().await.expect("a reply");
-            if m["id"] == json!(id) || (m["id"].is_null() && m["type"] == "error") {
-                break m;
-            }
-            panic!("{enc:?} append: {what}: an unexpected message {m}");
-        };
+        let reply = ws.next().await.expect("a reply");
+        assert!(
+            reply["id"] == json!(id) || (reply["id"].is_null() && reply["type"] == "error"),
+            "{enc:?} append: {what}: an unexpected message {reply}"
+        );
         assert_eq!(reply["type"], "error", "{enc:?} append: {what}: {reply}");
         assert_error(
             &format!("{enc:?} append: {what}"),
