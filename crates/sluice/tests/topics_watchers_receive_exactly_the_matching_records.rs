@@ -10,7 +10,7 @@
 //! independently of the server — in offset order, with no gap and no duplicate, and each
 //! record equal to what `GET …/records` pages out. Past retention (a topic with
 //! `retain_records` 5) a read, a watch `from` and a resume get `horizon` with `first`; and
-//! dropping a topic ends its watches with `not_found`.
+//! dropping a topic ends its watches with `not_found`, and SIGTERM with `shutting_down`.
 //!
 //! `SLUICE_TEST_SEED` repeats a run's workload; `SLUICE_TOPIC_BATCHES` makes it longer.
 
@@ -481,7 +481,32 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
     );
 
     horizon(&api, addr).await;
-    drop(server);
+
+    // A graceful shutdown ends the watches with `shutting_down`.
+    let mut sse = api
+        .watch_sse("feed", None, &[], None)
+        .await
+        .expect("a watch");
+    assert_eq!(sse.event().await.event, "watching");
+    let mut ws = Ws::connect(addr, Enc::MsgPack).await;
+    ws.send(json!({"id": 1, "type": "watch", "qid": "s", "topic": "feed"}))
+        .await;
+    assert_eq!(ws.until_reply(1).await.0["type"], "watching");
+    server.signal_term();
+    let ev = sse.event().await;
+    assert_eq!(ev.event, "error", "{ev:?}");
+    assert_eq!(ev.data["error"]["code"], "shutting_down", "{ev:?}");
+    assert!(
+        sse.next_event().await.is_none(),
+        "the stream ends after its error"
+    );
+    // The WebSocket is closed (1001, docs/protocol.md); a watch error may come first.
+    while let Some(m) = ws.next().await {
+        assert_eq!(m["type"], "error", "after SIGTERM: {m}");
+        assert_eq!(m["error"]["code"], "shutting_down", "{m}");
+    }
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
 }
 
 /// Every record of `topic` matching `tags`, following `next` with random page sizes; checks
