@@ -544,7 +544,7 @@ impl Reader<'_> {
         for _ in 0..n {
             let t = self.string()?;
             check_tag(&t).map_err(|e| e.message)?;
-            tags.push(t.into_boxed_str());
+            tags.push(std::sync::Arc::<str>::from(t));
         }
         let data = self.string()?;
         if serde_json::from_str::<&serde_json::value::RawValue>(&data).is_err() {

@@ -1142,6 +1142,7 @@ impl TxRef<'_> {
         let seq = self.st.seq;
         let topic = self.db.topics.get_mut(topic_name).expect("looked up above");
         let prev_ts = topic.last_ts_us();
+        let tags = tags.iter().map(|t| topic.intern(t)).collect();
         let record = Arc::new(topic::make_record(topic, seq, ts_us, tags, data));
         let offset = record.offset;
         topic.push(record.clone());
@@ -1243,7 +1244,7 @@ const COMMIT_HEADER_BYTES_MAX: usize = 1 + 8 + 10 + 10;
 /// An upper bound of one appended record's encoded size in a commit record: its topic's
 /// name, offset and record count (as if every record opened its own topic run), time, tags
 /// and data, each with its largest length prefix.
-fn record_bytes_bound(topic: &str, tags: &[Box<str>], data: &str) -> usize {
+fn record_bytes_bound(topic: &str, tags: &[String], data: &str) -> usize {
     const VARINT_MAX: usize = 10;
     let tags: usize = tags.iter().map(|t| VARINT_MAX + t.len()).sum();
     4 * VARINT_MAX + topic.len() + VARINT_MAX + VARINT_MAX + tags + VARINT_MAX + data.len()

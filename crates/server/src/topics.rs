@@ -47,6 +47,8 @@ pub(crate) const HUB_FEED_ROUNDS_MAX: usize = 4096;
 pub struct TopicInfo {
     pub name: String,
     pub first: u64,
+    /// The newest offset, `None` while the topic never had a record.
+    pub last: Option<u64>,
     pub next: u64,
     pub records: u64,
     pub bytes: u64,
@@ -61,6 +63,7 @@ impl TopicInfo {
         TopicInfo {
             name: t.name().to_string(),
             first: t.first(),
+            last: t.next().checked_sub(1),
             next: t.next(),
             records: t.len() as u64,
             bytes: t.bytes(),
@@ -176,6 +179,7 @@ pub(crate) fn apply_topic_op(
                 topic: TopicInfo {
                     name,
                     first: 0,
+                    last: None,
                     next: 0,
                     records: 0,
                     bytes: 0,
@@ -228,7 +232,7 @@ impl WireRecord {
         out.push_str(",\"ts\":");
         out.push_str(&r.ts_us.to_string());
         out.push_str(",\"tags\":");
-        out.push_str(&serde_json::to_string(&r.tags).expect("strings serialize"));
+        out.push_str(&serde_json::to_string(&tag_strs(&r.tags)).expect("strings serialize"));
         out.push_str(",\"data\":");
         out.push_str(&r.data);
     }
@@ -271,8 +275,12 @@ impl WireRecord {
     /// The record as a JSON value (read pages).
     pub fn json(record: &Record) -> Json {
         let data: Json = serde_json::from_str(&record.data).unwrap_or(Json::Null);
-        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": record.tags, "data": data})
+        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": tag_strs(&record.tags), "data": data})
     }
+}
+
+fn tag_strs(tags: &[sluice_engine::topic::Tag]) -> Vec<&str> {
+    tags.iter().map(|t| &**t).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -526,7 +534,7 @@ impl Hub {
                 targets.clear();
                 targets.extend_from_slice(&routes.all);
                 for tag in record.tags.iter() {
-                    if let Some(list) = routes.exact.get(tag) {
+                    if let Some(list) = routes.exact.get(&**tag) {
                         targets.extend_from_slice(list);
                     }
                     for (&len, _) in routes.prefix_lens.range(..=tag.len()) {
