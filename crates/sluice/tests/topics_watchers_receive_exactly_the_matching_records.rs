@@ -3,7 +3,8 @@
 //!
 //! Watchers with no filter, exact filters and prefix filters are registered; then two
 //! appenders send batches of records with mixed tags, in every durability class, over HTTP
-//! and over the WebSocket `append`. Each watcher drops its connection on purpose now and
+//! and over the WebSocket `append` (and some of the same batches to another topic, which
+//! must reach none of these watchers). Each watcher drops its connection on purpose now and
 //! then and resumes (SSE: `Last-Event-ID`, sometimes with a conflicting `from` it must
 //! ignore, or `from`; WS: `from`). A late watcher joins with `from` in the middle. Each must
 //! receive exactly the records its filter matches — computed here from what was appended,
@@ -241,6 +242,10 @@ async fn appender(
         let durability = *DURABILITIES
             .get(rng.below(DURABILITIES.len() as u64) as usize)
             .unwrap();
+        if rng.chance(30) {
+            // The same records to another topic: they must reach no watcher of `feed`.
+            api.append_ok("other", &json!(body), durability).await;
+        }
         let (first, last) = if rng.chance(50) {
             api.append_ok("feed", &json!(body), durability).await
         } else {
@@ -327,6 +332,8 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
     let (status, body) = api.put_topic("feed", None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["created"], true, "{body}");
+    let (status, body) = api.put_topic("other", None).await;
+    assert_eq!(status, 200, "{body}");
 
     // Every watcher registers before the first append, so one without `from` starts at 0.
     let specs = watcher_specs(&mut rng);
