@@ -67,7 +67,7 @@ async fn open_watch(
     spec: &Spec,
     last_seen: Option<u64>,
     expect_next: Option<u64>,
-) -> Conn {
+) -> (Conn, u64) {
     let what = format!("watcher {} (last seen {last_seen:?})", spec.name);
     let (conn, next) = match spec.transport {
         Transport::Sse => {
@@ -119,7 +119,7 @@ async fn open_watch(
     if let Some(want) = last_seen.map(|l| l + 1).or(expect_next) {
         assert_eq!(next, want, "{what}: the offset the watch starts from");
     }
-    conn
+    (conn, next)
 }
 
 /// The next record of a connection (its other messages are errors of the test).
@@ -157,7 +157,7 @@ async fn run_watcher(
     api: Api,
     addr: SocketAddr,
     spec: Spec,
-    ready: tokio::sync::oneshot::Sender<()>,
+    ready: tokio::sync::oneshot::Sender<u64>,
     expect_next: Option<u64>,
 ) -> Vec<Rec> {
     let mut got: Vec<Rec> = Vec::new();
@@ -165,9 +165,9 @@ async fn run_watcher(
     let mut drops = spec.drop_at.iter().copied().peekable();
     loop {
         let last_seen = got.last().map(|r| r.offset);
-        let mut conn = open_watch(&api, addr, &spec, last_seen, expect_next).await;
+        let (mut conn, next) = open_watch(&api, addr, &spec, last_seen, expect_next).await;
         if let Some(r) = ready.take() {
-            let _ = r.send(());
+            let _ = r.send(next);
         }
         loop {
             let what = format!("watcher {} after {} records", spec.name, got.len());
@@ -380,6 +380,31 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
         Some(late_from),
     ));
     rx.await.expect("the late watcher registered");
+    // More watchers join at random moments, with random filters and transports, half of
+    // them with `from` (replay, then live), half without (from the next record).
+    let mut joiners = Vec::new();
+    let all_specs = watcher_specs(&mut rng);
+    for k in 0..8 {
+        tokio::time::sleep(std::time::Duration::from_millis(rng.below(40))).await;
+        let next = api.topics().await["feed"]["next"].as_u64().unwrap();
+        let mut spec = all_specs[rng.below(all_specs.len() as u64) as usize].clone();
+        spec.from = rng.chance(50).then(|| rng.below(next + 1));
+        spec.name = format!(
+            "joiner {k} {:?} {:?} from {:?}",
+            spec.transport, spec.tags, spec.from
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(run_watcher(api.clone(), addr, spec.clone(), tx, spec.from));
+        let start = rx.await.expect("the joiner registered");
+        if spec.from.is_none() {
+            assert!(
+                start >= next,
+                "{}: a watch without from starts at the next record",
+                spec.name
+            );
+        }
+        joiners.push((spec, task, start));
+    }
     let late_ws = Spec {
         name: format!("late WS from {late_from}"),
         transport: Transport::Ws(Enc::MsgPack),
@@ -451,6 +476,7 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
         .collect();
     tasks.push((late, late_task, late_from));
     tasks.push((late_ws, late_ws_task, late_from));
+    tasks.extend(joiners);
     let mut delivered = 0;
     for (spec, task, from) in tasks {
         let got = task
