@@ -32,6 +32,18 @@ export function note(tx, { id, writer, fail }) {
   if (fail) throw new Error("after_both: failing on purpose after the insert and the append");
   return offset;
 }
+export function append_to_unknown(tx, { id }) {
+  tx.insert("notes", { id, writer: 7 });
+  return tx.append("nope", { data: { id } });
+}
+export function append_too_big(tx, { id }) {
+  tx.insert("notes", { id, writer: 7 });
+  return tx.append("events", { tags: ["note"], data: "x".repeat(2000000) });
+}
+export function append_bad_tag(tx, { id }) {
+  tx.insert("notes", { id, writer: 7 });
+  return tx.append("events", { tags: ["room:*"], data: 1 });
+}
 "#;
 
 const WRITERS: u64 = 4;
@@ -235,6 +247,31 @@ async fn topics_function_appends_and_writes_rows_atomically() {
             );
             acked.insert(id, acked.len() as u64);
         }
+    }
+    // A refused append inside a function refuses the whole call, naming why.
+    for (name, code, names) in [
+        ("append_to_unknown", "not_found", vec!["nope"]),
+        ("append_too_big", "limit", vec!["--max-record-bytes"]),
+        ("append_bad_tag", "bad_request", vec!["room:*"]),
+    ] {
+        let id = format!("refused-{name}");
+        let (status, body) = api
+            .try_post(&format!("/v1/call/{name}"), &json!({"args": {"id": id}}))
+            .await
+            .expect("a response");
+        assert_ne!(status, 200, "{name}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            body["error"]["code"] == code || body["error"]["code"] == "function_error",
+            "{name}: {body}"
+        );
+        for n in names {
+            assert!(
+                message.contains(n),
+                "{name}: the message names {n:?}: {body}"
+            );
+        }
+        thrown.insert(id);
     }
     let (rows, records) = state(&api).await;
     assert_eq!(rows.len(), 20);
