@@ -268,6 +268,25 @@ async fn appender(
             n as u64,
             "appender {id}: a batch of {n} gets {n} consecutive offsets"
         );
+        if rng.chance(20) {
+            // Acknowledged means readable, whatever the durability class.
+            let (f, l) = (first.to_string(), (last + 1 - first).to_string());
+            let (status, page) = api
+                .read_records("feed", &[("from", f.as_str()), ("limit", l.as_str())])
+                .await;
+            assert_eq!(status, 200, "{page}");
+            let got: Vec<Value> = page["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["data"].clone())
+                .collect();
+            let want: Vec<Value> = records.iter().map(|(_, d)| d.clone()).collect();
+            assert_eq!(
+                got, want,
+                "appender {id}: batch {first}..={last} read after its reply ({durability:?})"
+            );
+        }
         for (k, (tags, data)) in records.into_iter().enumerate() {
             out.push((first + k as u64, tags, data));
         }
