@@ -547,7 +547,9 @@ impl Reader<'_> {
             tags.push(std::sync::Arc::<str>::from(t));
         }
         let data = self.string()?;
-        if serde_json::from_str::<&serde_json::value::RawValue>(&data).is_err() {
+        // The same check as an append's: the data must parse as a value (not just as JSON
+        // syntax), so every reader can serve it.
+        if serde_json::from_str::<serde_json::Value>(&data).is_err() {
             return Err("a record whose data is not JSON".into());
         }
         Ok(Record {

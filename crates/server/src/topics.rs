@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 use sluice_engine::{Commit, CommitBody, Record, TagFilter, TopicChange, TopicConfig, TxError};
 use sluice_log::Durability;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use crate::core::Core;
 use crate::error::CoreError;
@@ -115,17 +115,22 @@ impl NewRecord {
         }
     }
 
-    /// From the raw JSON text of a request, kept as it is unless it has line breaks (only
-    /// possible as whitespace between tokens), which are printed away.
-    pub fn from_raw(tags: Vec<String>, data: &serde_json::value::RawValue) -> Self {
+    /// From the raw JSON text of a request. The text must parse as a JSON value the way
+    /// every reader will parse it (a number beyond f64, a lone surrogate escape are refused
+    /// here rather than served as something else later); it is kept as it is unless it has
+    /// line breaks (only possible as whitespace between tokens), which are printed away.
+    pub fn from_raw(
+        tags: Vec<String>,
+        data: &serde_json::value::RawValue,
+    ) -> Result<Self, serde_json::Error> {
         let text = data.get();
+        let value: Json = serde_json::from_str(text)?;
         let data = if text.bytes().any(|b| b == b'\n' || b == b'\r') {
-            let value: Json = serde_json::from_str(text).expect("RawValue holds valid JSON");
             value.to_string().into_boxed_str()
         } else {
             text.into()
         };
-        NewRecord { tags, data }
+        Ok(NewRecord { tags, data })
     }
 }
 
@@ -294,12 +299,12 @@ enum Ended {
     Poisoned(String),
 }
 
-/// Shared between the hub and one watch: set once, read by the watch's task.
+/// Shared between the hub and one watch: set once, read by the watch's task. The hub sets
+/// it and then drops the watch's queue sender, so a waiting watch wakes to a closed queue.
 #[derive(Default)]
 struct EndSlot {
     ended: AtomicBool,
     why: Mutex<Option<Ended>>,
-    notify: Notify,
 }
 
 impl EndSlot {
@@ -308,7 +313,6 @@ impl EndSlot {
         if slot.is_none() {
             *slot = Some(why);
             self.ended.store(true, Ordering::Release);
-            self.notify.notify_one();
         }
     }
 }
@@ -501,15 +505,27 @@ impl Hub {
                 }
                 TopicChange::Put { .. } => {}
                 TopicChange::Drop { name } => {
-                    if let Some(routes) = st.topics.remove(name.as_str()) {
-                        if routes.watchers > 0 {
-                            for (t, slot) in st.slots.iter().flatten() {
-                                if **t == **name {
+                    if st.topics.get(name.as_str()).is_some_and(|r| r.watchers > 0) {
+                        let ids: Vec<usize> = st
+                            .slots
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(id, s)| match s {
+                                Some((t, slot)) if **t == **name => {
                                     slot.end.end(Ended::Dropped);
+                                    Some(id)
                                 }
-                            }
+                                _ => None,
+                            })
+                            .collect();
+                        for id in &ids {
+                            Self::remove_locked(&mut st, *id);
                         }
+                        self.counters
+                            .watchers
+                            .fetch_sub(ids.len() as u64, Ordering::Relaxed);
                     }
+                    st.topics.remove(name.as_str());
                 }
             }
         }
@@ -586,9 +602,15 @@ impl Hub {
     fn poison(&self, reason: String) {
         let mut st = self.state.lock();
         st.poisoned = Some(reason.clone());
-        for (_, slot) in st.slots.iter().flatten() {
-            slot.end.end(Ended::Poisoned(reason.clone()));
+        let mut removed = 0;
+        for id in 0..st.slots.len() {
+            if let Some((_, slot)) = &st.slots[id] {
+                slot.end.end(Ended::Poisoned(reason.clone()));
+                Self::remove_locked(&mut st, id);
+                removed += 1;
+            }
         }
+        self.counters.watchers.fetch_sub(removed, Ordering::Relaxed);
     }
 }
 
@@ -708,16 +730,13 @@ impl Watch {
                 self.replay_page()?;
                 continue;
             }
-            tokio::select! {
-                r = self.queue.recv() => match r {
-                    Some(r) if r.offset() < self.next => continue,
-                    Some(r) => {
-                        self.next = r.offset() + 1;
-                        return Ok(r);
-                    }
-                    None => return Err(self.ended()),
-                },
-                _ = self.end.notify.notified() => continue,
+            match self.queue.recv().await {
+                Some(r) if r.offset() < self.next => continue,
+                Some(r) => {
+                    self.next = r.offset() + 1;
+                    return Ok(r);
+                }
+                None => return Err(self.ended()),
             }
         }
     }

@@ -189,11 +189,17 @@ fn append_body(
     check_count(items.len(), records_max)?;
     let records = items
         .into_iter()
-        .map(|r| match r.data {
-            Some(data) => NewRecord::from_raw(r.tags.unwrap_or_default(), data),
-            None => NewRecord::new(r.tags.unwrap_or_default(), &Value::Null),
+        .enumerate()
+        .map(|(i, r)| match r.data {
+            Some(data) => NewRecord::from_raw(r.tags.unwrap_or_default(), data).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the data of record {i} is not a JSON value Sluice can keep: {e}"
+                ))
+                .with("op", i)
+            }),
+            None => Ok(NewRecord::new(r.tags.unwrap_or_default(), &Value::Null)),
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok((records, durability))
 }
 
