@@ -6,7 +6,8 @@
 //! and over the WebSocket `append` (and some of the same batches to another topic, which
 //! must reach none of these watchers). Each watcher drops its connection on purpose now and
 //! then and resumes (SSE: `Last-Event-ID`, sometimes with a conflicting `from` it must
-//! ignore, or `from`; WS: `from`). A late watcher joins with `from` in the middle. Each must
+//! ignore, or `from`; WS: `from`, on a new connection or after `unwatch` on the same one).
+//! Late watchers join at random moments, with and without `from`. Each must
 //! receive exactly the records its filter matches — computed here from what was appended,
 //! independently of the server — in offset order, with no gap and no duplicate, and each
 //! record equal to what `GET …/records` pages out. Past retention (a topic with
@@ -67,6 +68,7 @@ async fn open_watch(
     spec: &Spec,
     last_seen: Option<u64>,
     expect_next: Option<u64>,
+    reuse: Option<Ws>,
 ) -> (Conn, u64) {
     let what = format!("watcher {} (last seen {last_seen:?})", spec.name);
     let (conn, next) = match spec.transport {
@@ -90,7 +92,10 @@ async fn open_watch(
             (Conn::Sse(sse), next)
         }
         Transport::Ws(enc) => {
-            let mut ws = Ws::connect(addr, enc).await;
+            let mut ws = match reuse {
+                Some(ws) => ws,
+                None => Ws::connect(addr, enc).await,
+            };
             let mut req = json!({"id": 1, "type": "watch", "qid": "w", "topic": "feed"});
             if let Some(f) = last_seen.map(|l| l + 1).or(spec.from) {
                 req["from"] = json!(f);
@@ -163,9 +168,11 @@ async fn run_watcher(
     let mut got: Vec<Rec> = Vec::new();
     let mut ready = Some(ready);
     let mut drops = spec.drop_at.iter().copied().peekable();
+    let mut reuse: Option<Ws> = None;
     loop {
         let last_seen = got.last().map(|r| r.offset);
-        let (mut conn, next) = open_watch(&api, addr, &spec, last_seen, expect_next).await;
+        let (mut conn, next) =
+            open_watch(&api, addr, &spec, last_seen, expect_next, reuse.take()).await;
         if let Some(r) = ready.take() {
             let _ = r.send(next);
         }
@@ -184,6 +191,35 @@ async fn run_watcher(
                 drops.next();
                 break; // drop the connection on purpose; resume on the next turn
             }
+        }
+        // Some WebSocket watchers `unwatch` and watch again on the same connection instead:
+        // records sent before the `unwatched` reply still count, none may follow it.
+        if let (Conn::Ws(mut ws), SseResume::LastEventIdOverFrom) = (conn, &spec.resume) {
+            ws.send(json!({"id": 2, "type": "unwatch", "qid": "w"}))
+                .await;
+            loop {
+                let m = ws.next().await.expect("the unwatch reply");
+                if m["id"] == 2 {
+                    assert_eq!(
+                        (&m["type"], &m["qid"]),
+                        (&json!("unwatched"), &json!("w")),
+                        "{m}"
+                    );
+                    break;
+                }
+                assert_eq!(
+                    m["type"], "record",
+                    "watcher {}: before unwatched: {m}",
+                    spec.name
+                );
+                let rec = Rec::from_json(&m);
+                let end = rec.data["end"] == json!(true);
+                got.push(rec);
+                if end {
+                    return got;
+                }
+            }
+            reuse = Some(ws);
         }
     }
 }
