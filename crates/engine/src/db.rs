@@ -131,6 +131,12 @@ pub enum TopicChange {
     Drop {
         name: String,
     },
+    /// Records below `first` were dropped for the topic's age limit (`retain_secs`): logged,
+    /// because the clock that decided it does not replay.
+    Trim {
+        name: String,
+        first: u64,
+    },
 }
 
 /// A committed transaction: the unit of the changelog, the log and replication.
@@ -167,8 +173,6 @@ enum Undo {
         key: Key,
         old: Option<RowEntry>,
     },
-    /// Remove the newest record of `topic`, whose last append time was `prev_ts` before.
-    Append { topic: String, prev_ts: i64 },
 }
 
 impl Db {
@@ -300,15 +304,36 @@ impl Db {
         Ok(self.push_commit(CommitBody::Topic(change)))
     }
 
-    /// Drops records past their topic's age limit (`retain_secs`) as of `now_us`; returns
-    /// how many. Not a commit: the horizon of a topic only moves forward, and recovery trims
-    /// again by the clock it starts with.
+    /// [`Db::expire_topics`], counting the records dropped instead of returning the commits
+    /// (which are in the changelog all the same).
     pub fn trim_topics(&mut self, now_us: i64) -> u64 {
-        self.topics
-            .values_mut()
-            .filter(|t| t.config().retain_secs > 0)
-            .map(|t| t.trim(Some(now_us)))
-            .sum()
+        let before: u64 = self.topics.values().map(|t| t.len() as u64).sum();
+        self.expire_topics(now_us);
+        before - self.topics.values().map(|t| t.len() as u64).sum::<u64>()
+    }
+
+    /// Whether some topic holds records past its age limit at `now_us`.
+    pub fn topics_expired(&self, now_us: i64) -> bool {
+        self.topics.values().any(|t| t.has_expired(now_us))
+    }
+
+    /// Drops records past their topic's age limit (`retain_secs`) as of `now_us`: one
+    /// `Trim` commit per topic that dropped any (the clock does not replay; the log does).
+    pub fn expire_topics(&mut self, now_us: i64) -> Vec<Arc<Commit>> {
+        let expired: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| t.has_expired(now_us))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut commits = Vec::with_capacity(expired.len());
+        for name in expired {
+            let t = self.topics.get_mut(&name).expect("listed above");
+            t.trim(Some(now_us));
+            let first = t.first();
+            commits.push(self.push_commit(CommitBody::Topic(TopicChange::Trim { name, first })));
+        }
+        commits
     }
 
     fn check_topic_config(&self, c: &TopicConfig) -> Result<(), TxError> {
@@ -367,6 +392,13 @@ impl Db {
                 self.topics.remove(name).ok_or_else(|| {
                     TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
                 })?;
+            }
+            TopicChange::Trim { name, first } => {
+                let t = self.topics.get_mut(name).ok_or_else(|| {
+                    TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
+                })?;
+                t.trim_to(*first)
+                    .map_err(|e| TxError::new(ErrorCode::BadRequest, e))?;
             }
         }
         Ok(())
@@ -575,7 +607,12 @@ impl Db {
                         }
                         t.push(r.clone());
                     }
-                    t.trim(None);
+                }
+                // Trim as the commit did (its runs say where each topic started afterwards).
+                for batch in &a {
+                    let t = self.topics.get_mut(&*batch.topic).expect("checked above");
+                    t.trim_to(batch.first_after)
+                        .map_err(|e| format!("seq {seq}: {e}"))?;
                 }
                 appends = a;
                 CommitBody::Rows(changes)
@@ -747,6 +784,8 @@ pub struct TxState {
     undo: Vec<Undo>,
     changes: Vec<Change>,
     appends: Vec<Appended>,
+    /// For each run in `appends`: its topic's last append time before the run (for undo).
+    appends_prev_ts: Vec<i64>,
     /// Upper bound of the commit record's encoded size so far (see [`Limits::commit_bytes_max`]).
     commit_bytes: usize,
     /// Set once an op was refused for the commit size: the transaction must not commit even
@@ -848,6 +887,17 @@ impl Tx<'_> {
         self.ops().append(topic, tags, data, ts_us)
     }
 
+    /// Appends a record whose data is JSON text. See [`TxRef::append_json_text`].
+    pub fn append_json_text(
+        &mut self,
+        topic: &str,
+        tags: Vec<String>,
+        data: Box<str>,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
+        self.ops().append_json_text(topic, tags, data, ts_us)
+    }
+
     /// Makes the transaction's changes permanent in memory and returns its commit, or
     /// `None` if it changed nothing (it then consumes no seq).
     pub fn commit(mut self) -> Option<Arc<Commit>> {
@@ -869,6 +919,7 @@ impl Db {
             undo: Vec::new(),
             changes: Vec::new(),
             appends: Vec::new(),
+            appends_prev_ts: Vec::new(),
             commit_bytes: COMMIT_HEADER_BYTES_MAX,
             over_limit: None,
         }
@@ -892,7 +943,8 @@ impl Db {
             return None;
         }
         assert_eq!(st.seq, self.seq + 1, "commits apply in seq order");
-        let appends = std::mem::take(&mut st.appends);
+        let mut appends = std::mem::take(&mut st.appends);
+        st.appends_prev_ts.clear();
         // Retention only ever trims committed records, so an undo never has to restore one.
         for a in &appends {
             let t = self
@@ -901,6 +953,9 @@ impl Db {
                 .expect("appended topics exist");
             let newest = a.records.last().map(|r| r.ts_us);
             t.trim(newest);
+        }
+        for a in &mut appends {
+            a.first_after = self.topics[&*a.topic].first();
         }
         let commit = Arc::new(Commit {
             seq: st.seq,
@@ -915,20 +970,21 @@ impl Db {
     /// Undoes every op of `st`, newest first; `st` is left empty.
     pub fn rollback_state(&mut self, st: &mut TxState) {
         st.changes.clear();
-        st.appends.clear();
         st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
         st.over_limit = None;
-        while let Some(undo) = st.undo.pop() {
-            let (table, key, old) = match undo {
-                Undo::Restore { table, key, old } => (table, key, old),
-                Undo::Append { topic, prev_ts } => {
-                    self.topics
-                        .get_mut(&topic)
-                        .expect("topics do not change inside a tx")
-                        .pop_back(prev_ts);
-                    continue;
-                }
-            };
+        // Topics and tables are independent, so their undo orders need not interleave.
+        while let Some(run) = st.appends.pop() {
+            let prev_ts = st.appends_prev_ts.pop().expect("one per run");
+            let t = self
+                .topics
+                .get_mut(&*run.topic)
+                .expect("topics do not change inside a tx");
+            for _ in &run.records {
+                t.pop_back();
+            }
+            t.set_last_ts(prev_ts);
+        }
+        while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
             let t = self
                 .tables
                 .get_mut(&table)
@@ -1096,6 +1152,19 @@ impl TxRef<'_> {
         data: &Json,
         ts_us: i64,
     ) -> Result<u64, TxError> {
+        self.append_json_text(topic_name, tags, data.to_string().into_boxed_str(), ts_us)
+    }
+
+    /// [`TxRef::append`] with `data` already as JSON text (e.g. the raw text of a request,
+    /// which then is not parsed into values and printed again). The caller guarantees that
+    /// `data` is valid JSON.
+    pub fn append_json_text(
+        &mut self,
+        topic_name: &str,
+        tags: Vec<String>,
+        data: Box<str>,
+        ts_us: i64,
+    ) -> Result<u64, TxError> {
         if !self.db.topics.contains_key(topic_name) {
             return Err(TxError::new(
                 ErrorCode::NotFound,
@@ -1103,7 +1172,6 @@ impl TxRef<'_> {
             ));
         }
         let tags = topic::check_tags(tags)?;
-        let data = data.to_string();
         let bytes = topic::new_record_bytes(&tags, &data);
         let max = self.db.limits.record_bytes_max;
         if bytes > max as u64 {
@@ -1113,28 +1181,23 @@ impl TxRef<'_> {
             ));
         }
         self.add_commit_bytes(record_bytes_bound(topic_name, &tags, &data))?;
-        let topic = &self.db.topics[topic_name];
-        let record = Arc::new(topic::make_record(
-            topic,
-            self.st.seq,
-            ts_us,
-            tags,
-            data.into_boxed_str(),
-        ));
-        let offset = record.offset;
-        let prev_ts = topic.last_ts_us();
+        let seq = self.st.seq;
         let topic = self.db.topics.get_mut(topic_name).expect("looked up above");
+        let prev_ts = topic.last_ts_us();
+        let tags = tags.iter().map(|t| topic.intern(t)).collect();
+        let record = Arc::new(topic::make_record(topic, seq, ts_us, tags, data));
+        let offset = record.offset;
         topic.push(record.clone());
-        self.st.undo.push(Undo::Append {
-            topic: topic_name.to_string(),
-            prev_ts,
-        });
         match self.st.appends.last_mut() {
             Some(a) if *a.topic == *topic_name => a.records.push(record),
-            _ => self.st.appends.push(Appended {
-                topic: topic.name().clone(),
-                records: vec![record],
-            }),
+            _ => {
+                self.st.appends.push(Appended {
+                    topic: topic.name().clone(),
+                    records: vec![record],
+                    first_after: 0,
+                });
+                self.st.appends_prev_ts.push(prev_ts);
+            }
         }
         Ok(offset)
     }
@@ -1224,7 +1287,7 @@ const COMMIT_HEADER_BYTES_MAX: usize = 1 + 8 + 10 + 10;
 /// An upper bound of one appended record's encoded size in a commit record: its topic's
 /// name, offset and record count (as if every record opened its own topic run), time, tags
 /// and data, each with its largest length prefix.
-fn record_bytes_bound(topic: &str, tags: &[Box<str>], data: &str) -> usize {
+fn record_bytes_bound(topic: &str, tags: &[String], data: &str) -> usize {
     const VARINT_MAX: usize = 10;
     let tags: usize = tags.iter().map(|t| VARINT_MAX + t.len()).sum();
     4 * VARINT_MAX + topic.len() + VARINT_MAX + VARINT_MAX + tags + VARINT_MAX + data.len()

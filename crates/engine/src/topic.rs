@@ -38,6 +38,10 @@ pub struct TopicConfig {
     pub retain_secs: u64,
 }
 
+/// A record tag. Records share their tags' text with the topic's tag index (one allocation
+/// per distinct tag, not per record).
+pub type Tag = Arc<str>;
+
 /// One record of a topic.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Record {
@@ -46,7 +50,7 @@ pub struct Record {
     pub ts_us: i64,
     /// Seq of the commit that appended it.
     pub seq: u64,
-    pub tags: Box<[Box<str>]>,
+    pub tags: Box<[Tag]>,
     /// The record's data as compact JSON text.
     pub data: Box<str>,
 }
@@ -58,8 +62,10 @@ impl Record {
     }
 }
 
-fn record_bytes(tags: &[Box<str>], data: &str) -> u64 {
-    RECORD_OVERHEAD_BYTES + data.len() as u64 + tags.iter().map(|t| t.len() as u64).sum::<u64>()
+fn record_bytes<T: AsRef<str>>(tags: &[T], data: &str) -> u64 {
+    RECORD_OVERHEAD_BYTES
+        + data.len() as u64
+        + tags.iter().map(|t| t.as_ref().len() as u64).sum::<u64>()
 }
 
 /// The records one commit appended to one topic (consecutive offsets).
@@ -67,6 +73,9 @@ fn record_bytes(tags: &[Box<str>], data: &str) -> u64 {
 pub struct Appended {
     pub topic: Arc<str>,
     pub records: Vec<Arc<Record>>,
+    /// The topic's oldest kept offset once the commit applied (retention trims at commit),
+    /// logged so replay trims exactly as much: age limits depend on the clock.
+    pub first_after: u64,
 }
 
 /// Checks a topic name: 1–128 bytes of `A-Z a-z 0-9 _ - .`.
@@ -112,7 +121,7 @@ pub fn check_tag(tag: &str) -> Result<(), TxError> {
 }
 
 /// Checks a record's tags (each tag, and how many) and returns them without repeats.
-pub fn check_tags(tags: Vec<String>) -> Result<Box<[Box<str>]>, TxError> {
+pub fn check_tags(tags: Vec<String>) -> Result<Vec<String>, TxError> {
     if tags.len() > TAGS_PER_RECORD_MAX {
         return Err(TxError::new(
             ErrorCode::Limit,
@@ -122,14 +131,14 @@ pub fn check_tags(tags: Vec<String>) -> Result<Box<[Box<str>]>, TxError> {
             ),
         ));
     }
-    let mut out: Vec<Box<str>> = Vec::with_capacity(tags.len());
+    let mut out: Vec<String> = Vec::with_capacity(tags.len());
     for t in tags {
         check_tag(&t)?;
-        if !out.iter().any(|o| **o == *t) {
-            out.push(t.into_boxed_str());
+        if !out.contains(&t) {
+            out.push(t);
         }
     }
-    Ok(out.into_boxed_slice())
+    Ok(out)
 }
 
 /// The `tags` and `data` of a record given as JSON `{"tags"?: [strings], "data"?: any}`
@@ -262,10 +271,11 @@ impl TagFilter {
         &self.prefixes
     }
 
-    pub fn matches(&self, tags: &[Box<str>]) -> bool {
+    pub fn matches<T: AsRef<str>>(&self, tags: &[T]) -> bool {
         self.all
             || tags.iter().any(|t| {
-                self.exact.iter().any(|e| e == t)
+                let t = t.as_ref();
+                self.exact.iter().any(|e| &**e == t)
                     || self.prefixes.iter().any(|p| t.starts_with(&**p))
             })
     }
@@ -305,17 +315,24 @@ impl TagIndex {
         self.lists.is_empty()
     }
 
-    fn push(&mut self, tag: &str, offset: u64) {
-        match self.lists.get_mut(tag) {
+    fn push(&mut self, tag: &Tag, offset: u64) {
+        match self.lists.get_mut(&**tag) {
             Some(list) => {
                 debug_assert!(list.back().is_none_or(|b| *b < offset));
                 list.push_back(offset);
             }
             None => {
-                let tag: Arc<str> = tag.into();
                 self.sorted.insert(tag.clone());
-                self.lists.insert(tag, VecDeque::from([offset]));
+                self.lists.insert(tag.clone(), VecDeque::from([offset]));
             }
+        }
+    }
+
+    /// The index's own copy of `tag` if it has one (so a record shares it), else a new one.
+    fn intern(&self, tag: &str) -> Tag {
+        match self.lists.get_key_value(tag) {
+            Some((k, _)) => k.clone(),
+            None => tag.into(),
         }
     }
 
@@ -399,6 +416,11 @@ impl Topic {
     pub fn tags(&self) -> &TagIndex {
         &self.tags
     }
+
+    /// `tag` as this topic's records hold it (shared with the index when already there).
+    pub fn intern(&self, tag: &str) -> Tag {
+        self.tags.intern(tag)
+    }
     /// The newest append time, or `i64::MIN` for a topic that never had a record.
     pub fn last_ts_us(&self) -> i64 {
         self.last_ts_us
@@ -431,19 +453,53 @@ impl Topic {
         self.records.push_back(record);
     }
 
-    /// Undoes the newest append (a rolled-back transaction); `prev_ts` is the topic's last
-    /// append time before it.
-    pub(crate) fn pop_back(&mut self, prev_ts: i64) {
+    /// Undoes the newest append (a rolled-back transaction); the caller then restores the
+    /// last append time with [`Topic::set_last_ts`].
+    pub(crate) fn pop_back(&mut self) {
         let r = self.records.pop_back().expect("undo follows an append");
         for t in r.tags.iter() {
             self.tags.pop(t, r.offset, false);
         }
         self.bytes -= r.bytes();
         self.next -= 1;
-        self.last_ts_us = prev_ts;
         if self.records.is_empty() {
             self.first = self.next;
         }
+    }
+
+    pub(crate) fn set_last_ts(&mut self, ts_us: i64) {
+        self.last_ts_us = ts_us;
+    }
+
+    /// Drops records below `first` (a logged trim, replayed). `first` may not pass `next`.
+    pub(crate) fn trim_to(&mut self, first: u64) -> Result<(), String> {
+        if first > self.next {
+            return Err(format!(
+                "topic {:?} trimmed to offset {first} past its next offset {}",
+                self.name, self.next
+            ));
+        }
+        while self.first < first {
+            let r = self.records.pop_front().expect("first < next");
+            for t in r.tags.iter() {
+                self.tags.pop(t, r.offset, true);
+            }
+            self.bytes -= r.bytes();
+            self.first = r.offset + 1;
+        }
+        Ok(())
+    }
+
+    /// Whether records are past the age limit at `now_us` (and [`Topic::trim`] would drop one).
+    pub fn has_expired(&self, now_us: i64) -> bool {
+        let secs = self.config.retain_secs;
+        secs > 0
+            && self.records.len() > 1
+            && self.records.front().is_some_and(|r| {
+                r.ts_us
+                    < now_us
+                        .saturating_sub(secs.saturating_mul(1_000_000).min(i64::MAX as u64) as i64)
+            })
     }
 
     /// Drops records from the front by count and bytes, and — when `now_us` is given and the
@@ -566,7 +622,7 @@ pub(crate) fn make_record(
     topic: &Topic,
     seq: u64,
     ts_us: i64,
-    tags: Box<[Box<str>]>,
+    tags: Box<[Tag]>,
     data: Box<str>,
 ) -> Record {
     Record {
@@ -579,7 +635,7 @@ pub(crate) fn make_record(
 }
 
 /// Bytes a record takes against `--max-record-bytes`, before it is built.
-pub(crate) fn new_record_bytes(tags: &[Box<str>], data: &str) -> u64 {
+pub(crate) fn new_record_bytes<T: AsRef<str>>(tags: &[T], data: &str) -> u64 {
     record_bytes(tags, data)
 }
 
@@ -596,7 +652,7 @@ mod tests {
     }
 
     fn push(t: &mut Topic, tags: &[&str], ts: i64) -> u64 {
-        let tags: Box<[Box<str>]> = tags.iter().map(|s| (*s).into()).collect();
+        let tags: Box<[Tag]> = tags.iter().map(|s| t.intern(s)).collect();
         let r = make_record(t, 1, ts, tags, "1".into());
         let o = r.offset;
         t.push(Arc::new(r));
@@ -659,10 +715,11 @@ mod tests {
         let mut t = Topic::new("t", cfg(10, 1 << 20, 0));
         push(&mut t, &["a"], 10);
         push(&mut t, &["a", "b"], 20);
-        t.pop_back(10);
+        t.pop_back();
+        t.set_last_ts(10);
         assert_eq!((t.next(), t.last_ts_us()), (1, 10));
         assert!(t.tags().lookup_exact("b").is_none());
-        t.pop_back(i64::MIN);
+        t.pop_back();
         assert_eq!((t.first(), t.next(), t.bytes()), (0, 0, 0));
     }
 
@@ -676,8 +733,8 @@ mod tests {
         assert!(check_tags((0..17).map(|i| i.to_string()).collect()).is_err());
         assert_eq!(check_tags(vec!["a".into(), "a".into()]).unwrap().len(), 1);
         assert!(TagFilter::parse(&["a*b"]).is_err());
-        assert!(TagFilter::parse(&["a*"]).unwrap().matches(&["ab".into()]));
-        assert!(!TagFilter::parse(&["a"]).unwrap().matches(&["ab".into()]));
+        assert!(TagFilter::parse(&["a*"]).unwrap().matches(&["ab"]));
+        assert!(!TagFilter::parse(&["a"]).unwrap().matches(&["ab"]));
         assert!(check_topic_name("chat-1.x").is_ok());
         assert!(check_topic_name("a/b").is_err());
     }

@@ -23,7 +23,7 @@
 
 use sluice_fuzzkit::env_u64;
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -37,7 +37,8 @@ use sluice_engine::codec;
 use sluice_engine::recovery::{recover, Recovered, RecoveryError, RecoveryOptions};
 use sluice_engine::{
     Change, ChangeOp, Changelog, ColumnDef, ColumnType, Commit, CommitBody, Db, ErrorCode,
-    IndexDef, Key, Limits, Retention, SchemaChange, TableSchema, Tx, TxError, Value, WriteResult,
+    IndexDef, Key, Limits, Retention, SchemaChange, TableSchema, TopicChange, TopicConfig, Tx,
+    TxError, Value, WriteResult,
 };
 use sluice_log::segment::{list_segments, segment_path};
 use sluice_log::snapshot::{snapshot_path, write_snapshot};
@@ -320,6 +321,7 @@ type Tables = BTreeMap<String, MTable>;
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Model {
     tables: Tables,
+    topics: MTopics,
     seq: u64,
 }
 
@@ -696,6 +698,7 @@ fn model_of(db: &Db) -> Model {
         .collect();
     Model {
         tables,
+        topics: model_topics_of(db),
         seq: db.seq,
     }
 }
@@ -704,6 +707,9 @@ fn model_of(db: &Db) -> Model {
 fn diff_models(want: &Model, got: &Model) -> Option<String> {
     if want.seq != got.seq {
         return Some(format!("seq: expected {}, got {}", want.seq, got.seq));
+    }
+    if let Some(diff) = diff_topics(&want.topics, &got.topics) {
+        return Some(diff);
     }
     let (wn, gn): (Vec<_>, Vec<_>) = (want.tables.keys().collect(), got.tables.keys().collect());
     if wn != gn {
@@ -812,6 +818,7 @@ fn assert_matches(db: &Db, model: &Model, what: &str) {
         panic!("{what}: the engine differs from the model: {diff}");
     }
     check_indexes(db, what);
+    check_topic_indexes(db, what);
 }
 
 /// Both changelogs must retain the same window of seqs with equal entries. Row entries after
@@ -872,12 +879,426 @@ fn compare_changelogs(live: &Db, rec: &Db, full_after: u64, what: &str) {
                     );
                 }
             }
+            (CommitBody::Topic(ta), CommitBody::Topic(tb)) => {
+                assert_eq!(tb, ta, "{what}: changelog seq {}: topic change", a.seq);
+            }
             _ => panic!(
                 "{what}: changelog seq {} is DDL on one side and rows on the other",
                 a.seq
             ),
         }
+        assert_eq!(
+            appends_of(b),
+            appends_of(a),
+            "{what}: changelog seq {}: appended records",
+            a.seq
+        );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Topics in the model
+
+/// Per-record bookkeeping counted against `retain_bytes` beside its data and tags (checked
+/// against `Record::bytes` on every record, so a change shows up as such).
+const RECORD_OVERHEAD_BYTES: u64 = 32;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MRecord {
+    offset: u64,
+    ts_us: i64,
+    seq: u64,
+    tags: Vec<String>,
+    data: String,
+}
+
+impl MRecord {
+    fn of(r: &sluice_engine::Record) -> MRecord {
+        MRecord {
+            offset: r.offset,
+            ts_us: r.ts_us,
+            seq: r.seq,
+            tags: r.tags.iter().map(|t| t.to_string()).collect(),
+            data: r.data.to_string(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        RECORD_OVERHEAD_BYTES
+            + self.data.len() as u64
+            + self.tags.iter().map(|t| t.len() as u64).sum::<u64>()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct MTopic {
+    config: TopicConfig,
+    first: u64,
+    next: u64,
+    /// Newest append time ever (`i64::MIN` before the first record).
+    last_ts: i64,
+    records: VecDeque<MRecord>,
+}
+
+impl MTopic {
+    fn new(config: TopicConfig) -> MTopic {
+        MTopic {
+            config,
+            first: 0,
+            next: 0,
+            last_ts: i64::MIN,
+            records: VecDeque::new(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.records.iter().map(MRecord::bytes).sum()
+    }
+
+    /// Retention as documented: the oldest go first while there are more than
+    /// `retain_records`, more than `retain_bytes` bytes, or (with `now`) records older than
+    /// `retain_secs`; the newest record always stays.
+    fn trim(&mut self, now: Option<i64>) -> u64 {
+        let floor = match now {
+            Some(now) if self.config.retain_secs > 0 => {
+                Some(now - self.config.retain_secs as i64 * 1_000_000)
+            }
+            _ => None,
+        };
+        let mut dropped = 0;
+        while let Some(front) = self.records.front() {
+            let n = self.records.len() as u64;
+            let over = n > self.config.retain_records
+                || (n > 1 && self.bytes() > self.config.retain_bytes)
+                || (n > 1 && floor.is_some_and(|f| front.ts_us < f));
+            if !over {
+                break;
+            }
+            self.first = front.offset + 1;
+            self.records.pop_front();
+            dropped += 1;
+        }
+        dropped
+    }
+}
+
+type MTopics = BTreeMap<String, MTopic>;
+
+fn model_topics_of(db: &Db) -> MTopics {
+    db.topics
+        .iter()
+        .map(|(name, t)| {
+            let records: VecDeque<MRecord> = t.records().map(|r| MRecord::of(r)).collect();
+            for (r, m) in t.records().zip(&records) {
+                assert_eq!(
+                    r.bytes(),
+                    m.bytes(),
+                    "topic {name:?}: bytes of record {}",
+                    r.offset
+                );
+            }
+            let topic = MTopic {
+                config: t.config(),
+                first: t.first(),
+                next: t.next(),
+                last_ts: t.last_ts_us(),
+                records,
+            };
+            assert_eq!(t.bytes(), topic.bytes(), "topic {name:?}: bytes kept");
+            assert_eq!(
+                t.name().as_ref(),
+                name.as_str(),
+                "topic stored under another name"
+            );
+            (name.clone(), topic)
+        })
+        .collect()
+}
+
+fn diff_topics(want: &MTopics, got: &MTopics) -> Option<String> {
+    let (wn, gn): (Vec<_>, Vec<_>) = (want.keys().collect(), got.keys().collect());
+    if wn != gn {
+        return Some(format!("topics: expected {wn:?}, got {gn:?}"));
+    }
+    for (name, w) in want {
+        let g = &got[name];
+        if (w.config, w.first, w.next) != (g.config, g.first, g.next) {
+            return Some(format!(
+                "topic {name:?}: (config, first, next): expected {:?}, got {:?}",
+                (w.config, w.first, w.next),
+                (g.config, g.first, g.next)
+            ));
+        }
+        // After recovery the last append time of a topic whose records were all trimmed
+        // is not required to survive; while records are kept it is the newest one's.
+        if !w.records.is_empty() && w.last_ts != g.last_ts {
+            return Some(format!(
+                "topic {name:?}: last append time: expected {}, got {}",
+                w.last_ts, g.last_ts
+            ));
+        }
+        if w.records != g.records {
+            let at = w
+                .records
+                .iter()
+                .zip(&g.records)
+                .position(|(a, b)| a != b)
+                .unwrap_or(w.records.len().min(g.records.len()));
+            return Some(format!(
+                "topic {name:?}: {} records expected, {} found; first difference at #{at}: \
+                 expected {:?}, got {:?}",
+                w.records.len(),
+                g.records.len(),
+                w.records.get(at),
+                g.records.get(at)
+            ));
+        }
+    }
+    None
+}
+
+/// Every topic's tag index must hold exactly the offsets of the kept records per tag, and
+/// reads through it must agree with a scan.
+fn check_topic_indexes(db: &Db, what: &str) {
+    for (name, t) in &db.topics {
+        let mut want: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for r in t.records() {
+            for tag in r.tags.iter() {
+                want.entry(tag).or_default().push(r.offset);
+            }
+        }
+        assert_eq!(
+            t.tags().len(),
+            want.len(),
+            "{what}: topic {name:?}: distinct tags in the index"
+        );
+        for (tag, offsets) in &want {
+            let got: Vec<u64> = t
+                .tags()
+                .lookup_exact(tag)
+                .map(|l| l.iter().copied().collect())
+                .unwrap_or_default();
+            assert_eq!(
+                &got, offsets,
+                "{what}: topic {name:?}: posting list of {tag:?}"
+            );
+        }
+        for pattern in ["user:*", "room:1", "x", "*"] {
+            let filter = sluice_engine::TagFilter::parse(&[pattern]).expect("a good pattern");
+            let scan: Vec<u64> = t
+                .records()
+                .filter(|r| filter.matches(&r.tags))
+                .map(|r| r.offset)
+                .collect();
+            let (read, next) = t.read(t.first(), usize::MAX, &filter).expect("from first");
+            let read: Vec<u64> = read.iter().map(|r| r.offset).collect();
+            assert_eq!(read, scan, "{what}: topic {name:?}: read with {pattern:?}");
+            assert_eq!(
+                next,
+                t.next(),
+                "{what}: topic {name:?}: next after a full read"
+            );
+        }
+    }
+}
+
+/// The records a commit appended, topic by topic in commit order.
+fn appends_of(commit: &Commit) -> Vec<(String, MRecord)> {
+    commit
+        .appends
+        .iter()
+        .flat_map(|a| {
+            a.records
+                .iter()
+                .map(|r| (a.topic.to_string(), MRecord::of(r)))
+        })
+        .collect()
+}
+
+const TOPIC_NAMES: &[&str] = &["q0", "q1", "chat.room-7", "t0", "Q_2"];
+const BAD_TOPIC_NAMES: &[&str] = &["", "a/b", "sp ace", "ä"];
+const GOOD_TAGS: &[&str] = &[
+    "user:1", "user:2", "user:30", "room:1", "room:12", "x", "~!#",
+];
+const BAD_TAGS: &[&str] = &["", "a b", "room:*", "*", "é", "tab\t"];
+
+#[derive(Debug)]
+struct AppendOp {
+    topic: String,
+    tags: Vec<String>,
+    data: Json,
+    ts_us: i64,
+}
+
+fn pick_topic_name(rng: &mut Rng, topics: &MTopics) -> String {
+    let existing: Vec<&String> = topics.keys().collect();
+    if !existing.is_empty() && rng.percent(60) {
+        (*rng.pick(&existing)).clone()
+    } else {
+        rng.pick(TOPIC_NAMES).to_string()
+    }
+}
+
+fn gen_topic_config(rng: &mut Rng, limits: &Limits) -> Option<TopicConfig> {
+    if rng.percent(20) {
+        return None;
+    }
+    let retain_records = match rng.below(20) {
+        0 => 0,
+        1..=5 => 1 + rng.below(3) as u64,
+        6..=15 => 2 + rng.below(30) as u64,
+        _ => limits.topic_retain_records,
+    };
+    let retain_bytes = match rng.below(20) {
+        0 => 0,
+        1 => limits.topic_retain_bytes + 1,
+        2..=8 => 40 + rng.below(600) as u64,
+        _ => limits.topic_retain_bytes,
+    };
+    let retain_secs = *rng.pick(&[0, 0, 1, 2, 30]);
+    Some(TopicConfig {
+        retain_records,
+        retain_bytes,
+        retain_secs,
+    })
+}
+
+/// What `put_topic` must do: `Ok(None)` a no-op, `Ok(Some(change))` a commit.
+fn model_put_topic(
+    topics: &mut MTopics,
+    name: &str,
+    config: Option<TopicConfig>,
+    limits: &Limits,
+) -> Result<Option<TopicChange>, Codes> {
+    if BAD_TOPIC_NAMES.contains(&name) {
+        return Err(codes(&["bad_request"]));
+    }
+    let check = |c: &TopicConfig| -> Result<(), Codes> {
+        if c.retain_records == 0 || c.retain_bytes == 0 {
+            Err(codes(&["bad_request"]))
+        } else if c.retain_bytes > limits.topic_retain_bytes {
+            Err(codes(&["limit"]))
+        } else {
+            Ok(())
+        }
+    };
+    match (topics.get_mut(name), config) {
+        (Some(_), None) => Ok(None),
+        (Some(t), Some(c)) if t.config == c => Ok(None),
+        (Some(t), Some(c)) => {
+            check(&c)?;
+            t.config = c;
+            t.trim(None);
+            Ok(Some(TopicChange::Put {
+                name: name.to_string(),
+                config: c,
+                created: false,
+            }))
+        }
+        (None, c) => {
+            if topics.len() >= limits.topics_max {
+                return Err(codes(&["limit"]));
+            }
+            let c = c.unwrap_or(TopicConfig {
+                retain_records: limits.topic_retain_records,
+                retain_bytes: limits.topic_retain_bytes,
+                retain_secs: 0,
+            });
+            check(&c)?;
+            topics.insert(name.to_string(), MTopic::new(c));
+            Ok(Some(TopicChange::Put {
+                name: name.to_string(),
+                config: c,
+                created: true,
+            }))
+        }
+    }
+}
+
+fn gen_append(rng: &mut Rng, topics: &MTopics, limits: &Limits, clock: i64, bad: bool) -> AppendOp {
+    let mut topic = pick_topic_name(rng, topics);
+    let mut tags: Vec<String> = (0..rng.below(4))
+        .map(|_| rng.pick(GOOD_TAGS).to_string())
+        .collect();
+    let mut data = gen_json_doc(rng, 2);
+    // Now and then the caller's clock is behind the topic's last append.
+    let ts_us = if rng.percent(10) {
+        clock - rng.range(1, 5_000_000)
+    } else {
+        clock
+    };
+    if bad {
+        match rng.below(5) {
+            0 => topic = rng.pick(&["nope", "Q0", "q9"]).to_string(),
+            1 => {
+                let at = rng.below(tags.len() + 1);
+                tags.insert(at, rng.pick(BAD_TAGS).to_string());
+            }
+            2 => tags.push("y".repeat(129)),
+            3 => tags = (0..17).map(|i| format!("n{i}")).collect(),
+            _ => data = Json::from("z".repeat(limits.record_bytes_max + rng.below(100))),
+        }
+    }
+    AppendOp {
+        topic,
+        tags,
+        data,
+        ts_us,
+    }
+}
+
+/// What an append inside a transaction must do, in the engine's order of checks: the
+/// topic, its tags, then the record's size.
+fn model_append(
+    topics: &mut MTopics,
+    op: &AppendOp,
+    seq: u64,
+    limits: &Limits,
+) -> Result<MRecord, Codes> {
+    let Some(t) = topics.get_mut(&op.topic) else {
+        return Err(codes(&["not_found"]));
+    };
+    if op.tags.len() > 16 {
+        return Err(codes(&["limit"]));
+    }
+    let mut tags: Vec<String> = Vec::new();
+    for tag in &op.tags {
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'*');
+        if !ok {
+            return Err(codes(&["bad_request"]));
+        }
+        if !tags.contains(tag) {
+            tags.push(tag.clone());
+        }
+    }
+    let record = MRecord {
+        offset: t.next,
+        ts_us: op.ts_us.max(t.last_ts),
+        seq,
+        tags,
+        data: op.data.to_string(),
+    };
+    if record.bytes() > limits.record_bytes_max as u64 {
+        return Err(codes(&["limit"]));
+    }
+    t.next += 1;
+    t.last_ts = record.ts_us;
+    t.records.push_back(record.clone());
+    Ok(record)
+}
+
+#[derive(Debug, Default)]
+struct TopicStats {
+    appends_ok: usize,
+    append_errors: BTreeMap<&'static str, usize>,
+    commits_with_appends: usize,
+    commits_with_rows_and_appends: usize,
+    ddl_applied: usize,
+    ddl_noops: usize,
+    ddl_refused: BTreeMap<&'static str, usize>,
+    trimmed: u64,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1498,6 +1919,7 @@ struct Stats {
     switched_to_recovered: usize,
     segments_retired: usize,
     max_rows: usize,
+    topic: TopicStats,
 }
 
 struct Harness {
@@ -1521,6 +1943,9 @@ struct Harness {
     /// `frame_bytes[seq]`: the size of that commit's frame in the log.
     frame_bytes: Vec<u64>,
     stats: Stats,
+    /// The workload's clock (µs since the epoch) for appends and age retention; it runs
+    /// ahead of the real one and never goes back.
+    clock: i64,
 }
 
 impl Harness {
@@ -1530,6 +1955,10 @@ impl Harness {
             Limits {
                 row_bytes_max: 160,
                 columns_per_table_max: 6,
+                topics_max: 3,
+                record_bytes_max: 120,
+                topic_retain_records: 25,
+                topic_retain_bytes: 4000,
                 ..Limits::default()
             }
         } else {
@@ -1579,6 +2008,7 @@ impl Harness {
             history: None,
             frame_bytes: vec![0],
             stats: Stats::default(),
+            clock: 1_700_000_000_000_000,
         }
     }
 
@@ -1588,6 +2018,8 @@ impl Harness {
             self.schema_step();
         } else if r < 15 && self.auto_snapshots {
             self.snapshot();
+        } else if r < 21 || (self.model.topics.is_empty() && r < 30) {
+            self.topic_step();
         } else {
             self.tx_step();
         }
@@ -1690,9 +2122,48 @@ impl Harness {
         let mut scratch = self.model.tables.clone();
         let mut expected = Vec::new();
         let mut refused = false;
+        let mut scratch_topics = self.model.topics.clone();
+        let mut appended: Vec<(String, MRecord)> = Vec::new();
+        self.clock += self.rng.range(0, 400_000);
+        let clock = self.clock;
         let mut tx = self.db.transaction();
         assert_eq!(tx.seq(), next_seq, "a transaction's seq is db.seq + 1");
         for i in 0..n {
+            if self.rng.percent(30) {
+                // A topic append in the same transaction as the row writes.
+                let op = gen_append(
+                    &mut self.rng,
+                    &scratch_topics,
+                    &self.limits,
+                    clock,
+                    bad_at == Some(i),
+                );
+                let want = model_append(&mut scratch_topics, &op, next_seq, &self.limits);
+                let got = tx.append(&op.topic, op.tags.clone(), &op.data, op.ts_us);
+                match (want, got) {
+                    (Ok(record), Ok(offset)) => {
+                        assert_eq!(offset, record.offset, "append {i} {op:?}: offset");
+                        appended.push((op.topic.clone(), record));
+                        self.stats.topic.appends_ok += 1;
+                    }
+                    (Err(codes), Err(err)) => {
+                        assert!(
+                            codes.contains(err.code.as_str()),
+                            "append {i} {op:?}: the engine refused with {err}; the model expected one of {codes:?}"
+                        );
+                        *self.stats.topic.append_errors.entry(err.code.as_str()).or_default() += 1;
+                        refused = true;
+                        break;
+                    }
+                    (Ok(record), Err(err)) => panic!(
+                        "append {i} {op:?}: the engine refused ({err}); the model expected {record:?}"
+                    ),
+                    (Err(codes), Ok(offset)) => panic!(
+                        "append {i} {op:?}: the engine accepted (offset {offset}); the model expected a refusal with one of {codes:?}"
+                    ),
+                }
+                continue;
+            }
             let op = gen_op(&mut self.rng, &scratch, bad_at == Some(i));
             let want = model_op(&mut scratch, &op, next_seq, &self.limits);
             let got = run_op(&mut tx, &op);
@@ -1735,17 +2206,34 @@ impl Harness {
         }
         let Some(commit) = tx.commit() else {
             assert!(
-                expected.is_empty(),
+                expected.is_empty() && appended.is_empty(),
                 "a transaction with writes committed nothing"
             );
             self.stats.empty_txs += 1;
             return;
         };
         assert!(
-            !expected.is_empty(),
+            !expected.is_empty() || !appended.is_empty(),
             "a transaction without writes consumed seq {}",
             commit.seq
         );
+        assert_eq!(
+            appends_of(&commit),
+            appended,
+            "the records of commit {next_seq}"
+        );
+        if !appended.is_empty() {
+            self.stats.topic.commits_with_appends += 1;
+            if !expected.is_empty() {
+                self.stats.topic.commits_with_rows_and_appends += 1;
+            }
+        }
+        let touched: BTreeSet<&str> = appended.iter().map(|(t, _)| t.as_str()).collect();
+        for name in touched {
+            let t = scratch_topics.get_mut(name).expect("appended topics exist");
+            let newest = t.records.back().map(|r| r.ts_us);
+            self.stats.topic.trimmed += t.trim(newest);
+        }
         assert_eq!(commit.seq, next_seq, "commit seq");
         let CommitBody::Rows(changes) = &commit.body else {
             panic!("a transaction produced a DDL commit");
@@ -1754,8 +2242,107 @@ impl Harness {
         assert_eq!(got, expected, "the changes of commit {next_seq}");
         self.stats.commits += 1;
         self.model.tables = scratch;
+        self.model.topics = scratch_topics;
         self.model.seq = next_seq;
         self.log_commit(&commit);
+    }
+
+    /// Creates, changes or drops a topic (or tries to, with a bad name or config).
+    fn topic_step(&mut self) {
+        let seq_before = self.db.seq;
+        let (what, want, got) = if self.rng.percent(25) {
+            let name = pick_topic_name(&mut self.rng, &self.model.topics);
+            let mut topics = self.model.topics.clone();
+            let want = match topics.remove(&name) {
+                Some(_) => Ok(Some(TopicChange::Drop { name: name.clone() })),
+                None => Err(codes(&["not_found"])),
+            };
+            let got = self.db.drop_topic(&name).map(Some);
+            (
+                format!("drop topic {name:?}"),
+                want.map(|c| (c, topics)),
+                got,
+            )
+        } else {
+            let name = if self.rng.percent(8) {
+                self.rng.pick(BAD_TOPIC_NAMES).to_string()
+            } else {
+                pick_topic_name(&mut self.rng, &self.model.topics)
+            };
+            let config = gen_topic_config(&mut self.rng, &self.limits);
+            let mut topics = self.model.topics.clone();
+            let want = model_put_topic(&mut topics, &name, config, &self.limits);
+            let got = self.db.put_topic(&name, config);
+            (
+                format!("put topic {name:?} {config:?}"),
+                want.map(|c| (c, topics)),
+                got,
+            )
+        };
+        match (want, got) {
+            (Ok((None, _)), Ok(None)) => {
+                assert_eq!(self.db.seq, seq_before, "{what}: a no-op consumed a seq");
+                self.stats.topic.ddl_noops += 1;
+            }
+            (Ok((Some(change), topics)), Ok(Some(commit))) => {
+                assert_eq!(commit.seq, self.model.seq + 1, "{what}: commit seq");
+                match &commit.body {
+                    CommitBody::Topic(logged) => assert_eq!(logged, &change, "{what}"),
+                    other => panic!("{what}: committed {other:?}"),
+                }
+                assert!(commit.appends.is_empty(), "{what}: appends in topic DDL");
+                self.stats.topic.ddl_applied += 1;
+                self.model.topics = topics;
+                self.model.seq = commit.seq;
+                self.log_commit(&commit);
+            }
+            (Err(codes), Err(err)) => {
+                assert!(
+                    codes.contains(err.code.as_str()),
+                    "{what}: refused with {err}; the model expected one of {codes:?}"
+                );
+                assert_eq!(self.db.seq, seq_before, "{what}: a refusal consumed a seq");
+                *self
+                    .stats
+                    .topic
+                    .ddl_refused
+                    .entry(err.code.as_str())
+                    .or_default() += 1;
+            }
+            (want, got) => panic!("{what}: the model says {want:?}, the engine {got:?}"),
+        }
+    }
+
+    /// The age check the server's writer runs: drops records older than `retain_secs`
+    /// as of the workload's clock, on the engine and in the model alike.
+    fn trim_topics_by_age(&mut self) {
+        let now = self.clock;
+        let before: u64 = self.db.topics.values().map(|t| t.len() as u64).sum();
+        // Each topic that drops records is one logged `Trim` commit (the clock does not
+        // replay, the log does).
+        let commits = self.db.expire_topics(now);
+        let dropped = before - self.db.topics.values().map(|t| t.len() as u64).sum::<u64>();
+        let mut want = 0;
+        let mut trimmed_topics = 0;
+        for t in self.model.topics.values_mut() {
+            if t.config.retain_secs > 0 {
+                let n = t.trim(Some(now));
+                want += n;
+                trimmed_topics += u64::from(n > 0);
+            }
+        }
+        assert_eq!(dropped, want, "records dropped by the age check at {now}");
+        assert_eq!(
+            commits.len() as u64,
+            trimmed_topics,
+            "one trim commit per topic that dropped records"
+        );
+        for c in &commits {
+            self.model.seq += 1;
+            assert_eq!(c.seq, self.model.seq, "trim commits take the next seqs");
+            self.log_commit(c);
+        }
+        self.stats.topic.trimmed += want;
     }
 
     fn log_commit(&mut self, commit: &Commit) {
@@ -1948,8 +2535,10 @@ impl Harness {
 
     fn recover_dir(&mut self, dir: &Path, what: &str) -> Recovered {
         let opts = self.recovery_options();
-        recover(dir, &opts)
-            .unwrap_or_else(|e| panic!("{what}: recovery of {} failed: {e}", dir.display()))
+        let rec = recover(dir, &opts)
+            .unwrap_or_else(|e| panic!("{what}: recovery of {} failed: {e}", dir.display()));
+        // Age trims are logged commits: recovery alone restores them.
+        rec
     }
 
     /// A recovered state must equal the live one: rows, indexes, seq and changelog window.
@@ -2015,6 +2604,8 @@ impl Harness {
     /// Recovers the data directory three ways and compares each with the live state; a
     /// restart also shuts the log down first and reopens it after.
     fn checkpoint(&mut self, restart: bool) {
+        self.trim_topics_by_age();
+        self.check("after the age check");
         self.sync_log();
         self.retire_segments();
         self.stats.checkpoints += 1;
@@ -2212,6 +2803,21 @@ fn oracle_run(seed: u64, step: &Cell<usize>) {
         );
         assert!(s.snapshots > 0 && s.restarts >= 2, "{s:#?}");
         assert!(s.max_rows >= 20, "{s:#?}");
+        let t = &s.topic;
+        assert!(
+            t.appends_ok > steps / 10 && t.commits_with_rows_and_appends > 0,
+            "{s:#?}"
+        );
+        for code in ["not_found", "bad_request", "limit"] {
+            assert!(
+                t.append_errors.get(code).is_some_and(|&n| n > 0),
+                "no append failed with {code}: {s:#?}"
+            );
+        }
+        assert!(
+            t.ddl_applied > 0 && t.ddl_noops > 0 && t.ddl_refused.len() >= 2 && t.trimmed > 0,
+            "{s:#?}"
+        );
     }
     h.cleanup();
 }

@@ -43,7 +43,7 @@ use serde_json::{json, Map, Value as Json};
 use sluice_engine::codec::{encode_commit, encode_snapshot};
 use sluice_engine::recovery::{recover, RecoveryOptions};
 use sluice_engine::table::RowEntry;
-use sluice_engine::{Changelog, Commit, Db, Key, Limits, Retention, TxRef, TxState};
+use sluice_engine::{Changelog, Commit, Db, Key, Limits, Retention, TopicConfig, TxRef, TxState};
 use sluice_functions::{FunctionLimits, Functions, TxAccess};
 use sluice_log::sim::{Cut, FaultPlan, SimDisk, WriteFault};
 use sluice_log::snapshot::{list_snapshots, write_snapshot};
@@ -88,7 +88,8 @@ impl Rng {
 // The application
 
 const SCHEMA: &str = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL); \
-                      CREATE TABLE items (id INTEGER PRIMARY KEY, body TEXT, n INTEGER)";
+                      CREATE TABLE items (id INTEGER PRIMARY KEY, body TEXT, n INTEGER); \
+                      CREATE TABLE outbox (id INTEGER PRIMARY KEY, first INTEGER NOT NULL, n INTEGER NOT NULL)";
 const ACCOUNTS: i64 = 6;
 const INITIAL_BALANCE: i64 = 1000;
 const ITEM_IDS: i64 = 40;
@@ -120,7 +121,28 @@ export function bump_many(tx, { ids, fail }) {
 export function drop_item(tx, { id }) {
   tx.delete("items", id);
 }
+export function post(tx, { id, n, tags, fail }) {
+  if (tx.get("outbox", id)) throw new Error("outbox " + id + " exists");
+  let first = null;
+  for (let k = 0; k < n; k++) {
+    const o = tx.append("feed", { tags, data: { id, k } });
+    if (first === null) first = o;
+  }
+  tx.insert("outbox", { id, first, n });
+  if (fail) throw new Error("changed my mind after " + n + " appends");
+  return first;
+}
 "#;
+
+/// The topic the `post` function appends to: a transactional outbox whose rows say which
+/// records they wrote. Small retention, so recoveries also trim.
+fn feed_config(rng: &mut Rng) -> TopicConfig {
+    TopicConfig {
+        retain_records: [8, 40, 1000][rng.below(3) as usize],
+        retain_bytes: [600, 1 << 20][rng.below(2) as usize],
+        retain_secs: 0,
+    }
+}
 
 struct Lent {
     db: Db,
@@ -158,8 +180,21 @@ fn body(rng: &mut Rng) -> String {
 
 /// Runs one random transaction; returns its commit if it committed.
 fn run_transaction(rng: &mut Rng, functions: &mut Functions, db: Db) -> (Db, Option<Arc<Commit>>) {
+    if rng.percent(3) {
+        // Topic DDL between the writes: retention changes (trimming at once).
+        let mut db = db;
+        let commit = db
+            .put_topic("feed", Some(feed_config(rng)))
+            .expect("a valid retention");
+        return (db, commit);
+    }
     if rng.percent(45) {
-        let (name, args) = match rng.below(4) {
+        let (name, args) = match rng.below(5) {
+            4 => (
+                "post",
+                json!({"id": rng.range(0, 1 << 40), "n": rng.range(1, 4),
+                       "tags": [format!("k:{}", rng.below(3))], "fail": rng.percent(20)}),
+            ),
             0 | 1 => (
                 "transfer",
                 json!({"from": rng.range(1, ACCOUNTS), "to": rng.range(1, ACCOUNTS),
@@ -344,6 +379,83 @@ struct Totals {
     torn_tails: u64,
     snapshots: u64,
     segments_retired: u64,
+    records_appended: u64,
+    records_recovered: u64,
+}
+
+// ---------------------------------------------------------------------------------------
+// Topics
+
+/// Per topic: (first, next, config, every kept record as (offset, ts, seq, tags, data)).
+type TopicState = BTreeMap<
+    String,
+    (
+        u64,
+        u64,
+        TopicConfig,
+        Vec<(u64, i64, u64, Vec<String>, String)>,
+    ),
+>;
+
+fn topics_of(db: &Db) -> TopicState {
+    db.topics
+        .iter()
+        .map(|(name, t)| {
+            let records = t
+                .records()
+                .map(|r| {
+                    let tags = r.tags.iter().map(|s| s.to_string()).collect();
+                    (r.offset, r.ts_us, r.seq, tags, r.data.to_string())
+                })
+                .collect();
+            (name.clone(), (t.first(), t.next(), t.config(), records))
+        })
+        .collect()
+}
+
+/// The outbox rows and the `feed` records match one to one: each row's records (those not
+/// trimmed by retention) are there with its id, and each record kept has its row.
+fn check_outbox(db: &Db, what: &str) {
+    let feed = &db.topics["feed"];
+    let rows: BTreeMap<i64, (u64, u64)> = db.tables["outbox"]
+        .rows
+        .values()
+        .map(|r| {
+            let int = |i: usize| match r.values[i] {
+                sluice_engine::Value::Integer(v) => v,
+                ref other => panic!("{what}: outbox value {other:?}"),
+            };
+            (int(0), (int(1) as u64, int(2) as u64))
+        })
+        .collect();
+    for r in feed.records() {
+        let data: Json = serde_json::from_str(&r.data).unwrap();
+        let id = data["id"].as_i64().unwrap();
+        let k = data["k"].as_u64().unwrap();
+        let Some(&(first, n)) = rows.get(&id) else {
+            panic!(
+                "{what}: record {} (post {id}) has no outbox row: half a transaction",
+                r.offset
+            );
+        };
+        assert!(
+            k < n && r.offset == first + k,
+            "{what}: record {} of post {id}: {data} vs row ({first}, {n})",
+            r.offset
+        );
+    }
+    for (id, (first, n)) in &rows {
+        for offset in (*first..first + n).filter(|o| *o >= feed.first()) {
+            let r = feed.get(offset).unwrap_or_else(|| {
+                panic!("{what}: outbox row {id} wrote offset {offset}, which is missing: half a transaction")
+            });
+            assert!(
+                r.data.contains(&format!("\"id\":{id},")),
+                "{what}: offset {offset} is not post {id}'s: {}",
+                r.data
+            );
+        }
+    }
 }
 
 fn recovery_options() -> RecoveryOptions {
@@ -384,6 +496,8 @@ fn simulate(seed: u64, crashes: u64, cycle_now: &mut u64, totals: &mut Totals) {
         for ddl in sluice_sql::parse_ddl(SCHEMA).unwrap() {
             commits.push(db.apply_schema(vec![ddl.change], ddl.sql).unwrap().unwrap());
         }
+        let feed = feed_config(&mut rng);
+        commits.push(db.put_topic("feed", Some(feed)).unwrap().unwrap());
         let mut tx = db.transaction();
         for id in 1..=ACCOUNTS {
             tx.insert(
@@ -503,6 +617,8 @@ fn one_cycle(
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let mut states: BTreeMap<u64, State> = BTreeMap::new();
     states.insert(base, state_of(&db));
+    let mut topic_states: BTreeMap<u64, TopicState> = BTreeMap::new();
+    topic_states.insert(base, topics_of(&db));
     let mut submitted = 0usize;
     let mut batch = (Vec::new(), 0u64, Vec::new());
     let mut payload = Vec::new();
@@ -529,6 +645,12 @@ fn one_cycle(
         let Some(commit) = commit else { continue };
         totals.commits += 1;
         states.insert(commit.seq, state_of(&db));
+        topic_states.insert(commit.seq, topics_of(&db));
+        totals.records_appended += commit
+            .appends
+            .iter()
+            .map(|a| a.records.len() as u64)
+            .sum::<u64>();
         payload.clear();
         encode_commit(&commit, &mut payload);
         frame::encode_into(&mut batch.0, &payload).unwrap();
@@ -654,6 +776,21 @@ fn one_cycle(
     if let Err(diff) = same_state(expected, &state_of(&recovered.db)) {
         panic!("after a {cut:?} the state recovered at seq {r} is not the state after commit {r}: {diff}");
     }
+    let recovered_topics = topics_of(&recovered.db);
+    if recovered_topics != topic_states[&r] {
+        panic!(
+            "after a {cut:?} the topics recovered at seq {r} are not those after commit {r}:\n  expected {:?}\n  got      {:?}",
+            topic_states[&r], recovered_topics
+        );
+    }
+    check_outbox(
+        &recovered.db,
+        &format!("after a {cut:?}, recovered at seq {r}"),
+    );
+    totals.records_recovered += recovered_topics
+        .values()
+        .map(|t| t.3.len() as u64)
+        .sum::<u64>();
     totals.lost_unrequired += db.seq - r;
     recovered.db
 }

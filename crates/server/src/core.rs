@@ -191,6 +191,8 @@ impl Core {
         )
         .map_err(|source| OpenError::Thread { source })?;
         let writer = Writer::spawn(shared.clone(), rx, tx.downgrade(), log_bytes_since_snapshot)?;
+        crate::writer::spawn_ticker(tx.downgrade())
+            .map_err(|source| OpenError::Thread { source })?;
         Ok(Core {
             shared,
             requests: tx,

@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 use sluice_engine::{Commit, CommitBody, Record, TagFilter, TopicChange, TopicConfig, TxError};
 use sluice_log::Durability;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use crate::core::Core;
 use crate::error::CoreError;
@@ -47,6 +47,8 @@ pub(crate) const HUB_FEED_ROUNDS_MAX: usize = 4096;
 pub struct TopicInfo {
     pub name: String,
     pub first: u64,
+    /// The newest offset, `None` while the topic never had a record.
+    pub last: Option<u64>,
     pub next: u64,
     pub records: u64,
     pub bytes: u64,
@@ -61,6 +63,7 @@ impl TopicInfo {
         TopicInfo {
             name: t.name().to_string(),
             first: t.first(),
+            last: t.next().checked_sub(1),
             next: t.next(),
             records: t.len() as u64,
             bytes: t.bytes(),
@@ -95,11 +98,40 @@ pub struct AppendOk {
     pub last: u64,
 }
 
-/// One record to append: its tags and data.
+/// One record to append: its tags and its data as JSON text.
 #[derive(Clone, Debug)]
 pub struct NewRecord {
     pub tags: Vec<String>,
-    pub data: Json,
+    /// Valid JSON without raw line breaks (they would split an SSE `data:` line): see
+    /// [`NewRecord::from_raw`].
+    pub data: Box<str>,
+}
+
+impl NewRecord {
+    pub fn new(tags: Vec<String>, data: &Json) -> Self {
+        NewRecord {
+            tags,
+            data: data.to_string().into_boxed_str(),
+        }
+    }
+
+    /// From the raw JSON text of a request. The text must parse as a JSON value the way
+    /// every reader will parse it (a number beyond f64, a lone surrogate escape are refused
+    /// here rather than served as something else later); it is kept as it is unless it has
+    /// line breaks (only possible as whitespace between tokens), which are printed away.
+    pub fn from_raw(
+        tags: Vec<String>,
+        data: &serde_json::value::RawValue,
+    ) -> Result<Self, serde_json::Error> {
+        let text = data.get();
+        let value: Json = serde_json::from_str(text)?;
+        let data = if text.bytes().any(|b| b == b'\n' || b == b'\r') {
+            value.to_string().into_boxed_str()
+        } else {
+            text.into()
+        };
+        Ok(NewRecord { tags, data })
+    }
 }
 
 /// A page of `GET /v1/topics/{name}/records`.
@@ -152,6 +184,7 @@ pub(crate) fn apply_topic_op(
                 topic: TopicInfo {
                     name,
                     first: 0,
+                    last: None,
                     next: 0,
                     records: 0,
                     bytes: 0,
@@ -204,7 +237,7 @@ impl WireRecord {
         out.push_str(",\"ts\":");
         out.push_str(&r.ts_us.to_string());
         out.push_str(",\"tags\":");
-        out.push_str(&serde_json::to_string(&r.tags).expect("strings serialize"));
+        out.push_str(&serde_json::to_string(&tag_strs(&r.tags)).expect("strings serialize"));
         out.push_str(",\"data\":");
         out.push_str(&r.data);
     }
@@ -247,8 +280,12 @@ impl WireRecord {
     /// The record as a JSON value (read pages).
     pub fn json(record: &Record) -> Json {
         let data: Json = serde_json::from_str(&record.data).unwrap_or(Json::Null);
-        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": record.tags, "data": data})
+        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": tag_strs(&record.tags), "data": data})
     }
+}
+
+fn tag_strs(tags: &[sluice_engine::topic::Tag]) -> Vec<&str> {
+    tags.iter().map(|t| &**t).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -262,12 +299,12 @@ enum Ended {
     Poisoned(String),
 }
 
-/// Shared between the hub and one watch: set once, read by the watch's task.
+/// Shared between the hub and one watch: set once, read by the watch's task. The hub sets
+/// it and then drops the watch's queue sender, so a waiting watch wakes to a closed queue.
 #[derive(Default)]
 struct EndSlot {
     ended: AtomicBool,
     why: Mutex<Option<Ended>>,
-    notify: Notify,
 }
 
 impl EndSlot {
@@ -276,7 +313,6 @@ impl EndSlot {
         if slot.is_none() {
             *slot = Some(why);
             self.ended.store(true, Ordering::Release);
-            self.notify.notify_one();
         }
     }
 }
@@ -405,8 +441,19 @@ impl Hub {
         })
     }
 
-    fn unregister(&self, id: usize) {
+    /// Removes watcher `id` if it is still the one that holds `end` (a watcher the hub cut
+    /// off is already gone, and its slot may serve another watcher by now).
+    fn unregister(&self, id: usize, end: &Arc<EndSlot>) {
         let mut st = self.state.lock();
+        let ours = matches!(st.slots.get(id), Some(Some((_, slot))) if Arc::ptr_eq(&slot.end, end));
+        if ours {
+            Self::remove_locked(&mut st, id);
+            drop(st);
+            self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn remove_locked(st: &mut HubState, id: usize) {
         let Some((topic, slot)) = st.slots.get_mut(id).and_then(Option::take) else {
             return;
         };
@@ -437,8 +484,6 @@ impl Hub {
             }
             routes.watchers -= 1;
         }
-        drop(st);
-        self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Routes one confirmed commit: topic DDL updates the routes, appends go to watchers.
@@ -458,20 +503,33 @@ impl Hub {
                         .or_default()
                         .routed_next = 0;
                 }
-                TopicChange::Put { .. } => {}
+                TopicChange::Put { .. } | TopicChange::Trim { .. } => {}
                 TopicChange::Drop { name } => {
-                    if let Some(routes) = st.topics.remove(name.as_str()) {
-                        if routes.watchers > 0 {
-                            for (t, slot) in st.slots.iter().flatten() {
-                                if **t == **name {
+                    if st.topics.get(name.as_str()).is_some_and(|r| r.watchers > 0) {
+                        let ids: Vec<usize> = st
+                            .slots
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(id, s)| match s {
+                                Some((t, slot)) if **t == **name => {
                                     slot.end.end(Ended::Dropped);
+                                    Some(id)
                                 }
-                            }
+                                _ => None,
+                            })
+                            .collect();
+                        for id in &ids {
+                            Self::remove_locked(&mut st, *id);
                         }
+                        self.counters
+                            .watchers
+                            .fetch_sub(ids.len() as u64, Ordering::Relaxed);
                     }
+                    st.topics.remove(name.as_str());
                 }
             }
         }
+        let mut cut: Vec<usize> = Vec::new();
         let HubState { topics, slots, .. } = &mut *st;
         let mut targets: Vec<usize> = Vec::new();
         for batch in &commit.appends {
@@ -492,7 +550,7 @@ impl Hub {
                 targets.clear();
                 targets.extend_from_slice(&routes.all);
                 for tag in record.tags.iter() {
-                    if let Some(list) = routes.exact.get(tag) {
+                    if let Some(list) = routes.exact.get(&**tag) {
                         targets.extend_from_slice(list);
                     }
                     for (&len, _) in routes.prefix_lens.range(..=tag.len()) {
@@ -519,6 +577,7 @@ impl Hub {
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             self.counters.lagging.fetch_add(1, Ordering::Relaxed);
                             slot.end.end(Ended::Lagging);
+                            cut.push(id);
                         }
                         // The watch is gone; it unregisters itself.
                         Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -529,14 +588,29 @@ impl Hub {
                     .fetch_add(delivered, Ordering::Relaxed);
             }
         }
+        // A lagging watcher leaves the routes at once, even if its connection is stuck and
+        // its task cannot run to notice.
+        for id in &cut {
+            Self::remove_locked(&mut st, *id);
+        }
+        drop(st);
+        self.counters
+            .watchers
+            .fetch_sub(cut.len() as u64, Ordering::Relaxed);
     }
 
     fn poison(&self, reason: String) {
         let mut st = self.state.lock();
         st.poisoned = Some(reason.clone());
-        for (_, slot) in st.slots.iter().flatten() {
-            slot.end.end(Ended::Poisoned(reason.clone()));
+        let mut removed = 0;
+        for id in 0..st.slots.len() {
+            if let Some((_, slot)) = &st.slots[id] {
+                slot.end.end(Ended::Poisoned(reason.clone()));
+                Self::remove_locked(&mut st, id);
+                removed += 1;
+            }
         }
+        self.counters.watchers.fetch_sub(removed, Ordering::Relaxed);
     }
 }
 
@@ -622,7 +696,7 @@ pub struct Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.hub.unregister(self.id);
+        self.hub.unregister(self.id, &self.end);
     }
 }
 
@@ -656,16 +730,13 @@ impl Watch {
                 self.replay_page()?;
                 continue;
             }
-            tokio::select! {
-                r = self.queue.recv() => match r {
-                    Some(r) if r.offset() < self.next => continue,
-                    Some(r) => {
-                        self.next = r.offset() + 1;
-                        return Ok(r);
-                    }
-                    None => return Err(self.ended()),
-                },
-                _ = self.end.notify.notified() => continue,
+            match self.queue.recv().await {
+                Some(r) if r.offset() < self.next => continue,
+                Some(r) => {
+                    self.next = r.offset() + 1;
+                    return Ok(r);
+                }
+                None => return Err(self.ended()),
             }
         }
     }

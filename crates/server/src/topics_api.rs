@@ -124,23 +124,13 @@ pub(crate) fn parse_records(
             "an append needs \"records\": [{\"tags\": [...], \"data\": ...}, ...]",
         ));
     };
-    if items.is_empty() {
-        return Err(ApiError::bad_request(
-            "\"records\" is empty: append at least one record",
-        ));
-    }
-    if items.len() > records_max {
-        return Err(ApiError::limit(format!(
-            "an append of {} records exceeds append_records_max (--max-append-records) of {records_max}",
-            items.len()
-        )));
-    }
+    check_count(items.len(), records_max)?;
     items
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
             let (tags, data) = record_from_json(item).map_err(|e| ApiError::from(e.at_op(i)))?;
-            Ok(NewRecord { tags, data })
+            Ok(NewRecord::new(tags, &data))
         })
         .collect()
 }
@@ -151,21 +141,80 @@ async fn append(
     body: Body,
 ) -> ApiResult {
     let Path(name) = path.map_err(path_error)?;
-    let mut body = crate::api::json_body(&core, body).await?;
-    if let Some(extra) = body
-        .keys()
-        .find(|k| !["records", "durability"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(format!(
-            "unknown field {extra:?} in an append (expected records, durability)"
-        )));
-    }
-    let durability = durability_of(&body)?;
-    let records = parse_records(&mut body, core.config().append_records_max)?;
+    let bytes = crate::api::read_body(&core, body).await?;
+    let (records, durability) = append_body(&bytes, core.config().append_records_max)?;
     let ok = core.append(name, records, durability).await?;
     Ok(Json(
         json!({"seq": ok.seq, "first": ok.first, "last": ok.last}),
     ))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendBody<'a> {
+    #[serde(borrow)]
+    records: Option<Vec<RecordIn<'a>>>,
+    durability: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordIn<'a> {
+    tags: Option<Vec<String>>,
+    #[serde(borrow)]
+    data: Option<&'a serde_json::value::RawValue>,
+}
+
+/// An append's body, parsed without turning each record's data into values: the data's
+/// text is kept (see [`NewRecord::from_raw`]).
+fn append_body(
+    bytes: &[u8],
+    records_max: usize,
+) -> Result<(Vec<NewRecord>, Option<sluice_log::Durability>), ApiError> {
+    let body: AppendBody<'_> = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "an append is {{\"records\": [{{\"tags\": [strings], \"data\": any}}, …], \"durability\"?}}: {e}"
+        ))
+    })?;
+    let mut durability = Map::new();
+    if let Some(d) = body.durability {
+        durability.insert("durability".into(), d);
+    }
+    let durability = durability_of(&durability)?;
+    let items = body.records.ok_or_else(|| {
+        ApiError::bad_request(
+            "an append needs \"records\": [{\"tags\": [...], \"data\": ...}, ...]",
+        )
+    })?;
+    check_count(items.len(), records_max)?;
+    let records = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| match r.data {
+            Some(data) => NewRecord::from_raw(r.tags.unwrap_or_default(), data).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the data of record {i} is not a JSON value Sluice can keep: {e}"
+                ))
+                .with("op", i)
+            }),
+            None => Ok(NewRecord::new(r.tags.unwrap_or_default(), &Value::Null)),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((records, durability))
+}
+
+fn check_count(n: usize, records_max: usize) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(ApiError::bad_request(
+            "\"records\" is empty: append at least one record",
+        ));
+    }
+    if n > records_max {
+        return Err(ApiError::limit(format!(
+            "an append of {n} records exceeds append_records_max (--max-append-records) of {records_max}"
+        )));
+    }
+    Ok(())
 }
 
 /// `from`, `limit` and the repeated `tag` of a read or watch query string.
@@ -263,10 +312,13 @@ async fn watch_sse(
         "event: watching\ndata: {}\n\n",
         json!({"topic": watch.topic(), "next": watch.start()})
     ));
+    let heartbeat = core.config().live_heartbeat;
     let state = SseWatch {
         watch,
         closing: core.closing(),
-        heartbeat: core.config().live_heartbeat,
+        heartbeat,
+        idle: Box::pin(tokio::time::sleep(heartbeat)),
+        sent: false,
         first: Some(first),
         done: false,
     };
@@ -288,6 +340,10 @@ struct SseWatch {
     watch: Watch,
     closing: tokio::sync::watch::Receiver<bool>,
     heartbeat: Duration,
+    /// Fires once per heartbeat period; a period in which something was sent needs no
+    /// heartbeat (so a busy stream touches its timer once per period, not per record).
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    sent: bool,
     first: Option<Bytes>,
     done: bool,
 }
@@ -301,12 +357,21 @@ impl SseWatch {
         if let Some(first) = self.first.take() {
             return Some(first);
         }
-        let next = tokio::select! {
-            biased;
-            _ = self.closing.wait_for(|&c| c) => Err(CoreError::ShuttingDown),
-            r = self.watch.next() => r,
-            _ = tokio::time::sleep(self.heartbeat) => return Some(Bytes::from_static(b":\n\n")),
+        let next = loop {
+            tokio::select! {
+                biased;
+                _ = self.closing.wait_for(|&c| c) => break Err(CoreError::ShuttingDown),
+                r = self.watch.next() => break r,
+                _ = self.idle.as_mut() => {
+                    let deadline = tokio::time::Instant::now() + self.heartbeat;
+                    self.idle.as_mut().reset(deadline);
+                    if !std::mem::take(&mut self.sent) {
+                        return Some(Bytes::from_static(b":\n\n"));
+                    }
+                }
+            }
         };
+        self.sent = true;
         let record = match next {
             Ok(r) => r,
             Err(e) => {

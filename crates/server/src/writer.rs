@@ -98,6 +98,9 @@ pub(crate) enum Request {
     },
     /// From the snapshot thread: it finished a job and can take the next one.
     SnapshotIdle,
+    /// From the ticker: nothing to do but the round's periodic work (topics' age limits),
+    /// so an idle writer still drops expired records.
+    Tick,
     Shutdown {
         reply: Reply<()>,
     },
@@ -228,7 +231,10 @@ impl Writer {
                 payload: Vec::new(),
                 published: Vec::new(),
                 snapshot_waiting: Vec::new(),
-                topics_trimmed: std::time::Instant::now(),
+                // Due at once: the first tick after a restart expires what aged meanwhile.
+                topics_trimmed: std::time::Instant::now()
+                    .checked_sub(TOPIC_TRIM_INTERVAL)
+                    .unwrap_or_else(std::time::Instant::now),
             }
             .run(rx)
         })
@@ -278,6 +284,14 @@ impl Writer {
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
         let shared = self.shared.clone();
+        if batch.iter().all(|r| matches!(r, Request::Tick)) {
+            // An idle writer's tick: a round only if some topic has records to expire.
+            let due = self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL;
+            if !due || !shared.db.read().topics_expired(now_us()) {
+                batch.clear();
+                return None;
+            }
+        }
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
         let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
@@ -416,14 +430,20 @@ impl Writer {
                         let _ = reply.send(Ok(self.functions.exports().to_vec()));
                     }
                     Request::Snapshot { reply } => snapshot_replies.push(reply),
-                    Request::SnapshotIdle => {}
+                    Request::SnapshotIdle | Request::Tick => {}
                     Request::Shutdown { reply } => shutdown = Some(reply),
                 }
             }
             let db = guard.as_mut().expect("the writer holds the lock");
-            if self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL {
+            let due = self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL;
+            if due && poisoned.is_none() && shutdown.is_none() {
                 self.topics_trimmed = std::time::Instant::now();
-                db.trim_topics(now_us());
+                // Age limits drop records by the clock, so each drop is a logged commit
+                // (acknowledged to nobody, like a `memory` commit).
+                for commit in db.expire_topics(now_us()) {
+                    self.log_commit(&commit);
+                    done.frames += 1;
+                }
             }
             db.seq
         };
@@ -571,7 +591,7 @@ fn refuse(req: Request, err: CoreError) {
         Request::Snapshot { reply } => {
             let _ = reply.send(Err(err));
         }
-        Request::SnapshotIdle => {}
+        Request::SnapshotIdle | Request::Tick => {}
         Request::Shutdown { reply } => {
             let _ = reply.send(Err(err));
         }
@@ -579,9 +599,28 @@ fn refuse(req: Request, err: CoreError) {
 }
 
 /// How often the writer drops records past their topic's age limit.
-const TOPIC_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const TOPIC_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-fn now_us() -> i64 {
+/// Starts the ticker: a thread that wakes an idle writer once per [`TOPIC_TRIM_INTERVAL`]
+/// (never waiting: a full queue means a busy writer, which trims in its rounds anyway). It
+/// ends when the writer's queue is gone.
+pub(crate) fn spawn_ticker(requests: mpsc::WeakSender<Request>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("sluice-ticker".into())
+        .spawn(move || loop {
+            let Some(tx) = requests.upgrade() else {
+                return;
+            };
+            if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Request::Tick) {
+                return;
+            }
+            drop(tx);
+            std::thread::sleep(TOPIC_TRIM_INTERVAL);
+        })?;
+    Ok(())
+}
+
+pub(crate) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
@@ -605,7 +644,7 @@ fn append(
     let mut last = 0;
     for (i, r) in records.into_iter().enumerate() {
         let offset = tx
-            .append(topic, r.tags, &r.data, ts_us)
+            .append_json_text(topic, r.tags, r.data, ts_us)
             .map_err(|e| e.at_op(i))?;
         first.get_or_insert(offset);
         last = offset;

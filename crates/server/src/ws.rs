@@ -91,6 +91,11 @@ fn error_reply(id: &Value, e: ApiError) -> Value {
 /// A reply still to come, or already there.
 type ReplyFuture = Pin<Box<dyn Future<Output = Value> + Send>>;
 
+/// A topic watch's messages (`watching`, records, a final `error`), polled by the
+/// connection's sender itself: a record goes from the watch's queue to the socket with no
+/// task in between.
+type WatchStream = futures_util::stream::BoxStream<'static, Message>;
+
 async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let (mut sink, mut stream) = socket.split();
     // The reader hands each request's reply-to-be to the sender in arrival order; the sender
@@ -107,6 +112,8 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     let (pending_tx, mut pending_rx) = mpsc::channel::<ReplyFuture>(outbound_max);
     // Live-query events, from one forwarding task per subscription.
     let (events_tx, mut events_rx) = mpsc::channel::<Message>(outbound_max);
+    // New topic watches, handed to the sender (which polls them all).
+    let (watches_tx, mut watches_rx) = mpsc::unbounded_channel::<WatchStream>();
     let sender_closing = core.closing();
     let sender = tokio::spawn(async move {
         let mut inflight = Inflight {
@@ -114,9 +121,11 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             core: counters,
         };
         let mut open = true;
+        let mut watching = futures_util::stream::SelectAll::<WatchStream>::new();
         loop {
             tokio::select! {
                 biased;
+                Some(watch) = watches_rx.recv() => watching.push(watch),
                 Some(reply) = inflight.replies.next(), if !inflight.replies.is_empty() => {
                     let mut answered = 1;
                     let mut fed = sink.feed(encode(encoding, &reply)).await.is_ok();
@@ -146,6 +155,21 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                         }
                     }
                     if sink.flush().await.is_err() {
+                        return;
+                    }
+                }
+                Some(record) = watching.next(), if !watching.is_empty() => {
+                    // Records ready together go out in one flush.
+                    let mut fed = sink.feed(record).await.is_ok();
+                    let mut n = 1;
+                    while fed && n < WATCH_BATCH_MESSAGES_MAX {
+                        let Some(Some(record)) = watching.next().now_or_never() else {
+                            break;
+                        };
+                        fed = sink.feed(record).await.is_ok();
+                        n += 1;
+                    }
+                    if !fed || sink.flush().await.is_err() {
                         return;
                     }
                 }
@@ -214,7 +238,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                             .watch(
                                 &core,
                                 &request,
-                                &events_tx,
+                                &watches_tx,
                                 encoding,
                                 subs.by_qid.len(),
                                 taken,
@@ -283,6 +307,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     }
     subs.close_all();
     watches.close_all();
+    drop(watches_tx);
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
@@ -414,8 +439,22 @@ impl Subscriptions {
 /// (which name the topic, not the qid) say which watch they belong to.
 #[derive(Default)]
 struct Watches {
-    /// topic → (qid, forwarding task)
-    by_topic: HashMap<String, (String, JoinHandle<()>)>,
+    /// topic → its watch
+    by_topic: HashMap<String, WatchEntry>,
+}
+
+struct WatchEntry {
+    qid: String,
+    /// Ends the watch's stream (`unwatch`, connection closed).
+    abort: futures_util::stream::AbortHandle,
+    /// Set when the stream ended by itself (its final error was sent).
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl WatchEntry {
+    fn is_finished(&self) -> bool {
+        self.done.load(Ordering::Relaxed) || self.abort.is_aborted()
+    }
 }
 
 impl Watches {
@@ -426,7 +465,7 @@ impl Watches {
     fn has_qid(&self, qid: &str) -> bool {
         self.by_topic
             .values()
-            .any(|(q, task)| q == qid && !task.is_finished())
+            .any(|w| w.qid == qid && !w.is_finished())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -434,7 +473,7 @@ impl Watches {
         &mut self,
         core: &Core,
         request: &Map<String, Value>,
-        events: &mpsc::Sender<Message>,
+        streams: &mpsc::UnboundedSender<WatchStream>,
         encoding: Encoding,
         subscriptions: usize,
         qid_taken: bool,
@@ -448,13 +487,13 @@ impl Watches {
         let Some(Value::String(topic)) = request.get("topic") else {
             return Err(ApiError::bad_request("a watch needs \"topic\""));
         };
-        self.by_topic.retain(|_, (_, task)| !task.is_finished());
+        self.by_topic.retain(|_, w| !w.is_finished());
         if qid_taken || self.has_qid(&name) {
             return Err(ApiError::bad_request(format!(
                 "qid {name} is already in use on this connection; unwatch or unsubscribe it first"
             )));
         }
-        if let Some((other, _)) = self.by_topic.get(topic) {
+        if let Some(WatchEntry { qid: other, .. }) = self.by_topic.get(topic) {
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
                 "already_exists",
@@ -491,37 +530,22 @@ impl Watches {
             }
         };
         let filter = sluice_engine::TagFilter::parse(&tags)?;
-        let mut watch = core.watch(topic, from, filter).await?;
+        let watch = core.watch(topic, from, filter).await?;
         let id = request.get("id").cloned().unwrap_or(Value::Null);
-        let events = events.clone();
-        let task_qid = qid.clone();
-        let task = tokio::spawn(async move {
-            let watching = json!({"id": id, "type": "watching", "qid": task_qid, "topic": watch.topic(), "next": watch.start()});
-            if events.send(encode(encoding, &watching)).await.is_err() {
-                return;
-            }
-            loop {
-                let message = match watch.next().await {
-                    Ok(record) => match encoding {
-                        Encoding::Json => Message::Text(record.ws_json().clone()),
-                        Encoding::Msgpack => Message::Binary(record.ws_msgpack().clone()),
-                    },
-                    Err(e) => {
-                        let mut reply = error_reply(&Value::Null, e.into());
-                        if let Some(m) = reply.as_object_mut() {
-                            m.remove("id");
-                        }
-                        reply["qid"] = task_qid;
-                        let _ = events.send(encode(encoding, &reply)).await;
-                        return;
-                    }
-                };
-                if events.send(message).await.is_err() {
-                    return;
-                }
-            }
-        });
-        self.by_topic.insert(topic.clone(), (name, task));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stream = watch_stream(watch, id, qid, encoding, done.clone());
+        let (stream, abort) = futures_util::stream::abortable(stream);
+        if streams.send(Box::pin(stream)).is_err() {
+            return Err(ApiError::shutting_down());
+        }
+        self.by_topic.insert(
+            topic.clone(),
+            WatchEntry {
+                qid: name,
+                abort,
+                done,
+            },
+        );
         Ok(())
     }
 
@@ -530,22 +554,68 @@ impl Watches {
         let topic = self
             .by_topic
             .iter()
-            .find(|(_, (q, _))| *q == name)
+            .find(|(_, w)| w.qid == name)
             .map(|(t, _)| t.clone())
             .ok_or_else(|| {
                 ApiError::not_found(format!("no topic watch with qid {qid} on this connection"))
             })?;
-        let (_, task) = self.by_topic.remove(&topic).expect("found above");
-        // Dropping the task's watch unregisters it from the hub.
-        task.abort();
+        let entry = self.by_topic.remove(&topic).expect("found above");
+        // The sender drops the aborted stream, and with it the watch (which unregisters).
+        entry.abort.abort();
         Ok(json!({"type": "unwatched", "qid": qid}))
     }
 
     fn close_all(&mut self) {
-        for (_, (_, task)) in self.by_topic.drain() {
-            task.abort();
+        for (_, w) in self.by_topic.drain() {
+            w.abort.abort();
         }
     }
+}
+
+/// Most watch messages written per flush.
+const WATCH_BATCH_MESSAGES_MAX: usize = 256;
+
+/// A watch as the messages its connection sends: `watching`, then each record's shared
+/// bytes, then — if the server ends it — one `error`.
+fn watch_stream(
+    watch: crate::topics::Watch,
+    id: Value,
+    qid: Value,
+    encoding: Encoding,
+    done: Arc<std::sync::atomic::AtomicBool>,
+) -> WatchStream {
+    let watching = json!({"id": id, "type": "watching", "qid": qid, "topic": watch.topic(), "next": watch.start()});
+    let first = encode(encoding, &watching);
+    let state = (watch, Some(first), qid, done, false);
+    Box::pin(futures_util::stream::unfold(
+        state,
+        move |(mut watch, first, qid, done, ended)| async move {
+            if ended {
+                return None;
+            }
+            if let Some(first) = first {
+                return Some((first, (watch, None, qid, done, false)));
+            }
+            match watch.next().await {
+                Ok(record) => {
+                    let message = match encoding {
+                        Encoding::Json => Message::Text(record.ws_json().clone()),
+                        Encoding::Msgpack => Message::Binary(record.ws_msgpack().clone()),
+                    };
+                    Some((message, (watch, None, qid, done, false)))
+                }
+                Err(e) => {
+                    let mut reply = error_reply(&Value::Null, e.into());
+                    if let Some(m) = reply.as_object_mut() {
+                        m.remove("id");
+                    }
+                    reply["qid"] = qid.clone();
+                    done.store(true, Ordering::Relaxed);
+                    Some((encode(encoding, &reply), (watch, None, qid, done, true)))
+                }
+            }
+        },
+    ))
 }
 
 fn too_big(len: usize, max: usize) -> ApiError {

@@ -1,4 +1,4 @@
-//! A panic in a critical thread (writer, log, live, snapshot) must never leave a process that
+//! A panic in a critical thread (writer, log, live, snapshot, topics) must never leave a process that
 //! answers `/health` ok while it cannot write or read: the process logs the reason and exits
 //! with status 70, and a restart recovers every acknowledged commit.
 //!
@@ -30,6 +30,12 @@ async fn panicking_thread_exits(thread: &str) {
             .await;
         api.mutate(json!([{"op":"insert","table":"t","row":{"id":1,"v":"before"}}]))
             .await;
+        let created = reqwest::Client::new()
+            .put(api.url("/v1/topics/events"))
+            .send()
+            .await
+            .expect("PUT a topic");
+        assert_eq!(created.status().as_u16(), 200);
         server.kill9();
     }
     let mut server = Server::start_with_env(&data, &logs, &[], &[("SLUICE_TEST_PANIC", thread)]);
@@ -41,6 +47,18 @@ async fn panicking_thread_exits(thread: &str) {
             &json!({"ops":[{"op":"insert","table":"t","row":{"id":2,"v":"during"}}]}),
         )
         .await;
+    // The topics thread's work: an append to route.
+    let append = if thread == "topics" {
+        Some(
+            api.try_post(
+                "/v1/topics/events/records",
+                &json!({"records": [{"data": "during"}]}),
+            )
+            .await,
+        )
+    } else {
+        None
+    };
     let snapshot = if thread == "snapshot" {
         Some(api.try_post("/v1/admin/snapshot", &json!({})).await)
     } else {
@@ -48,7 +66,7 @@ async fn panicking_thread_exits(thread: &str) {
     };
     let status = server.wait_exit(EXIT_WITHIN).unwrap_or_else(|| {
         panic!(
-            "the process still runs {EXIT_WITHIN:?} after the {thread} thread panicked (write: {write:?}, snapshot: {snapshot:?}):\n{}",
+            "the process still runs {EXIT_WITHIN:?} after the {thread} thread panicked (write: {write:?}, append: {append:?}, snapshot: {snapshot:?}):\n{}",
             server.stderr()
         )
     });
@@ -75,6 +93,14 @@ async fn panicking_thread_exits(thread: &str) {
         let (status, row) = api.get("/v1/tables/t/rows/2").await;
         assert_eq!(status, 200, "the write acknowledged before the exit: {row}");
     }
+    if let Some(Ok((200, ok))) = &append {
+        let (status, page) = api.get("/v1/topics/events/records").await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(
+            page["records"][0]["data"], "during",
+            "the append acknowledged before the exit ({ok}) survives: {page}"
+        );
+    }
     // And the restarted server works.
     api.mutate(json!([{"op":"upsert","table":"t","row":{"id":3,"v":"after"}}]))
         .await;
@@ -100,4 +126,9 @@ async fn a_live_thread_panic_exits_with_status_70_and_loses_nothing_acknowledged
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_thread_panic_exits_with_status_70_and_loses_nothing_acknowledged() {
     panicking_thread_exits("snapshot").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topics_thread_panic_exits_with_status_70_and_loses_nothing_acknowledged() {
+    panicking_thread_exits("topics").await;
 }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod topics;
+
 /// The binary under test, built by cargo for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
