@@ -118,6 +118,11 @@ impl Sluice {
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
+
+    /// `kill -9` (no final snapshot), then removes the data dir.
+    pub fn kill9(mut self) {
+        self.server.kill9_in_place();
+    }
 }
 
 impl std::ops::Deref for Sluice {

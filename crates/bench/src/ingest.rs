@@ -26,7 +26,7 @@ use crate::load::{measure, no_probe, Counts, Measured, Meter, Probe, Worker};
 use crate::peers::postgres::{find_bin_dir, Postgres};
 use crate::progress::Progress;
 use crate::report::{Report, Table, Target};
-use crate::server::{sluice_bin, SluiceServer};
+use crate::server::sluice_bin;
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 use crate::sys::TempDir;
 use crate::workload;
@@ -480,12 +480,11 @@ async fn http_case(
     batch: u64,
     clients: usize,
 ) -> anyhow::Result<Measured> {
-    let dir = TempDir::new("http")?;
     let mut flags = vec!["--durability".to_string(), durability.to_string()];
     if let Some(b) = params.snapshot_log_bytes {
         flags.extend(["--snapshot-log-bytes".to_string(), b.to_string()]);
     }
-    let (server, _) = SluiceServer::start(bin, &dir.path().join("data"), &flags).await?;
+    let server = crate::harness::Sluice::start(bin, "http", &flags).await?;
     server.sql(workload::CREATE_SLUICE).await?;
     let url = server.url("/v1/mutate");
     let meter = Meter::new(1);
@@ -548,9 +547,8 @@ async fn http_case(
     drop(probe);
     // SIGKILL: a graceful stop would write a final snapshot this case does not measure.
     if let Ok(server) = Arc::try_unwrap(server) {
-        server.kill9();
+        tokio::task::spawn_blocking(move || server.kill9()).await?;
     }
-    tokio::task::spawn_blocking(move || drop(dir)).await?;
     measured
 }
 
