@@ -774,6 +774,13 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
          machine's CPUs; one tokio task per watcher connection.",
         params.durability, OWN_TAG_SUBSET, SAT_REQUEST_DELIVERIES, params.saturation_seconds
     ));
+    report.intro.push(
+        "How to read the big cases: the watchers run in this process on the same CPUs as the \
+         server and Redis, so a record to N watchers costs N socket writes there and N socket \
+         reads here (one wake-up and one read per watcher connection), whichever server sends \
+         it; Redis pub/sub in the same setup is the yardstick for what the machine allows."
+            .into(),
+    );
     let ok: Vec<&Case> = cases.iter().filter(|c| c.error.is_none()).collect();
     // Target 1: p99 at 10 000 watchers, per Sluice transport, one tag.
     for t in [Transport::Sse, Transport::Ws] {
