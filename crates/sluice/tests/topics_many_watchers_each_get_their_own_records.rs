@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use std::collections::BTreeMap;
 
 use common::topics::{filter_matches, Enc, Rec, Ws};
@@ -180,4 +182,5 @@ async fn topics_many_watchers_each_get_their_own_records() {
         api.metric("sluice_topic_deliveries_total").await >= delivered as f64,
         "the deliveries counter covers what the watchers got"
     );
+    assert_no_panic(&server);
 }

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use common::topics::{Enc, Ws};
 use common::{Server, TempDir};
 use serde_json::{json, Value};
@@ -180,6 +182,7 @@ async fn topics_record_data_round_trips() {
 
     // And survives kill -9: the server restarts and serves the same values.
     let before = api.read_records("d", &[("limit", "1000")]).await;
+    assert_no_panic(&server);
     server.kill9();
     let (status, stderr) = start_or_why(&data_dir, dir.path());
     match status {

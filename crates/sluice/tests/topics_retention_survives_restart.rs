@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use std::time::Duration;
 
 use common::{Api, Server, TempDir};
@@ -100,6 +102,7 @@ async fn topics_retention_survives_restart() {
     let (status, body) = api.read_records("age", &[("from", "0")]).await;
     assert_eq!(status, 410, "{body}");
 
+    assert_no_panic(&server);
     server.kill9();
     let server = Server::start(&data, dir.path(), &[]);
     let api = server.api();

@@ -595,6 +595,10 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
     }
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "the server logged a panic:\n{stderr}"
+    );
 }
 
 /// Every record of `topic` matching `tags`, following `next` with random page sizes; checks

@@ -370,3 +370,13 @@ impl Ws {
         let _ = self.stream.close(None).await;
     }
 }
+
+/// No thread or task of the server panicked (a panicking connection task can go unnoticed
+/// by the client: its watch just stops).
+pub fn assert_no_panic(server: &super::Server) {
+    let stderr = server.stderr();
+    assert!(
+        !stderr.contains("panicked"),
+        "the server logged a panic:\n{stderr}"
+    );
+}
