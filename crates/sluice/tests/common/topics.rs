@@ -315,6 +315,14 @@ impl Ws {
         Ws { enc, stream }
     }
 
+    /// Sends raw bytes as a binary frame (hand-made MessagePack).
+    pub async fn send_binary(&mut self, bytes: Vec<u8>) {
+        self.stream
+            .send(Message::Binary(bytes.into()))
+            .await
+            .expect("send a frame");
+    }
+
     pub async fn send(&mut self, v: Value) {
         let message = match self.enc {
             Enc::Json => Message::Text(v.to_string().into()),
