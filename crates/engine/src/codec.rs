@@ -27,6 +27,7 @@ pub const SNAP_RECORDS: u8 = 5;
 
 const TOPIC_PUT: u8 = 1;
 const TOPIC_DROP: u8 = 2;
+const TOPIC_TRIM: u8 = 3;
 
 /// Largest seq or row version a record may carry. Both count up by one per commit from 0,
 /// so nothing real comes near; a larger value read back is damage, refused here so that
@@ -184,6 +185,7 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
                     for r in &a.records {
                         w.record_body(r);
                     }
+                    w.varint(a.first_after);
                 }
             }
         }
@@ -204,6 +206,11 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
                 TopicChange::Drop { name } => {
                     w.u8(TOPIC_DROP);
                     w.str(name);
+                }
+                TopicChange::Trim { name, first } => {
+                    w.u8(TOPIC_TRIM);
+                    w.str(name);
+                    w.varint(*first);
                 }
             }
         }
@@ -482,9 +489,11 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     if records.is_empty() {
                         return Err(format!("an empty run of records for topic {topic:?}"));
                     }
+                    let first_after = r.counter("offset")?;
                     appends.push(Appended {
                         topic: topic.into(),
                         records,
+                        first_after,
                     });
                 }
                 if appends.is_empty() {
@@ -505,6 +514,10 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     },
                 },
                 TOPIC_DROP => TopicChange::Drop { name: r.string()? },
+                TOPIC_TRIM => TopicChange::Trim {
+                    name: r.string()?,
+                    first: r.counter("offset")?,
+                },
                 k => return Err(format!("unknown topic change {k}")),
             };
             ReplayBody::Topic(change)

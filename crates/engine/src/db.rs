@@ -131,6 +131,12 @@ pub enum TopicChange {
     Drop {
         name: String,
     },
+    /// Records below `first` were dropped for the topic's age limit (`retain_secs`): logged,
+    /// because the clock that decided it does not replay.
+    Trim {
+        name: String,
+        first: u64,
+    },
 }
 
 /// A committed transaction: the unit of the changelog, the log and replication.
@@ -298,15 +304,36 @@ impl Db {
         Ok(self.push_commit(CommitBody::Topic(change)))
     }
 
-    /// Drops records past their topic's age limit (`retain_secs`) as of `now_us`; returns
-    /// how many. Not a commit: the horizon of a topic only moves forward, and recovery trims
-    /// again by the clock it starts with.
+    /// [`Db::expire_topics`], counting the records dropped instead of returning the commits
+    /// (which are in the changelog all the same).
     pub fn trim_topics(&mut self, now_us: i64) -> u64 {
-        self.topics
-            .values_mut()
-            .filter(|t| t.config().retain_secs > 0)
-            .map(|t| t.trim(Some(now_us)))
-            .sum()
+        let before: u64 = self.topics.values().map(|t| t.len() as u64).sum();
+        self.expire_topics(now_us);
+        before - self.topics.values().map(|t| t.len() as u64).sum::<u64>()
+    }
+
+    /// Whether some topic holds records past its age limit at `now_us`.
+    pub fn topics_expired(&self, now_us: i64) -> bool {
+        self.topics.values().any(|t| t.has_expired(now_us))
+    }
+
+    /// Drops records past their topic's age limit (`retain_secs`) as of `now_us`: one
+    /// `Trim` commit per topic that dropped any (the clock does not replay; the log does).
+    pub fn expire_topics(&mut self, now_us: i64) -> Vec<Arc<Commit>> {
+        let expired: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| t.has_expired(now_us))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut commits = Vec::with_capacity(expired.len());
+        for name in expired {
+            let t = self.topics.get_mut(&name).expect("listed above");
+            t.trim(Some(now_us));
+            let first = t.first();
+            commits.push(self.push_commit(CommitBody::Topic(TopicChange::Trim { name, first })));
+        }
+        commits
     }
 
     fn check_topic_config(&self, c: &TopicConfig) -> Result<(), TxError> {
@@ -365,6 +392,13 @@ impl Db {
                 self.topics.remove(name).ok_or_else(|| {
                     TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
                 })?;
+            }
+            TopicChange::Trim { name, first } => {
+                let t = self.topics.get_mut(name).ok_or_else(|| {
+                    TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
+                })?;
+                t.trim_to(*first)
+                    .map_err(|e| TxError::new(ErrorCode::BadRequest, e))?;
             }
         }
         Ok(())
@@ -573,7 +607,12 @@ impl Db {
                         }
                         t.push(r.clone());
                     }
-                    t.trim(None);
+                }
+                // Trim as the commit did (its runs say where each topic started afterwards).
+                for batch in &a {
+                    let t = self.topics.get_mut(&*batch.topic).expect("checked above");
+                    t.trim_to(batch.first_after)
+                        .map_err(|e| format!("seq {seq}: {e}"))?;
                 }
                 appends = a;
                 CommitBody::Rows(changes)
@@ -904,7 +943,7 @@ impl Db {
             return None;
         }
         assert_eq!(st.seq, self.seq + 1, "commits apply in seq order");
-        let appends = std::mem::take(&mut st.appends);
+        let mut appends = std::mem::take(&mut st.appends);
         st.appends_prev_ts.clear();
         // Retention only ever trims committed records, so an undo never has to restore one.
         for a in &appends {
@@ -914,6 +953,9 @@ impl Db {
                 .expect("appended topics exist");
             let newest = a.records.last().map(|r| r.ts_us);
             t.trim(newest);
+        }
+        for a in &mut appends {
+            a.first_after = self.topics[&*a.topic].first();
         }
         let commit = Arc::new(Commit {
             seq: st.seq,
@@ -1152,6 +1194,7 @@ impl TxRef<'_> {
                 self.st.appends.push(Appended {
                     topic: topic.name().clone(),
                     records: vec![record],
+                    first_after: 0,
                 });
                 self.st.appends_prev_ts.push(prev_ts);
             }

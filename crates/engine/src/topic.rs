@@ -73,6 +73,9 @@ fn record_bytes<T: AsRef<str>>(tags: &[T], data: &str) -> u64 {
 pub struct Appended {
     pub topic: Arc<str>,
     pub records: Vec<Arc<Record>>,
+    /// The topic's oldest kept offset once the commit applied (retention trims at commit),
+    /// logged so replay trims exactly as much: age limits depend on the clock.
+    pub first_after: u64,
 }
 
 /// Checks a topic name: 1–128 bytes of `A-Z a-z 0-9 _ - .`.
@@ -466,6 +469,37 @@ impl Topic {
 
     pub(crate) fn set_last_ts(&mut self, ts_us: i64) {
         self.last_ts_us = ts_us;
+    }
+
+    /// Drops records below `first` (a logged trim, replayed). `first` may not pass `next`.
+    pub(crate) fn trim_to(&mut self, first: u64) -> Result<(), String> {
+        if first > self.next {
+            return Err(format!(
+                "topic {:?} trimmed to offset {first} past its next offset {}",
+                self.name, self.next
+            ));
+        }
+        while self.first < first {
+            let r = self.records.pop_front().expect("first < next");
+            for t in r.tags.iter() {
+                self.tags.pop(t, r.offset, true);
+            }
+            self.bytes -= r.bytes();
+            self.first = r.offset + 1;
+        }
+        Ok(())
+    }
+
+    /// Whether records are past the age limit at `now_us` (and [`Topic::trim`] would drop one).
+    pub fn has_expired(&self, now_us: i64) -> bool {
+        let secs = self.config.retain_secs;
+        secs > 0
+            && self.records.len() > 1
+            && self.records.front().is_some_and(|r| {
+                r.ts_us
+                    < now_us
+                        .saturating_sub(secs.saturating_mul(1_000_000).min(i64::MAX as u64) as i64)
+            })
     }
 
     /// Drops records from the front by count and bytes, and — when `now_us` is given and the

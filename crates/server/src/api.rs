@@ -626,6 +626,11 @@ async fn changes(
                     } => (name, "create_topic"),
                     TopicChange::Put { name, .. } => (name, "alter_topic"),
                     TopicChange::Drop { name } => (name, "drop_topic"),
+                    TopicChange::Trim { name, first } => {
+                        out.push(json!({"seq": commit.seq, "topic": name, "op": "trim_topic", "first": first}));
+                        next = commit.seq;
+                        continue;
+                    }
                 };
                 out.push(json!({"seq": commit.seq, "topic": name, "op": op}));
             }

@@ -145,10 +145,6 @@ impl Core {
                 repair: true,
             },
         )?;
-        let mut recovered = recovered;
-        // Replay trims topics by count and bytes only; what the age limits dropped before the
-        // restart must not come back.
-        recovered.db.trim_topics(crate::writer::now_us());
         let seq = recovered.db.seq;
         let log_bytes_since_snapshot = recovered.replayed_bytes;
         let info = RecoveryInfo {

@@ -503,7 +503,7 @@ impl Hub {
                         .or_default()
                         .routed_next = 0;
                 }
-                TopicChange::Put { .. } => {}
+                TopicChange::Put { .. } | TopicChange::Trim { .. } => {}
                 TopicChange::Drop { name } => {
                     if st.topics.get(name.as_str()).is_some_and(|r| r.watchers > 0) {
                         let ids: Vec<usize> = st

@@ -231,7 +231,10 @@ impl Writer {
                 payload: Vec::new(),
                 published: Vec::new(),
                 snapshot_waiting: Vec::new(),
-                topics_trimmed: std::time::Instant::now(),
+                // Due at once: the first tick after a restart expires what aged meanwhile.
+                topics_trimmed: std::time::Instant::now()
+                    .checked_sub(TOPIC_TRIM_INTERVAL)
+                    .unwrap_or_else(std::time::Instant::now),
             }
             .run(rx)
         })
@@ -282,13 +285,12 @@ impl Writer {
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
         let shared = self.shared.clone();
         if batch.iter().all(|r| matches!(r, Request::Tick)) {
-            // An idle writer's tick: only the periodic work, not a round.
-            batch.clear();
-            if self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL {
-                self.topics_trimmed = std::time::Instant::now();
-                shared.db.write().trim_topics(now_us());
+            // An idle writer's tick: a round only if some topic has records to expire.
+            let due = self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL;
+            if !due || !shared.db.read().topics_expired(now_us()) {
+                batch.clear();
+                return None;
             }
-            return None;
         }
         let poisoned = shared.log.poisoned();
         let mut done = Committed::default();
@@ -433,9 +435,15 @@ impl Writer {
                 }
             }
             let db = guard.as_mut().expect("the writer holds the lock");
-            if self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL {
+            let due = self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL;
+            if due && poisoned.is_none() && shutdown.is_none() {
                 self.topics_trimmed = std::time::Instant::now();
-                db.trim_topics(now_us());
+                // Age limits drop records by the clock, so each drop is a logged commit
+                // (acknowledged to nobody, like a `memory` commit).
+                for commit in db.expire_topics(now_us()) {
+                    self.log_commit(&commit);
+                    done.frames += 1;
+                }
             }
             db.seq
         };
@@ -600,13 +608,14 @@ pub(crate) fn spawn_ticker(requests: mpsc::WeakSender<Request>) -> std::io::Resu
     std::thread::Builder::new()
         .name("sluice-ticker".into())
         .spawn(move || loop {
-            std::thread::sleep(TOPIC_TRIM_INTERVAL);
             let Some(tx) = requests.upgrade() else {
                 return;
             };
             if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Request::Tick) {
                 return;
             }
+            drop(tx);
+            std::thread::sleep(TOPIC_TRIM_INTERVAL);
         })?;
     Ok(())
 }
