@@ -8,6 +8,8 @@ need_apt=()
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # PostgreSQL is a peer in `sluice bench`; its smoke test starts a real server.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then need_apt+=(postgresql); fi
+# Redis is the peer of `sluice bench fanout` and of the topic rows of `sluice bench ingest`.
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

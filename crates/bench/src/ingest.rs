@@ -26,7 +26,7 @@ use crate::load::{measure, no_probe, Counts, Measured, Meter, Probe, Worker};
 use crate::peers::postgres::{find_bin_dir, Postgres};
 use crate::progress::Progress;
 use crate::report::{Report, Table, Target};
-use crate::server::{sluice_bin, SluiceServer};
+use crate::server::sluice_bin;
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 use crate::sys::TempDir;
 use crate::workload;
@@ -80,6 +80,23 @@ pub struct IngestArgs {
     /// Skip the in-process cases.
     #[arg(long)]
     pub no_inproc: bool,
+    /// Skip the topic rows (appends in-process, over HTTP and WebSocket, Redis XADD,
+    /// PostgreSQL COPY) and the tag index micro-benchmark.
+    #[arg(long)]
+    pub no_topics: bool,
+    /// Run only the topic rows and the tag index micro-benchmark.
+    #[arg(long, conflicts_with = "no_topics")]
+    pub topics_only: bool,
+    /// Concurrent clients for the topic appends over HTTP and WebSocket, one case each
+    /// (also Redis and PostgreSQL connections).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
+    pub topic_clients: Vec<usize>,
+    /// Distinct tags in the tag index micro-benchmark, one case each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1_000u64, 100_000, 1_000_000])]
+    pub tag_sizes: Vec<u64>,
+    /// Seed of the tag lookups' random order (printed in samples.json).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// Parameters after `--quick` is applied.
@@ -97,6 +114,9 @@ struct Params {
     http: bool,
     inproc: bool,
     quick: bool,
+    /// The table rows run (not `--topics-only`).
+    tables: bool,
+    topics: Option<crate::topics::TopicParams>,
 }
 
 impl Params {
@@ -132,12 +152,33 @@ impl Params {
             } else {
                 args.inproc_tasks
             },
-            classes,
+            classes: classes.clone(),
             snapshot_log_bytes: args.snapshot_log_bytes,
             peers: !args.no_peers,
-            http: !args.no_http,
-            inproc: !args.no_inproc,
+            http: !args.no_http && !args.topics_only,
+            inproc: !args.no_inproc && !args.topics_only,
             quick,
+            tables: !args.topics_only,
+            topics: (!args.no_topics).then(|| crate::topics::TopicParams {
+                batches: if quick {
+                    vec![1, 100]
+                } else {
+                    args.inproc_batches.clone()
+                },
+                clients: if quick {
+                    vec![2]
+                } else {
+                    args.topic_clients.clone()
+                },
+                tag_sizes: if quick {
+                    vec![1_000]
+                } else {
+                    args.tag_sizes.clone()
+                },
+                classes: classes.clone(),
+                redis: !args.no_peers,
+                seed: args.seed,
+            }),
         }
     }
 
@@ -214,20 +255,23 @@ pub fn run(args: IngestArgs) -> anyhow::Result<bool> {
     } else {
         None
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::harness::runtime()?;
     let mut report = Report::new("ingest", serde_json::to_value(&params)?);
-    let cases = runtime.block_on(run_cases(&params, &bin, pg_bin, &mut report))?;
-    let failed = cases.iter().filter(|c| c.error.is_some()).count();
+    let mut topic_results = crate::topics::TopicResults::default();
+    let cases = runtime.block_on(run_cases(
+        &params,
+        &bin,
+        pg_bin,
+        &mut report,
+        &mut topic_results,
+    ))?;
+    let failed = cases.iter().filter(|c| c.error.is_some()).count() + topic_results.failed();
     write_report(&mut report, &params, &cases);
-    let dir = report.write(&args.common.out)?;
-    report.print();
-    eprintln!("results in {}", dir.display());
-    if failed > 0 {
-        eprintln!("{failed} case(s) failed; see the notes in summary.md");
+    if params.topics.is_some() {
+        crate::topics::write_report(&mut report, &topic_results.appends, &topic_results.tags);
+        report.samples["topics"] = serde_json::to_value(&topic_results)?;
     }
-    Ok(failed == 0)
+    crate::harness::finish_report(&report, &args.common.out, failed)
 }
 
 async fn run_cases(
@@ -235,6 +279,7 @@ async fn run_cases(
     bin: &std::path::Path,
     pg_bin: Option<PathBuf>,
     report: &mut Report,
+    topic_results: &mut crate::topics::TopicResults,
 ) -> anyhow::Result<Vec<Case>> {
     let progress = Progress::new("ingest");
     let classes = params.durabilities();
@@ -253,7 +298,7 @@ async fn run_cases(
             }
         }
     }
-    if pg_bin.is_some() {
+    if pg_bin.is_some() && params.tables {
         for &c in &params.clients {
             plan.push(("postgres", "synchronous_commit=on", params.batch, c));
         }
@@ -324,6 +369,20 @@ async fn run_cases(
             }
         }
         cases.push(case);
+    }
+    if let Some(tp) = &params.topics {
+        let pg = postgres.as_ref().map(|(pg, _)| pg);
+        let topics = crate::topics::run_cases(
+            tp,
+            bin,
+            pg,
+            params.warmup(),
+            params.window(),
+            &progress,
+            report,
+        )
+        .await;
+        *topic_results = topics;
     }
     if let Some((pg, admin)) = postgres {
         drop(admin);
@@ -421,12 +480,11 @@ async fn http_case(
     batch: u64,
     clients: usize,
 ) -> anyhow::Result<Measured> {
-    let dir = TempDir::new("http")?;
     let mut flags = vec!["--durability".to_string(), durability.to_string()];
     if let Some(b) = params.snapshot_log_bytes {
         flags.extend(["--snapshot-log-bytes".to_string(), b.to_string()]);
     }
-    let (server, _) = SluiceServer::start(bin, &dir.path().join("data"), &flags).await?;
+    let server = crate::harness::Sluice::start(bin, "http", &flags).await?;
     server.sql(workload::CREATE_SLUICE).await?;
     let url = server.url("/v1/mutate");
     let meter = Meter::new(1);
@@ -489,9 +547,8 @@ async fn http_case(
     drop(probe);
     // SIGKILL: a graceful stop would write a final snapshot this case does not measure.
     if let Ok(server) = Arc::try_unwrap(server) {
-        server.kill9();
+        tokio::task::spawn_blocking(move || server.kill9()).await?;
     }
-    tokio::task::spawn_blocking(move || drop(dir)).await?;
     measured
 }
 
@@ -967,16 +1024,7 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             .notes
             .push("PostgreSQL peer skipped (--no-peers).".into());
     }
-    if params.quick {
-        report
-            .notes
-            .push("--quick: a smoke run; these numbers are not meaningful.".into());
-    }
-    if cfg!(debug_assertions) {
-        report
-            .notes
-            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
-    }
+    crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
 }
 

@@ -16,17 +16,22 @@
 //! # Layout
 //! - [`ingest`]: `sluice bench ingest` — write throughput and ack latency per durability
 //!   class, in-process and over HTTP, against PostgreSQL.
+//! - [`fanout`]: `sluice bench fanout` — append → every watcher latency and deliveries/s
+//!   of topic watchers over SSE and WebSocket, against Redis pub/sub and Redis Streams.
+//! - [`topics`]: the topic rows of `sluice bench ingest` and the tag index micro-benchmark.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
 //! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
 //!   number of views and query shape, memory per view, against PostgreSQL's
 //!   trigger + LISTEN/NOTIFY + re-query.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
+//! - [`harness`]: what every suite shares — runtime, the server under test with its own
+//!   data dir, warm-up + measured window, notes, writing and printing the report.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
 //! - [`workload`]: the `events` rows every path writes.
 //! - [`server`]: the real `sluice serve` binary as a child process; `/metrics` parsing.
-//! - [`peers`]: real peers for the run ([`peers::postgres`]; SQLite is linked in, see
-//!   [`transfer::rpc`]).
+//! - [`peers`]: real peers for the run ([`peers::postgres`], [`peers::redis`]; SQLite is
+//!   linked in, see [`transfer::rpc`]).
 //! - [`report`]: result tables, targets, and the files a suite writes.
 //! - [`svg`]: a dependency-free SVG bar and line chart writer.
 //! - [`hist`]: latency histograms (p50/p95/p99) and number formatting.
@@ -36,6 +41,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod fanout;
+pub mod harness;
 pub mod hist;
 pub mod ingest;
 pub mod live;
@@ -47,6 +54,7 @@ pub mod report;
 pub mod server;
 pub mod svg;
 pub mod sys;
+pub mod topics;
 pub mod transfer;
 pub mod workload;
 
@@ -71,6 +79,10 @@ pub enum Suite {
     /// views and query shape, memory per view; PostgreSQL trigger + LISTEN/NOTIFY + re-query
     /// as the peer.
     Live(live::LiveArgs),
+    /// Topic fan-out: append → every watcher p50/p95/p99 at 100 / 1 000 / 10 000 watchers
+    /// over SSE and WebSocket, deliveries/s at saturation, one tag vs own tag; Redis
+    /// pub/sub and Redis Streams (XREAD BLOCK) as peers.
+    Fanout(fanout::FanoutArgs),
 }
 
 /// Options every suite takes.
@@ -97,6 +109,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "recovery" => recovery::verify_samples(&samples),
         "transfer" => transfer::verify_samples(&samples),
         "live" => live::verify_samples(&samples),
+        "fanout" => fanout::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -108,6 +121,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Recovery(a) => recovery::run(a)?,
         Suite::Transfer(a) => transfer::run(a)?,
         Suite::Live(a) => live::run(a)?,
+        Suite::Fanout(a) => fanout::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

@@ -180,9 +180,7 @@ pub fn run(args: RecoveryArgs) -> anyhow::Result<bool> {
         quick,
     };
     let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::harness::runtime()?;
     let mut report = Report::new("recovery", serde_json::to_value(&params)?);
     let progress = Progress::new("recovery");
     let mut cases = Vec::new();
@@ -221,10 +219,7 @@ pub fn run(args: RecoveryArgs) -> anyhow::Result<bool> {
     drop(runtime);
     let failed = cases.iter().filter(|c| c.error.is_some()).count();
     write_report(&mut report, &params, &cases);
-    let dir = report.write(&args.common.out)?;
-    report.print();
-    eprintln!("results in {}", dir.display());
-    Ok(failed == 0)
+    crate::harness::finish_report(&report, &args.common.out, failed)
 }
 
 async fn run_case(
@@ -563,15 +558,6 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             c.error.as_deref().unwrap_or_default()
         ));
     }
-    if params.quick {
-        report
-            .notes
-            .push("--quick: a smoke run; these numbers are not meaningful.".into());
-    }
-    if cfg!(debug_assertions) {
-        report
-            .notes
-            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
-    }
+    crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "recovery", "params": params, "cases": cases });
 }

@@ -43,6 +43,16 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// A row of a failed case: its identity cells, `failed`, and `—` in the other columns.
+    pub fn failed_row(&mut self, id: Vec<String>) {
+        let mut cells = id;
+        if cells.len() < self.headers.len() {
+            cells.push("failed".into());
+        }
+        cells.resize(self.headers.len(), "—".into());
+        self.row(cells);
+    }
+
     pub fn markdown(&self) -> String {
         let mut out = format!("## {}\n\n", self.title);
         let cell = |s: &str| s.replace('|', "\\|");
@@ -137,6 +147,8 @@ pub struct Report {
     pub samples: Value,
     /// Extra facts for `run.json` (peer versions, …).
     pub run_extra: serde_json::Map<String, Value>,
+    /// One row per case for `samples.csv` (suites on the harness fill it).
+    pub csv: Option<crate::harness::Csv>,
 }
 
 impl Report {
@@ -154,6 +166,7 @@ impl Report {
             notes: Vec::new(),
             samples: Value::Null,
             run_extra: serde_json::Map::new(),
+            csv: None,
         }
     }
 
@@ -220,9 +233,14 @@ impl Report {
             }
             out.push('\n');
         }
+        let csv = if self.csv.is_some() {
+            " (one row per case: `samples.csv`)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "Raw samples: `samples.json`; machine, arguments and timestamps: `run.json`."
+            "Raw samples: `samples.json`{csv}; machine, arguments and timestamps: `run.json`."
         );
         out
     }
@@ -285,6 +303,9 @@ impl Report {
         write("summary.md", self.summary_markdown().as_bytes())?;
         write("samples.json", &serde_json::to_vec_pretty(&self.samples)?)?;
         write("run.json", &serde_json::to_vec_pretty(&self.run_json())?)?;
+        if let Some(csv) = &self.csv {
+            write("samples.csv", csv.render().as_bytes())?;
+        }
         for (file, _, svg) in &self.charts {
             write(file, svg.as_bytes())?;
         }

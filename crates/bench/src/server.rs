@@ -143,9 +143,23 @@ impl SluiceServer {
     }
 
     async fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send_json(reqwest::Method::POST, path, body).await
+    }
+
+    /// `PUT path` with a JSON body (topics are created this way); the answer as JSON.
+    pub async fn http_put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send_json(reqwest::Method::PUT, path, body).await
+    }
+
+    async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> anyhow::Result<Value> {
         let resp = self
             .http
-            .post(self.url(path))
+            .request(method.clone(), self.url(path))
             .header("content-type", "application/json")
             .body(serde_json::to_vec(body)?)
             .send()
@@ -153,7 +167,7 @@ impl SluiceServer {
             .with_context(|| format!("POST {path}"))?;
         let status = resp.status();
         let text = resp.text().await?;
-        anyhow::ensure!(status.is_success(), "POST {path}: {status}: {text}");
+        anyhow::ensure!(status.is_success(), "{method} {path}: {status}: {text}");
         Ok(serde_json::from_str(&text)?)
     }
 

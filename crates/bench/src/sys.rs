@@ -75,6 +75,21 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> bool {
     }
 }
 
+/// Stops `child` (our own, by its pid): SIGTERM, up to `timeout` for it to exit, then
+/// SIGKILL; reaps it. `name` is for the message when SIGTERM was not enough.
+pub fn stop_child(child: &mut Child, name: &str, timeout: Duration) {
+    if let Ok(None) = child.try_wait() {
+        let _ = signal(child.id(), "TERM");
+        if !wait_timeout(child, timeout) {
+            eprintln!(
+                "{name} (pid {}) did not stop within {timeout:?} of SIGTERM; sending SIGKILL",
+                child.id()
+            );
+        }
+    }
+    kill_and_reap(child);
+}
+
 /// SIGKILLs `child` (our own child, by its pid) and reaps it.
 pub fn kill_and_reap(child: &mut Child) {
     if let Ok(None) = child.try_wait() {

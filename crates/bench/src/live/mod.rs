@@ -1572,9 +1572,7 @@ pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
             }
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::harness::runtime()?;
     let mut report = Report::new("live", serde_json::to_value(&params)?);
     let cases = runtime.block_on(run_cases(&params, &bin, pg_bin, &mut report))?;
     report.notes.extend(skipped);

@@ -720,15 +720,6 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             c.verify.detail
         ));
     }
-    if params.quick {
-        report
-            .notes
-            .push("--quick: a smoke run; these numbers are not meaningful.".into());
-    }
-    if cfg!(debug_assertions) {
-        report
-            .notes
-            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
-    }
+    crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "live", "params": params, "cases": cases });
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::sys::{free_port, kill_and_reap, signal, tail, wait_timeout, TempDir};
+use crate::sys::{free_port, kill_and_reap, stop_child, tail, wait_timeout, TempDir};
 
 /// How long `initdb` may take.
 const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
@@ -245,15 +245,6 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = signal(self.child.id(), "TERM");
-            if !wait_timeout(&mut self.child, STOP_TIMEOUT) {
-                eprintln!(
-                    "postgres (pid {}) did not stop within {STOP_TIMEOUT:?} of SIGTERM; sending SIGKILL",
-                    self.child.id()
-                );
-            }
-        }
-        kill_and_reap(&mut self.child);
+        stop_child(&mut self.child, "postgres", STOP_TIMEOUT);
     }
 }

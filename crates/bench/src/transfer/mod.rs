@@ -405,20 +405,12 @@ pub fn run(args: TransferArgs) -> anyhow::Result<bool> {
     } else {
         None
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::harness::runtime()?;
     let mut report = Report::new("transfer", serde_json::to_value(&params)?);
     let cases = runtime.block_on(run_cases(&params, &bin, pg_bin.as_deref(), &mut report))?;
     let failed = cases.iter().filter(|c| c.error.is_some()).count();
     summary::write(&mut report, &params, &cases);
-    let dir = report.write(&args.common.out)?;
-    report.print();
-    eprintln!("results in {}", dir.display());
-    if failed > 0 {
-        eprintln!("{failed} case(s) failed; see the notes in summary.md");
-    }
-    Ok(failed == 0)
+    crate::harness::finish_report(&report, &args.common.out, failed)
 }
 
 async fn run_cases(

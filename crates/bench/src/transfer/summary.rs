@@ -586,16 +586,7 @@ fn notes(report: &mut Report, params: &Params, cases: &[Case]) {
             c.error.as_deref().unwrap_or_default()
         ));
     }
-    if params.quick {
-        report
-            .notes
-            .push("--quick: a smoke run; these numbers are not meaningful.".into());
-    }
-    if cfg!(debug_assertions) {
-        report
-            .notes
-            .push("debug build: numbers are not meaningful; use cargo build --release.".into());
-    }
+    crate::harness::standard_notes(report, params.quick);
 }
 
 #[cfg(test)]
