@@ -231,15 +231,7 @@ impl WireRecord {
 
     /// `{"offset","ts","tags","data"}` (the SSE event data and a read page's item).
     fn fields_json(&self, out: &mut String) {
-        let r = &self.record;
-        out.push_str("\"offset\":");
-        out.push_str(&r.offset.to_string());
-        out.push_str(",\"ts\":");
-        out.push_str(&r.ts_us.to_string());
-        out.push_str(",\"tags\":");
-        out.push_str(&serde_json::to_string(&tag_strs(&r.tags)).expect("strings serialize"));
-        out.push_str(",\"data\":");
-        out.push_str(&r.data);
+        record_fields_json(&self.record, out);
     }
 
     /// The whole SSE event: `event: record`, `id: <offset>`, `data: {…}`.
@@ -277,11 +269,26 @@ impl WireRecord {
         })
     }
 
-    /// The record as a JSON value (read pages).
-    pub fn json(record: &Record) -> Json {
-        let data: Json = serde_json::from_str(&record.data).unwrap_or(Json::Null);
-        serde_json::json!({"offset": record.offset, "ts": record.ts_us, "tags": tag_strs(&record.tags), "data": data})
+    /// The record as a JSON object's text `{"offset","ts","tags","data"}`: the very text
+    /// of its SSE event's data, so reads and watches serve a record's data alike.
+    pub fn json_text(record: &Record, out: &mut String) {
+        out.push('{');
+        record_fields_json(record, out);
+        out.push('}');
     }
+}
+
+/// The fields of a record as JSON text (`"offset":…,"ts":…,"tags":[…],"data":…`); the data
+/// is its stored text, printed by nobody again.
+fn record_fields_json(r: &Record, out: &mut String) {
+    out.push_str("\"offset\":");
+    out.push_str(&r.offset.to_string());
+    out.push_str(",\"ts\":");
+    out.push_str(&r.ts_us.to_string());
+    out.push_str(",\"tags\":");
+    out.push_str(&serde_json::to_string(&tag_strs(&r.tags)).expect("strings serialize"));
+    out.push_str(",\"data\":");
+    out.push_str(&r.data);
 }
 
 fn tag_strs(tags: &[sluice_engine::topic::Tag]) -> Vec<&str> {

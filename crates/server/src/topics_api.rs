@@ -259,7 +259,7 @@ async fn read(
     State(core): St,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> ApiResult {
+) -> Result<Response, ApiError> {
     let Path(name) = path.map_err(path_error)?;
     let Query(pairs) =
         query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
@@ -275,10 +275,26 @@ async fn read(
         )));
     }
     let page = core.read_records(&name, p.from, limit, &p.filter).await?;
-    let records: Vec<Value> = page.records.iter().map(|r| WireRecord::json(r)).collect();
-    Ok(Json(
-        json!({"records": records, "next": page.next, "first": page.first}),
-    ))
+    // The page is written as text around each record's stored JSON (no parse and print).
+    let mut out = String::with_capacity(
+        64 + page
+            .records
+            .iter()
+            .map(|r| r.data.len() + 96)
+            .sum::<usize>(),
+    );
+    out.push_str("{\"records\":[");
+    for (i, r) in page.records.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        WireRecord::json_text(r, &mut out);
+    }
+    out.push_str(&format!(
+        "],\"next\":{},\"first\":{}}}",
+        page.next, page.first
+    ));
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
 
 async fn watch_sse(

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use std::time::{Duration, Instant};
 
 use common::{Api, Server, TempDir};
@@ -58,6 +60,7 @@ async fn topics_age_retention_needs_no_new_writes() {
     );
 
     // After kill -9 and recovery the old records stay gone.
+    assert_no_panic(&server);
     server.kill9();
     let server = Server::start(&data, dir.path(), &[]);
     let api = server.api();

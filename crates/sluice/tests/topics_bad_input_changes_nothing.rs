@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use common::topics::{Enc, Ws};
 use common::{Api, Server, TempDir};
 use serde_json::{json, Value};
@@ -301,6 +303,7 @@ async fn topics_bad_input_changes_nothing() {
             .await,
         (0, 0)
     );
+    assert_no_panic(&server);
 }
 
 async fn topic_ddl(api: &Api) {

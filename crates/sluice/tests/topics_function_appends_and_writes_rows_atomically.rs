@@ -16,6 +16,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -317,6 +319,7 @@ async fn topics_function_appends_and_writes_rows_atomically() {
             .map(|w| tokio::spawn(writer(api.clone(), w, cycle, rng.next_u64(), stop.clone())))
             .collect();
         tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
+        assert_no_panic(&srv);
         srv.kill9();
         stop.store(true, Ordering::SeqCst);
         let mut unknown = BTreeSet::new();
@@ -381,5 +384,8 @@ async fn topics_function_appends_and_writes_rows_atomically() {
         acked.len(),
         thrown.len()
     );
+    if let Some(s) = &server {
+        assert_no_panic(s);
+    }
     drop(server);
 }

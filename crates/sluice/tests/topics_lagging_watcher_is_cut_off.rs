@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::topics::assert_no_panic;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -328,5 +330,6 @@ async fn topics_lagging_watcher_is_cut_off() {
         );
     }
     stuck_ws.close().await;
+    assert_no_panic(&server);
     drop(server);
 }

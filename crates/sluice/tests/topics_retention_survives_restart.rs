@@ -2,9 +2,11 @@
 //! replays the log) every topic has the same `first`, `next` and records it had before — a
 //! trimmed record never comes back, so a read that answered `horizon` keeps answering it.
 //! Covers retention by count, by bytes and by age (an age limit later lifted, so only the
-//! trim done at append time can have removed the old record).
+//! trim done at append time, or by the clock while idle, can have removed the old records).
 
 mod common;
+
+use common::topics::assert_no_panic;
 
 use std::time::Duration;
 
@@ -73,6 +75,21 @@ async fn topics_retention_survives_restart() {
     );
     // … and lifting the age limit afterwards does not bring it back.
     put("age", json!({"retain_secs": 0})).await;
+    // The same with records dropped by the clock alone (no later append), then the limit
+    // lifted.
+    put("idle", json!({"retain_secs": 1})).await;
+    let records: Vec<Value> = (0..3).map(|i| json!({"data": i})).collect();
+    api.append_ok("idle", &json!(records), Some("fsync")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while api.topics().await["idle"]["first"] != 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info = &api.topics().await["idle"];
+    assert_eq!(
+        info["first"], 2,
+        "the clock drops the older records: {info}"
+    );
+    put("idle", json!({"retain_secs": 0})).await;
 
     let before = topics_state(&api).await;
     let count = &before.iter().find(|t| t.0 == "count").unwrap();
@@ -85,17 +102,27 @@ async fn topics_retention_survives_restart() {
     let (status, body) = api.read_records("age", &[("from", "0")]).await;
     assert_eq!(status, 410, "{body}");
 
+    assert_no_panic(&server);
     server.kill9();
     let server = Server::start(&data, dir.path(), &[]);
     let api = server.api();
     let after = topics_state(&api).await;
-    for (b, a) in before.iter().zip(&after) {
-        assert_eq!(
-            a, b,
-            "topic {:?} after kill -9 and recovery (first, next, count, records) vs before",
-            b.0
-        );
-    }
+    let diffs: Vec<String> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| a != b)
+        .map(|(b, a)| {
+            format!(
+                "topic {:?}: before {b:?}\n  after kill -9 and recovery {a:?}",
+                b.0
+            )
+        })
+        .collect();
+    assert!(
+        diffs.is_empty(),
+        "(first, next, count, records) differ:\n{}",
+        diffs.join("\n")
+    );
     assert_eq!(after.len(), before.len());
     let (status, body) = api.read_records("age", &[("from", "0")]).await;
     assert_eq!(

@@ -450,14 +450,10 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run_watcher(api.clone(), addr, spec.clone(), tx, spec.from));
+        // Without `from` the watch starts where the server says (`watching` next): records
+        // confirmed but not yet routed when it registered may come before or after that
+        // point, so only the greeting decides what it must get.
         let start = rx.await.expect("the joiner registered");
-        if spec.from.is_none() {
-            assert!(
-                start >= next,
-                "{}: a watch without from starts at the next record",
-                spec.name
-            );
-        }
         joiners.push((spec, task, start));
     }
     let late_ws = Spec {
@@ -595,6 +591,10 @@ async fn topics_watchers_receive_exactly_the_matching_records() {
     }
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "the server logged a panic:\n{stderr}"
+    );
 }
 
 /// Every record of `topic` matching `tags`, following `next` with random page sizes; checks

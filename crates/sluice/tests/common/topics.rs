@@ -315,6 +315,14 @@ impl Ws {
         Ws { enc, stream }
     }
 
+    /// Sends raw bytes as a binary frame (hand-made MessagePack).
+    pub async fn send_binary(&mut self, bytes: Vec<u8>) {
+        self.stream
+            .send(Message::Binary(bytes.into()))
+            .await
+            .expect("send a frame");
+    }
+
     pub async fn send(&mut self, v: Value) {
         let message = match self.enc {
             Enc::Json => Message::Text(v.to_string().into()),
@@ -369,4 +377,14 @@ impl Ws {
     pub async fn close(mut self) {
         let _ = self.stream.close(None).await;
     }
+}
+
+/// No thread or task of the server panicked (a panicking connection task can go unnoticed
+/// by the client: its watch just stops).
+pub fn assert_no_panic(server: &super::Server) {
+    let stderr = server.stderr();
+    assert!(
+        !stderr.contains("panicked"),
+        "the server logged a panic:\n{stderr}"
+    );
 }
