@@ -186,8 +186,29 @@ fn append_body(
             "an append needs \"records\": [{\"tags\": [...], \"data\": ...}, ...]",
         )
     })?;
+    Ok((records_from_raw(items, records_max)?, durability))
+}
+
+/// The records of an append whose `records` array is still JSON text (an HTTP body, or a
+/// WebSocket text frame): each record's data keeps its text.
+pub(crate) fn parse_raw_records(
+    records: &serde_json::value::RawValue,
+    records_max: usize,
+) -> Result<Vec<NewRecord>, ApiError> {
+    let items: Vec<RecordIn<'_>> = serde_json::from_str(records.get()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "\"records\" is [{{\"tags\": [strings], \"data\": any}}, …]: {e}"
+        ))
+    })?;
+    records_from_raw(items, records_max)
+}
+
+fn records_from_raw(
+    items: Vec<RecordIn<'_>>,
+    records_max: usize,
+) -> Result<Vec<NewRecord>, ApiError> {
     check_count(items.len(), records_max)?;
-    let records = items
+    items
         .into_iter()
         .enumerate()
         .map(|(i, r)| match r.data {
@@ -199,8 +220,7 @@ fn append_body(
             }),
             None => Ok(NewRecord::new(r.tags.unwrap_or_default(), &Value::Null)),
         })
-        .collect::<Result<_, _>>()?;
-    Ok((records, durability))
+        .collect()
 }
 
 fn check_count(n: usize, records_max: usize) -> Result<(), ApiError> {

@@ -206,6 +206,18 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
             // with 1001 (going away) and a reason.
             _ = closing.wait_for(|&c| c) => break,
         };
+        // An append in a text frame skips the generic parse: its records keep their JSON
+        // text (as over HTTP) instead of becoming values and being printed again.
+        if let Ok(Message::Text(text)) = &message {
+            if text.len() <= body_max {
+                if let Some(reply) = fast_append(&core, text.as_str()).await {
+                    if pending_tx.send(reply).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
         let parsed = match message {
             Ok(Message::Text(text)) => {
                 if text.len() > body_max {
@@ -622,6 +634,57 @@ fn too_big(len: usize, max: usize) -> ApiError {
     ApiError::limit(format!(
         "message of {len} bytes exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
     ))
+}
+
+/// An `append` request read from JSON text without parsing its records into values; `None`
+/// when the text is not an append this path takes (then the generic path answers it).
+async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
+    use serde_json::value::RawValue;
+    let fields: HashMap<&str, &RawValue> = serde_json::from_str(text).ok()?;
+    if fields.get("type")?.get() != "\"append\"" {
+        return None;
+    }
+    let id: Value = match fields.get("id") {
+        Some(raw) => serde_json::from_str(raw.get()).ok()?,
+        None => Value::Null,
+    };
+    let pending = async {
+        let topic: String = fields
+            .get("topic")
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .ok_or_else(|| ApiError::bad_request("an append needs \"topic\""))?;
+        let mut class = Map::new();
+        if let Some(raw) = fields.get("durability") {
+            let d: Value = serde_json::from_str(raw.get())
+                .map_err(|e| ApiError::bad_request(format!("bad durability: {e}")))?;
+            class.insert("durability".into(), d);
+        }
+        let class = durability_of(&class)?.unwrap_or(core.config().durability);
+        let records = fields.get("records").ok_or_else(|| {
+            ApiError::bad_request(
+                "an append needs \"records\": [{\"tags\": [...], \"data\": ...}, ...]",
+            )
+        })?;
+        let records =
+            crate::topics_api::parse_raw_records(records, core.config().append_records_max)?;
+        let rx = core
+            .enqueue(|reply| Request::Append {
+                topic,
+                records,
+                durability: class,
+                reply,
+            })
+            .await?;
+        Ok::<_, ApiError>(Pending::Append(rx))
+    }
+    .await;
+    Some(match pending {
+        Ok(pending) => {
+            let core = core.clone();
+            Box::pin(async move { pending.finish(&core, &id).await })
+        }
+        Err(e) => Box::pin(std::future::ready(error_reply(&id, e))),
+    })
 }
 
 /// A queued request whose reply is still to come.
