@@ -667,15 +667,7 @@ async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
         })?;
         let records =
             crate::topics_api::parse_raw_records(records, core.config().append_records_max)?;
-        let rx = core
-            .enqueue(|reply| Request::Append {
-                topic,
-                records,
-                durability: class,
-                reply,
-            })
-            .await?;
-        Ok::<_, ApiError>(Pending::Append(rx))
+        enqueue_append(core, topic, records, class).await
     }
     .await;
     Some(match pending {
@@ -685,6 +677,23 @@ async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
         }
         Err(e) => Box::pin(std::future::ready(error_reply(&id, e))),
     })
+}
+
+async fn enqueue_append(
+    core: &Core,
+    topic: String,
+    records: Vec<crate::topics::NewRecord>,
+    durability: sluice_log::Durability,
+) -> Result<Pending, ApiError> {
+    let rx = core
+        .enqueue(|reply| Request::Append {
+            topic,
+            records,
+            durability,
+            reply,
+        })
+        .await?;
+    Ok(Pending::Append(rx))
 }
 
 /// A queued request whose reply is still to come.
@@ -771,15 +780,7 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
             let topic = topic.clone();
             let records =
                 crate::topics_api::parse_records(request, core.config().append_records_max)?;
-            let rx = core
-                .enqueue(|reply| Request::Append {
-                    topic,
-                    records,
-                    durability: class,
-                    reply,
-                })
-                .await?;
-            Ok(Pending::Append(rx))
+            enqueue_append(core, topic, records, class).await
         }
         "query" => {
             let Some(Value::String(sql)) = request.get("sql") else {
