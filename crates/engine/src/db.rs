@@ -1152,7 +1152,18 @@ impl TxRef<'_> {
         data: &Json,
         ts_us: i64,
     ) -> Result<u64, TxError> {
-        self.append_json_text(topic_name, tags, data.to_string().into_boxed_str(), ts_us)
+        thread_local! {
+            /// Printing buffer reused across appends: the record keeps an exact-size copy
+            /// (no growing string shrunk again per record).
+            static PRINTED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let text: Box<str> = PRINTED.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            serde_json::to_writer(&mut *buf, data).expect("a JSON value prints");
+            std::str::from_utf8(&buf).expect("JSON is UTF-8").into()
+        });
+        self.append_json_text(topic_name, tags, text, ts_us)
     }
 
     /// [`TxRef::append`] with `data` already as JSON text (e.g. the raw text of a request,
