@@ -260,17 +260,10 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                     } else {
                         watches.unwatch(&qid).map(Some)
                     };
-                    match outcome {
-                        Ok(None) => continue, // `watching` follows as an event
-                        Ok(Some(mut reply)) => {
-                            reply["id"] = id;
-                            ready(reply)
-                        }
-                        Err(e) => {
-                            let mut reply = error_reply(&id, e);
-                            reply["qid"] = qid;
-                            ready(reply)
-                        }
+                    // `watching` follows as an event
+                    match qid_reply(outcome, id, qid) {
+                        Some(reply) => ready(reply),
+                        None => continue,
                     }
                 } else if matches!(kind, Some("subscribe" | "unsubscribe")) {
                     let qid = request.get("qid").cloned().unwrap_or(Value::Null);
@@ -281,17 +274,10 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                     } else {
                         subs.unsubscribe(&qid).map(Some)
                     };
-                    match outcome {
-                        Ok(None) => continue, // the snapshot follows as an event
-                        Ok(Some(mut reply)) => {
-                            reply["id"] = id;
-                            ready(reply)
-                        }
-                        Err(e) => {
-                            let mut reply = error_reply(&id, e);
-                            reply["qid"] = qid;
-                            ready(reply)
-                        }
+                    // the snapshot follows as an event
+                    match qid_reply(outcome, id, qid) {
+                        Some(reply) => ready(reply),
+                        None => continue,
                     }
                 } else {
                     match dispatch(&core, &mut request).await {
@@ -323,6 +309,23 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
+}
+
+/// The reply to a (un)subscribe or (un)watch: none when its first event is the answer, else
+/// the reply or error carrying the request's `id` and `qid`.
+fn qid_reply(outcome: Result<Option<Value>, ApiError>, id: Value, qid: Value) -> Option<Value> {
+    match outcome {
+        Ok(None) => None,
+        Ok(Some(mut reply)) => {
+            reply["id"] = id;
+            Some(reply)
+        }
+        Err(e) => {
+            let mut reply = error_reply(&id, e);
+            reply["qid"] = qid;
+            Some(reply)
+        }
+    }
 }
 
 /// A connection's replies in flight, counted in `/metrics` (`sluice_ws_inflight_requests`).
