@@ -38,6 +38,17 @@ pub struct Limits {
     pub topic_retain_bytes: u64,
 }
 
+impl Limits {
+    /// The retention of a topic created without one.
+    pub fn default_topic_config(&self) -> TopicConfig {
+        TopicConfig {
+            retain_records: self.topic_retain_records,
+            retain_bytes: self.topic_retain_bytes,
+            retain_secs: 0,
+        }
+    }
+}
+
 /// Largest accepted `commit_bytes_max`. The size counted against it is an upper bound of the
 /// encoded commit record, so a commit stays well inside one log frame (64 MiB).
 pub const COMMIT_BYTES_MAX_CEILING: usize = 32 << 20;
@@ -271,11 +282,7 @@ impl Db {
                         ),
                     ));
                 }
-                let c = c.unwrap_or(TopicConfig {
-                    retain_records: self.limits.topic_retain_records,
-                    retain_bytes: self.limits.topic_retain_bytes,
-                    retain_secs: 0,
-                });
+                let c = c.unwrap_or_else(|| self.limits.default_topic_config());
                 self.check_topic_config(&c)?;
                 TopicChange::Put {
                     name: name.to_string(),

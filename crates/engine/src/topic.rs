@@ -480,38 +480,45 @@ impl Topic {
             ));
         }
         while self.first < first {
-            let r = self.records.pop_front().expect("first < next");
-            for t in r.tags.iter() {
-                self.tags.pop(t, r.offset, true);
-            }
-            self.bytes -= r.bytes();
-            self.first = r.offset + 1;
+            self.pop_front();
         }
         Ok(())
     }
 
+    /// Drops the oldest record (retention); the topic must not be empty.
+    fn pop_front(&mut self) {
+        let r = self.records.pop_front().expect("a record to drop");
+        for t in r.tags.iter() {
+            self.tags.pop(t, r.offset, true);
+        }
+        self.bytes -= r.bytes();
+        self.first = r.offset + 1;
+    }
+
+    /// Records appended before this time are past the age limit at `now_us` (`None`: the
+    /// topic has no age limit).
+    fn age_floor(&self, now_us: i64) -> Option<i64> {
+        let secs = self.config.retain_secs;
+        (secs > 0).then(|| {
+            now_us.saturating_sub(secs.saturating_mul(1_000_000).min(i64::MAX as u64) as i64)
+        })
+    }
+
     /// Whether records are past the age limit at `now_us` (and [`Topic::trim`] would drop one).
     pub fn has_expired(&self, now_us: i64) -> bool {
-        let secs = self.config.retain_secs;
-        secs > 0
-            && self.records.len() > 1
-            && self.records.front().is_some_and(|r| {
-                r.ts_us
-                    < now_us
-                        .saturating_sub(secs.saturating_mul(1_000_000).min(i64::MAX as u64) as i64)
-            })
+        let floor = self.age_floor(now_us);
+        self.records.len() > 1
+            && self
+                .records
+                .front()
+                .is_some_and(|r| floor.is_some_and(|f| r.ts_us < f))
     }
 
     /// Drops records from the front by count and bytes, and — when `now_us` is given and the
     /// topic has an age limit — by age. The newest record is always kept. Returns how many
     /// were dropped.
     pub fn trim(&mut self, now_us: Option<i64>) -> u64 {
-        let age_floor = match (now_us, self.config.retain_secs) {
-            (Some(now), secs) if secs > 0 => {
-                Some(now.saturating_sub(secs.saturating_mul(1_000_000).min(i64::MAX as u64) as i64))
-            }
-            _ => None,
-        };
+        let age_floor = now_us.and_then(|now| self.age_floor(now));
         let mut dropped = 0;
         while let Some(front) = self.records.front() {
             let over = self.records.len() as u64 > self.config.retain_records
@@ -520,12 +527,7 @@ impl Topic {
             if !over {
                 break;
             }
-            let r = self.records.pop_front().expect("front exists");
-            for t in r.tags.iter() {
-                self.tags.pop(t, r.offset, true);
-            }
-            self.bytes -= r.bytes();
-            self.first = r.offset + 1;
+            self.pop_front();
             dropped += 1;
         }
         dropped

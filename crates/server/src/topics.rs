@@ -88,7 +88,8 @@ pub struct PutTopicOk {
     /// `None` when nothing changed.
     pub seq: Option<u64>,
     pub created: bool,
-    pub topic: TopicInfo,
+    /// The topic as it now is; `None` after a drop.
+    pub topic: Option<TopicInfo>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,12 +157,7 @@ pub(crate) fn apply_topic_op(
             let base = db
                 .topics
                 .get(&name)
-                .map(|t| t.config())
-                .unwrap_or(TopicConfig {
-                    retain_records: db.limits.topic_retain_records,
-                    retain_bytes: db.limits.topic_retain_bytes,
-                    retain_secs: 0,
-                });
+                .map_or_else(|| db.limits.default_topic_config(), |t| t.config());
             let config = TopicConfig {
                 retain_records: spec.retain_records.unwrap_or(base.retain_records),
                 retain_bytes: spec.retain_bytes.unwrap_or(base.retain_bytes),
@@ -172,7 +168,7 @@ pub(crate) fn apply_topic_op(
             let ok = PutTopicOk {
                 seq: commit.as_ref().map(|c| c.seq),
                 created: !existed,
-                topic: TopicInfo::of(&db.topics[&name]),
+                topic: Some(TopicInfo::of(&db.topics[&name])),
             };
             Ok((commit, ok))
         }
@@ -181,17 +177,7 @@ pub(crate) fn apply_topic_op(
             let ok = PutTopicOk {
                 seq: Some(commit.seq),
                 created: false,
-                topic: TopicInfo {
-                    name,
-                    first: 0,
-                    last: None,
-                    next: 0,
-                    records: 0,
-                    bytes: 0,
-                    retain_records: 0,
-                    retain_bytes: 0,
-                    retain_secs: 0,
-                },
+                topic: None,
             };
             Ok((Some(commit), ok))
         }
@@ -454,16 +440,17 @@ impl Hub {
         let mut st = self.state.lock();
         let ours = matches!(st.slots.get(id), Some(Some((_, slot))) if Arc::ptr_eq(&slot.end, end));
         if ours {
-            Self::remove_locked(&mut st, id);
-            drop(st);
-            self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
+            self.remove_locked(&mut st, id);
         }
     }
 
-    fn remove_locked(st: &mut HubState, id: usize) {
+    /// Takes watcher `id` out of its slot and routes (dropping its queue's sender, so a
+    /// waiting watch wakes to a closed queue) and out of the watchers gauge.
+    fn remove_locked(&self, st: &mut HubState, id: usize) {
         let Some((topic, slot)) = st.slots.get_mut(id).and_then(Option::take) else {
             return;
         };
+        self.counters.watchers.fetch_sub(1, Ordering::Relaxed);
         st.free.push(id);
         if let Some(routes) = st.topics.get_mut(&topic) {
             routes.all.retain(|w| *w != id);
@@ -525,12 +512,9 @@ impl Hub {
                                 _ => None,
                             })
                             .collect();
-                        for id in &ids {
-                            Self::remove_locked(&mut st, *id);
+                        for id in ids {
+                            self.remove_locked(&mut st, id);
                         }
-                        self.counters
-                            .watchers
-                            .fetch_sub(ids.len() as u64, Ordering::Relaxed);
                     }
                     st.topics.remove(name.as_str());
                 }
@@ -538,7 +522,6 @@ impl Hub {
         }
         let mut cut: Vec<usize> = Vec::new();
         let HubState { topics, slots, .. } = &mut *st;
-        let mut targets: Vec<usize> = Vec::new();
         for batch in &commit.appends {
             let Some(routes) = topics.get_mut(&batch.topic) else {
                 continue;
@@ -554,70 +537,89 @@ impl Hub {
                 continue;
             }
             for record in &batch.records {
-                targets.clear();
-                targets.extend_from_slice(&routes.all);
+                // The lists are walked in place (no copy of 10 000 ids per record); a
+                // watcher reached by several of them takes the record once (`Slot::last`).
+                let mut offer = Offer {
+                    topic: &batch.topic,
+                    record,
+                    wire: None,
+                    delivered: 0,
+                    slots: &mut *slots,
+                    cut: &mut cut,
+                    lagging: &self.counters.lagging,
+                };
+                offer.to(&routes.all);
                 for tag in record.tags.iter() {
                     if let Some(list) = routes.exact.get(&**tag) {
-                        targets.extend_from_slice(list);
+                        offer.to(list);
                     }
                     for (&len, _) in routes.prefix_lens.range(..=tag.len()) {
                         if let Some(list) = routes.prefixes.get(&tag[..len]) {
-                            targets.extend_from_slice(list);
+                            offer.to(list);
                         }
-                    }
-                }
-                if targets.is_empty() {
-                    continue;
-                }
-                let wire = Arc::new(WireRecord::new(batch.topic.clone(), record.clone()));
-                let mut delivered = 0u64;
-                for &id in &targets {
-                    let Some((_, slot)) = slots.get_mut(id).and_then(Option::as_mut) else {
-                        continue;
-                    };
-                    if slot.last == Some(record.offset) || slot.end.ended.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    slot.last = Some(record.offset);
-                    match slot.queue.try_send(wire.clone()) {
-                        Ok(()) => delivered += 1,
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            self.counters.lagging.fetch_add(1, Ordering::Relaxed);
-                            slot.end.end(Ended::Lagging);
-                            cut.push(id);
-                        }
-                        // The watch is gone; it unregisters itself.
-                        Err(mpsc::error::TrySendError::Closed(_)) => {}
                     }
                 }
                 self.counters
                     .deliveries
-                    .fetch_add(delivered, Ordering::Relaxed);
+                    .fetch_add(offer.delivered, Ordering::Relaxed);
             }
         }
         // A lagging watcher leaves the routes at once, even if its connection is stuck and
         // its task cannot run to notice.
-        for id in &cut {
-            Self::remove_locked(&mut st, *id);
+        for id in cut {
+            self.remove_locked(&mut st, id);
         }
-        drop(st);
-        self.counters
-            .watchers
-            .fetch_sub(cut.len() as u64, Ordering::Relaxed);
     }
 
     fn poison(&self, reason: String) {
         let mut st = self.state.lock();
         st.poisoned = Some(reason.clone());
-        let mut removed = 0;
         for id in 0..st.slots.len() {
             if let Some((_, slot)) = &st.slots[id] {
                 slot.end.end(Ended::Poisoned(reason.clone()));
-                Self::remove_locked(&mut st, id);
-                removed += 1;
+                self.remove_locked(&mut st, id);
             }
         }
-        self.counters.watchers.fetch_sub(removed, Ordering::Relaxed);
+    }
+}
+
+/// One record being offered to the watchers of its topic's route lists.
+struct Offer<'a> {
+    topic: &'a Arc<str>,
+    record: &'a Arc<Record>,
+    /// Made on the first watcher reached, shared by all.
+    wire: Option<Arc<WireRecord>>,
+    delivered: u64,
+    slots: &'a mut [Option<(Arc<str>, Slot)>],
+    cut: &'a mut Vec<usize>,
+    lagging: &'a AtomicU64,
+}
+
+impl Offer<'_> {
+    fn to(&mut self, ids: &[usize]) {
+        let offset = self.record.offset;
+        for &id in ids {
+            let Some((_, slot)) = self.slots.get_mut(id).and_then(Option::as_mut) else {
+                continue;
+            };
+            if slot.last == Some(offset) || slot.end.ended.load(Ordering::Relaxed) {
+                continue;
+            }
+            slot.last = Some(offset);
+            let wire = self.wire.get_or_insert_with(|| {
+                Arc::new(WireRecord::new(self.topic.clone(), self.record.clone()))
+            });
+            match slot.queue.try_send(wire.clone()) {
+                Ok(()) => self.delivered += 1,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.lagging.fetch_add(1, Ordering::Relaxed);
+                    slot.end.end(Ended::Lagging);
+                    self.cut.push(id);
+                }
+                // The watch is gone; it unregisters itself.
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
+            }
+        }
     }
 }
 
@@ -786,10 +788,9 @@ impl Watch {
             self.page
                 .push_back(Arc::new(WireRecord::new(self.topic.clone(), r)));
         }
-        self.scan = next
-            .min(self.routed_from)
-            .max(self.scan + 1)
-            .min(self.routed_from);
+        // Always forward, even if the topic was dropped and made again meanwhile (the hub
+        // ends this watch then).
+        self.scan = next.max(self.scan + 1).min(self.routed_from);
         Ok(())
     }
 }
