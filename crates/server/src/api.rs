@@ -47,6 +47,9 @@ impl ApiError {
     pub fn limit(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "limit", message)
     }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
@@ -190,10 +193,15 @@ pub fn router(core: Core) -> Router {
         .route("/v1/ws", get(crate::ws::upgrade))
         .route("/v1/live", get(crate::live::sse))
         .route("/v1/functions", get(list_functions).put(put_functions));
+    let core = Arc::new(core);
     crate::topics_api::routes(router)
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(Arc::new(core))
+        .layer(axum::middleware::from_fn_with_state(
+            core.clone(),
+            crate::auth::authenticate,
+        ))
+        .with_state(core)
 }
 
 type St = State<Arc<Core>>;

@@ -55,6 +55,8 @@ pub struct Config {
     /// Records queued for one watcher before it is cut off with `lagging`
     /// (`--watch-queue-records`).
     pub watch_queue_records: usize,
+    /// How tokens are checked (docs/security.md).
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl Config {
@@ -81,6 +83,7 @@ impl Config {
             live_subscriptions_per_connection_max: 1024,
             append_records_max: 10_000,
             watch_queue_records: 4096,
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }

@@ -100,6 +100,8 @@ pub(crate) struct Shared {
     pub hub: Arc<crate::topics::Hub>,
     /// The writer hands the hub's thread every commit that touches a topic.
     pub hub_feed: crate::topics::HubFeed,
+    /// Checks bearer tokens.
+    pub auth: crate::auth::Authenticator,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -123,6 +125,11 @@ pub enum OpenError {
     Thread { source: std::io::Error },
     #[error("cannot create the data directory {path}: {source}")]
     DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read or create the admin token {path}: {source}")]
+    AdminToken {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
@@ -171,7 +178,14 @@ impl Core {
         let db = Arc::new(RwLock::new(recovered.db));
         let live = sluice_live::LiveHandle::spawn(db.clone(), config.live.clone())
             .map_err(|source| OpenError::Thread { source })?;
+        let auth = crate::auth::Authenticator::new(&config.auth, &dir).map_err(|source| {
+            OpenError::AdminToken {
+                path: dir.join(crate::auth::ADMIN_TOKEN_FILE),
+                source,
+            }
+        })?;
         let shared = Arc::new(Shared {
+            auth,
             config,
             db,
             log,
@@ -199,6 +213,10 @@ impl Core {
             writer: Arc::new(Mutex::new(Some(writer))),
             recovery: Arc::new(info),
         })
+    }
+
+    pub(crate) fn authenticator(&self) -> &crate::auth::Authenticator {
+        &self.shared.auth
     }
 
     pub fn config(&self) -> &Config {

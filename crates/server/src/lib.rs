@@ -18,6 +18,7 @@
 //! - `metrics`: Prometheus text rendering.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod core;
 pub mod error;
@@ -31,6 +32,7 @@ mod topics_api;
 mod writer;
 pub mod ws;
 
+pub use crate::auth::{AuthConfig, Caller, Claims};
 pub use crate::config::Config;
 pub use crate::core::{CallOk, Core, MutateOk, Op};
 pub use crate::error::CoreError;

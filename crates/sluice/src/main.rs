@@ -149,6 +149,10 @@ struct ServeArgs {
     /// topic may keep.
     #[arg(long, default_value_t = sluice_engine::Limits::default().topic_retain_bytes)]
     topic_retain_bytes: u64,
+    /// The admin token (bypasses every rule). Without it, one is generated on first start
+    /// and kept in `<data>/admin-token` (mode 0600).
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Records queued for one topic watcher; a watcher that falls this far behind is cut
     /// off with `lagging` (and the offset to resume from).
     #[arg(long, default_value_t = 4096)]
@@ -214,6 +218,7 @@ impl ServeArgs {
         config.limits.topic_retain_bytes = self.topic_retain_bytes;
         config.append_records_max = self.max_append_records;
         config.watch_queue_records = self.watch_queue_records;
+        config.auth.admin_token = self.admin_token.clone();
         anyhow::ensure!(
             self.log_pending_bytes >= 1 << 16
                 && self.live_handoff_commits >= 1
