@@ -514,12 +514,7 @@ impl Oracle {
 
     /// The query as `claims` must see it.
     fn expected(&self, q: &Query, claims: &Claims) -> Vec<Value> {
-        let sql = q.render(|i| {
-            format!(
-                "(SELECT * FROM t{i} WHERE {})",
-                self.read_pred(i, claims)
-            )
-        });
+        let sql = q.render(|i| format!("(SELECT * FROM t{i} WHERE {})", self.read_pred(i, claims)));
         let rows = self.run(&sql);
         if q.ordered {
             rows
@@ -530,7 +525,9 @@ impl Oracle {
 
     /// Whether `claims` may read `row` (a row image of table `i`), evaluated by SQLite.
     fn readable(&self, i: usize, row: &Value, claims: &Claims) -> bool {
-        self.conn.execute(&format!("DELETE FROM probe{i}"), []).unwrap();
+        self.conn
+            .execute(&format!("DELETE FROM probe{i}"), [])
+            .unwrap();
         let lite = |c: &str| -> Lite {
             match &row[c] {
                 Value::Null => Lite::Null,
@@ -542,7 +539,13 @@ impl Oracle {
         self.conn
             .execute(
                 &format!("INSERT INTO probe{i} VALUES (?1, ?2, ?3, ?4, ?5)"),
-                rusqlite::params![lite("id"), lite("owner"), lite("team"), lite("score"), lite("link")],
+                rusqlite::params![
+                    lite("id"),
+                    lite("owner"),
+                    lite("team"),
+                    lite("score"),
+                    lite("link")
+                ],
             )
             .unwrap_or_else(|e| panic!("probe row {row} of t{i}: {e}"));
         let n: i64 = self
@@ -709,7 +712,10 @@ impl Sse {
                 let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
                 let text = String::from_utf8(raw).expect("UTF-8 events");
                 let (mut event, mut data) = (None, Vec::new());
-                for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with(':')) {
+                for line in text
+                    .lines()
+                    .filter(|l| !l.is_empty() && !l.starts_with(':'))
+                {
                     let (field, value) = line.split_once(':').unwrap_or((line, ""));
                     let value = value.strip_prefix(' ').unwrap_or(value).to_string();
                     match field {
@@ -735,7 +741,8 @@ impl Sse {
     }
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 enum Stream {
     Sse(Sse),
@@ -838,7 +845,10 @@ impl Mat {
                     self.keys.remove(old);
                     self.rows.remove(old);
                     let at = index.unwrap_or(old);
-                    assert!(at <= self.keys.len(), "change index {at} out of range: {diff}");
+                    assert!(
+                        at <= self.keys.len(),
+                        "change index {at} out of range: {diff}"
+                    );
                     self.keys.insert(at, key.clone());
                     self.rows.insert(at, c["row"].clone());
                 }
@@ -938,15 +948,18 @@ impl Subscriber {
                     "Authorization",
                     format!("Bearer {}", self.token).parse().unwrap(),
                 );
-                let (mut ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
-                    .await
-                    .expect("the upgrade in time")
-                    .unwrap_or_else(|e| panic!("{}: WebSocket upgrade: {e}", self.name));
+                let (mut ws, _) =
+                    tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+                        .await
+                        .expect("the upgrade in time")
+                        .unwrap_or_else(|e| panic!("{}: WebSocket upgrade: {e}", self.name));
                 let mut msg = json!({"id": 1, "type": "subscribe", "qid": "q", "sql": sql});
                 if let Some(s) = since {
                     msg["since"] = json!(s);
                 }
-                ws.send(Message::Text(msg.to_string().into())).await.unwrap();
+                ws.send(Message::Text(msg.to_string().into()))
+                    .await
+                    .unwrap();
                 Stream::Ws(ws)
             }
         });
@@ -980,11 +993,18 @@ impl Subscriber {
                 );
             };
             events += 1;
-            let ctx = format!("{context}: {} ({}) event {event}", self.name, self.query.sql());
+            let ctx = format!(
+                "{context}: {} ({}) event {event}",
+                self.name,
+                self.query.sql()
+            );
             match event["type"].as_str() {
                 Some("snapshot") => {
                     if self.resuming {
-                        assert_eq!(event["reset"], true, "{ctx}: a snapshot after `since` is a reset");
+                        assert_eq!(
+                            event["reset"], true,
+                            "{ctx}: a snapshot after `since` is a reset"
+                        );
                     }
                     self.resuming = false;
                     let rows = event["rows"].as_array().expect("rows");
@@ -1057,7 +1077,12 @@ fn row_set(r: &Row) -> Value {
 }
 
 /// A batch of 1–3 ops on distinct rows, applied to `state`; returns the JSON ops.
-fn random_batch(rng: &mut Rng, defs: &[TableDef], state: &mut State, next_id: &mut [i64]) -> Vec<Value> {
+fn random_batch(
+    rng: &mut Rng,
+    defs: &[TableDef],
+    state: &mut State,
+    next_id: &mut [i64],
+) -> Vec<Value> {
     let mut ops = Vec::new();
     let mut touched = Vec::new();
     for _ in 0..rng.range(1, 3) {
@@ -1255,7 +1280,11 @@ async fn every_subscriber_sees_exactly_what_its_policies_allow() {
                 Query::random(&mut rng, tables),
             )
         };
-        let transport = *rng.pick(&[Transport::SseHeader, Transport::SseAccessToken, Transport::Ws]);
+        let transport = *rng.pick(&[
+            Transport::SseHeader,
+            Transport::SseAccessToken,
+            Transport::Ws,
+        ]);
         let token = claims.token();
         let mut sub = Subscriber {
             name: format!("subscriber {k} ({claims:?}, {transport:?})"),
@@ -1275,8 +1304,13 @@ async fn every_subscriber_sees_exactly_what_its_policies_allow() {
     }
     for s in subs.iter_mut() {
         let expected = oracle.expected(&s.query, &s.claims);
-        s.sync(&oracle, &expected, &format!("{ctx0}, first snapshot"), false)
-            .await;
+        s.sync(
+            &oracle,
+            &expected,
+            &format!("{ctx0}, first snapshot"),
+            false,
+        )
+        .await;
     }
 
     let policy_change_at = commits / 2;
@@ -1322,8 +1356,13 @@ async fn every_subscriber_sees_exactly_what_its_policies_allow() {
                 let since = s.mat.as_ref().map(|m| m.seq);
                 s.subscribe(addr, since).await;
                 let expected = oracle.expected(&s.query, &s.claims);
-                s.sync(&oracle, &expected, &format!("{ctx}, resumed after {sql}"), false)
-                    .await;
+                s.sync(
+                    &oracle,
+                    &expected,
+                    &format!("{ctx}, resumed after {sql}"),
+                    false,
+                )
+                .await;
             }
         }
 
@@ -1366,13 +1405,24 @@ async fn every_subscriber_sees_exactly_what_its_policies_allow() {
             assert_eq!(status, 200, "{ctx}: {}: /v1/query: {body}", s.name);
             assert!(body["seq"].as_u64().unwrap() >= seq, "{ctx}: {body}");
             let rows = body["rows"].as_array().expect("rows");
-            oracle.check_rows(&s.query.shape, &s.claims, rows.iter(), &format!("{ctx}: /v1/query of {}", s.name));
+            oracle.check_rows(
+                &s.query.shape,
+                &s.claims,
+                rows.iter(),
+                &format!("{ctx}: /v1/query of {}", s.name),
+            );
             let got = if s.query.ordered {
                 rows.clone()
             } else {
                 sorted(rows)
             };
-            assert_eq!(got, expected, "{ctx}: {}: /v1/query {}", s.name, s.query.sql());
+            assert_eq!(
+                got,
+                expected,
+                "{ctx}: {}: /v1/query {}",
+                s.name,
+                s.query.sql()
+            );
         }
 
         if step % 5 == 0 {
@@ -1420,7 +1470,12 @@ async fn check_row_reads(
                     .is_some_and(|r| oracle.readable(t, &r.json(id), &s.claims));
                 if readable {
                     assert_eq!(status, 200, "{ctx}: {} reads t{t}/{id}: {body}", s.name);
-                    assert_eq!(body["row"], rows[&id].json(id), "{ctx}: {} reads t{t}/{id}", s.name);
+                    assert_eq!(
+                        body["row"],
+                        rows[&id].json(id),
+                        "{ctx}: {} reads t{t}/{id}",
+                        s.name
+                    );
                 } else {
                     assert_eq!(
                         status, 404,
@@ -1492,7 +1547,10 @@ async fn check_changes(
     policy_want: &[(String, usize, &'static str)],
     ctx: &str,
 ) {
-    let ctx = format!("{ctx}: /v1/changes?since={since} for {} ({:?})", s.name, s.claims);
+    let ctx = format!(
+        "{ctx}: /v1/changes?since={since} for {} ({:?})",
+        s.name, s.claims
+    );
     let last = history.last().expect("commits").seq;
     let mut got: Vec<Value> = Vec::new();
     let mut from = since;
@@ -1518,8 +1576,7 @@ async fn check_changes(
     // Every row entry carries only what the caller may read.
     let table_of = |e: &Value| -> usize { e["table"].as_str().unwrap()[1..].parse().unwrap() };
     for e in &got {
-        if matches!(e["op"].as_str(), Some("insert" | "update" | "delete")) && !e["row"].is_null()
-        {
+        if matches!(e["op"].as_str(), Some("insert" | "update" | "delete")) && !e["row"].is_null() {
             assert!(
                 oracle.readable(table_of(e), &e["row"], &s.claims),
                 "{ctx}: LEAK: {e}"

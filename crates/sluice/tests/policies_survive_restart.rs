@@ -38,7 +38,13 @@ fn names(list: &Value) -> Vec<String> {
     list.as_array()
         .unwrap()
         .iter()
-        .map(|p| format!("{}.{}", p["table"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .map(|p| {
+            format!(
+                "{}.{}",
+                p["table"].as_str().unwrap(),
+                p["name"].as_str().unwrap()
+            )
+        })
         .collect()
 }
 
@@ -107,7 +113,9 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     admin
         .sql("CREATE POLICY tmp ON notes FOR SELECT USING (1 = 1)")
         .await;
-    admin.sql("CREATE POLICY other_all ON other FOR SELECT USING (1 = 1)").await;
+    admin
+        .sql("CREATE POLICY other_all ON other FOR SELECT USING (1 = 1)")
+        .await;
     admin.sql("DROP POLICY tmp ON notes").await;
     admin.sql("DROP POLICY IF EXISTS never_was ON notes").await;
     // DROP TABLE drops the table's policies.
@@ -119,7 +127,11 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let alice_token = token("alice", json!({"team": 2}));
     let alice = Client::new(&server, &alice_token);
     assert_eq!(ids(&alice).await, [1, 2, 4, 5], "own notes or team 2");
-    assert_eq!(ids(&admin).await, [1, 2, 3, 4, 5, 6], "the admin reads everything");
+    assert_eq!(
+        ids(&admin).await,
+        [1, 2, 3, 4, 5, 6],
+        "the admin reads everything"
+    );
     let list = policies(&admin).await;
     assert_eq!(
         names(&list),
@@ -129,7 +141,10 @@ async fn policies_are_logged_snapshotted_and_recovered() {
 
     // A client may not create, drop or list policies.
     let (status, body) = alice
-        .post("/v1/sql", &json!({"sql": "CREATE POLICY mine ON notes FOR SELECT USING (1 = 1)"}))
+        .post(
+            "/v1/sql",
+            &json!({"sql": "CREATE POLICY mine ON notes FOR SELECT USING (1 = 1)"}),
+        )
         .await;
     assert_forbidden(status, &body, "a client creating a policy");
     let (status, body) = alice
@@ -168,7 +183,9 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_eq!(event, "error", "{err}");
     assert_eq!(err["error"]["code"], "rules_changed", "{err}");
     assert!(
-        sse.event_within(std::time::Duration::from_secs(5)).await.is_none(),
+        sse.event_within(std::time::Duration::from_secs(5))
+            .await
+            .is_none(),
         "the SSE stream ends after rules_changed"
     );
     let err = ws.next().await;
@@ -207,17 +224,34 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let list = policies(&admin).await;
     assert_eq!(
         names(&list),
-        ["notes.extra", "notes.own_notes", "notes.team_read", "other.other_all"]
+        [
+            "notes.extra",
+            "notes.own_notes",
+            "notes.team_read",
+            "other.other_all"
+        ]
     );
     server.kill9();
     let server = sec::start(&data, dir.path(), &[]);
     let admin = Client::admin(&server);
     let alice = Client::new(&server, &alice_token);
     assert_eq!(policies(&admin).await, list, "the policies after a restart");
-    assert_eq!(ids(&alice).await, [1, 2, 3, 4, 5], "alice reads the same rows");
-    assert_eq!(policy_entries(&admin).await, want_entries, "the changes after a restart");
+    assert_eq!(
+        ids(&alice).await,
+        [1, 2, 3, 4, 5],
+        "alice reads the same rows"
+    );
+    assert_eq!(
+        policy_entries(&admin).await,
+        want_entries,
+        "the changes after a restart"
+    );
     let bob = Client::new(&server, &token("bob", json!({})));
-    assert_eq!(ids(&bob).await, [2, 3], "bob's own notes and the public one");
+    assert_eq!(
+        ids(&bob).await,
+        [2, 3],
+        "bob's own notes and the public one"
+    );
 
     // A snapshot, then kill -9: recovered from the snapshot.
     let (status, body) = admin.post("/v1/admin/snapshot", &json!({})).await;
@@ -227,7 +261,11 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let admin = Client::admin(&server);
     let alice = Client::new(&server, &alice_token);
     assert_eq!(policies(&admin).await, list, "the policies from a snapshot");
-    assert_eq!(ids(&alice).await, [1, 2, 3, 4, 5], "alice reads the same rows");
+    assert_eq!(
+        ids(&alice).await,
+        [1, 2, 3, 4, 5],
+        "alice reads the same rows"
+    );
 
     // Changes after the snapshot: recovered from the snapshot plus the log after it.
     admin.sql("DROP POLICY team_read ON notes").await;
@@ -238,13 +276,22 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let list = policies(&admin).await;
     assert_eq!(
         names(&list),
-        ["notes.after_snap", "notes.extra", "notes.own_notes", "other.other_all"]
+        [
+            "notes.after_snap",
+            "notes.extra",
+            "notes.own_notes",
+            "other.other_all"
+        ]
     );
     server.kill9();
     let server = sec::start(&data, dir.path(), &[]);
     let admin = Client::admin(&server);
     let alice = Client::new(&server, &alice_token);
-    assert_eq!(policies(&admin).await, list, "the policies from a snapshot and the log");
+    assert_eq!(
+        policies(&admin).await,
+        list,
+        "the policies from a snapshot and the log"
+    );
     assert_eq!(ids(&alice).await, [1, 3, 5, 6], "alice reads the same rows");
     let entries = policy_entries(&admin).await;
     assert_eq!(

@@ -84,7 +84,10 @@ fn check_records(got: &[Value], filter: &[&str], readable: &[&str], who: &str) {
         .iter()
         .map(|(t, d)| (t.iter().map(|s| s.to_string()).collect(), d.clone()))
         .collect();
-    assert_eq!(got_pairs, want_pairs, "{who}: the records of filter {filter:?}");
+    assert_eq!(
+        got_pairs, want_pairs,
+        "{who}: the records of filter {filter:?}"
+    );
     for r in got {
         let tags: Vec<&str> = r["tags"]
             .as_array()
@@ -114,7 +117,10 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     let (status, body) = admin.put("/v1/topics/private", &json!({})).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = admin
-        .put("/v1/topics/public", &json!({"read": ["*"], "append": ["*"]}))
+        .put(
+            "/v1/topics/public",
+            &json!({"read": ["*"], "append": ["*"]}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
 
@@ -128,7 +134,13 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     let refusals: Vec<(&str, &Client, &str, Vec<&str>, &str)> = vec![
         ("alice", &alice, "chat", vec!["user:bob"], "user:bob"),
         ("alice", &alice, "chat", vec!["user:*"], "user:*"),
-        ("alice", &alice, "chat", vec!["user:alice", "user:bob"], "user:bob"),
+        (
+            "alice",
+            &alice,
+            "chat",
+            vec!["user:alice", "user:bob"],
+            "user:bob",
+        ),
         ("alice", &alice, "chat", vec!["*"], "*"),
         ("alice", &alice, "chat", vec![], "*"),
         ("alice", &alice, "chat", vec!["room"], "room"),
@@ -139,7 +151,10 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     for (who, client, topic, tags, pattern) in &refusals {
         let what = format!("{who} watching {topic} with {tags:?}");
         let params: Vec<(&str, &str)> = tags.iter().map(|t| ("tag", *t)).collect();
-        match client.sse(&format!("/v1/topics/{topic}/watch"), &params).await {
+        match client
+            .sse(&format!("/v1/topics/{topic}/watch"), &params)
+            .await
+        {
             Ok(_) => panic!("{what}: the watch was not refused"),
             Err((status, body)) => {
                 let err = assert_forbidden(status, &body, &what);
@@ -164,9 +179,12 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     }
     // The same over WebSocket; the connection stays usable.
     let mut alice_ws = alice.ws().await;
-    for (id, (tags, pattern)) in [(vec!["user:bob"], "user:bob"), (vec!["room:7", "user:*"], "user:*")]
-        .into_iter()
-        .enumerate()
+    for (id, (tags, pattern)) in [
+        (vec!["user:bob"], "user:bob"),
+        (vec!["room:7", "user:*"], "user:*"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let reply = alice_ws
             .request(
@@ -177,7 +195,10 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
         assert_eq!(reply["type"], "error", "{reply}");
         assert_eq!(reply["error"]["code"], "forbidden", "{reply}");
         assert!(
-            reply["error"]["message"].as_str().unwrap().contains(pattern),
+            reply["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(pattern),
             "the message names {pattern}: {reply}"
         );
     }
@@ -229,22 +250,38 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     let count = |filter: &[&str]| records().iter().filter(|(t, _)| matches(filter, t)).count();
 
     let got = collect_sse(&mut alice_sse, count(&["user:alice"]), "alice SSE").await;
-    check_records(&got, &["user:alice"], &["room:*", "user:alice"], "alice SSE");
+    check_records(
+        &got,
+        &["user:alice"],
+        &["room:*", "user:alice"],
+        "alice SSE",
+    );
     let got = collect_ws(&mut alice_ws, count(&["user:alice", "room:7"]), "alice WS").await;
-    check_records(&got, &["user:alice", "room:7"], &["room:*", "user:alice"], "alice WS");
+    check_records(
+        &got,
+        &["user:alice", "room:7"],
+        &["room:*", "user:alice"],
+        "alice WS",
+    );
     let got = collect_ws(&mut bob_ws, count(&["user:bob"]), "bob WS").await;
     check_records(&got, &["user:bob"], &["room:*", "user:bob"], "bob WS");
     let got = collect_sse(&mut carol_sse, count(&["room:*"]), "carol SSE").await;
     check_records(&got, &["room:*"], &["room:*", "user:carol"], "carol SSE");
     // The public topic had no appends: nothing for its watcher yet.
     assert!(
-        public_sse.event_within(Duration::from_millis(300)).await.is_none(),
+        public_sse
+            .event_within(Duration::from_millis(300))
+            .await
+            .is_none(),
         "no chat record reaches a watcher of another topic"
     );
 
     // Paged reads with an allowed filter: exactly the matching records.
     let (status, body) = bob
-        .get_with("/v1/topics/chat/records", &[("tag", "user:bob"), ("from", "0")])
+        .get_with(
+            "/v1/topics/chat/records",
+            &[("tag", "user:bob"), ("from", "0")],
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     check_records(
@@ -265,11 +302,41 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
             1,
             "user:bob",
         ),
-        ("alice", &alice, json!([{"tags": ["room:8"], "data": 3}]), 0, "room:8"),
-        ("alice", &alice, json!([{"tags": ["user:alice", "room:9"], "data": 3}]), 0, "room:9"),
-        ("bob", &bob, json!([{"tags": ["room:8"]}, {"data": "untagged"}]), 1, ""),
-        ("carol", &carol, json!([{"tags": ["room:7"], "data": 4}]), 0, "room:7"),
-        ("e*", &eve, json!([{"tags": ["user:eve"], "data": 5}]), 0, "user:eve"),
+        (
+            "alice",
+            &alice,
+            json!([{"tags": ["room:8"], "data": 3}]),
+            0,
+            "room:8",
+        ),
+        (
+            "alice",
+            &alice,
+            json!([{"tags": ["user:alice", "room:9"], "data": 3}]),
+            0,
+            "room:9",
+        ),
+        (
+            "bob",
+            &bob,
+            json!([{"tags": ["room:8"]}, {"data": "untagged"}]),
+            1,
+            "",
+        ),
+        (
+            "carol",
+            &carol,
+            json!([{"tags": ["room:7"], "data": 4}]),
+            0,
+            "room:7",
+        ),
+        (
+            "e*",
+            &eve,
+            json!([{"tags": ["user:eve"], "data": 5}]),
+            0,
+            "user:eve",
+        ),
     ];
     for (who, client, recs, index, tag) in &append_refusals {
         let what = format!("{who} appending {recs}");
@@ -278,13 +345,20 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
             .await;
         let err = assert_forbidden(status, &body, &what);
         let message = err["message"].as_str().unwrap();
-        assert!(message.contains(tag), "{what}: the message names {tag:?}: {body}");
+        assert!(
+            message.contains(tag),
+            "{what}: the message names {tag:?}: {body}"
+        );
         assert!(
             err.get("op") == Some(&json!(index)) || message.contains(&format!("record {index}")),
             "{what}: the error names record {index}: {body}"
         );
         assert_eq!(admin.health_seq().await, seq, "{what}: the seq moved");
-        assert_eq!(topic_next(&admin, "chat").await, next_before, "{what}: something was appended");
+        assert_eq!(
+            topic_next(&admin, "chat").await,
+            next_before,
+            "{what}: something was appended"
+        );
     }
     // Over WebSocket too.
     let reply = alice_ws
@@ -325,13 +399,19 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     // Bob's watcher of user:bob saw neither; a public append reaches the public watcher and
     // only now does bob's socket get something (nothing before).
     let (status, _) = alice
-        .post("/v1/topics/public/records", &json!({"records": [{"data": "hello"}]}))
+        .post(
+            "/v1/topics/public/records",
+            &json!({"records": [{"data": "hello"}]}),
+        )
         .await;
     assert_eq!(status, 200);
     let (_, r) = public_sse.event().await;
     assert_eq!(r["data"], "hello");
     assert!(
-        bob_ws.next_within(Duration::from_millis(300)).await.is_none(),
+        bob_ws
+            .next_within(Duration::from_millis(300))
+            .await
+            .is_none(),
         "bob's watch of user:bob gets no record of others"
     );
 
@@ -352,7 +432,10 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     assert_eq!(status, 200, "{body}");
     for e in body["changes"].as_array().unwrap() {
         if e["op"] == "append" {
-            assert_eq!(e["topic"], "public", "alice sees appends of public only: {e}");
+            assert_eq!(
+                e["topic"], "public",
+                "alice sees appends of public only: {e}"
+            );
         }
     }
     assert!(

@@ -55,8 +55,16 @@ struct Refusal {
 
 fn check_refusal(err: &serde_json::Map<String, Value>, want: &Refusal, what: &str) {
     assert_eq!(err["op"], json!(want.op), "{what}: the op index: {err:?}");
-    assert_eq!(err["command"], json!(want.command), "{what}: the command: {err:?}");
-    assert_eq!(err["table"], json!(want.table), "{what}: the table: {err:?}");
+    assert_eq!(
+        err["command"],
+        json!(want.command),
+        "{what}: the command: {err:?}"
+    );
+    assert_eq!(
+        err["table"],
+        json!(want.table),
+        "{what}: the table: {err:?}"
+    );
     let mut policies: Vec<String> = err["policies"]
         .as_array()
         .unwrap_or_else(|| panic!("{what}: a policies list: {err:?}"))
@@ -77,10 +85,16 @@ fn check_refusal(err: &serde_json::Map<String, Value>, want: &Refusal, what: &st
         "{what}: the message names the table: {message}"
     );
     for p in want.policies {
-        assert!(message.contains(p), "{what}: the message names {p}: {message}");
+        assert!(
+            message.contains(p),
+            "{what}: the message names {p}: {message}"
+        );
     }
     for w in want.says {
-        assert!(message.contains(w), "{what}: the message says {w:?}: {message}");
+        assert!(
+            message.contains(w),
+            "{what}: the message says {w:?}: {message}"
+        );
     }
 }
 
@@ -122,7 +136,10 @@ async fn setup(name: &str) -> (TempDir, common::Server) {
             ins("notes", json!({"id": 1, "owner": "alice", "body": "a1"})),
             ins("notes", json!({"id": 2, "owner": "bob", "body": "b2"})),
             ins("docs", json!({"id": 1, "owner": "alice", "team": 1})),
-            ins("docs", json!({"id": 2, "owner": "alice", "team": 1, "locked": true})),
+            ins(
+                "docs",
+                json!({"id": 2, "owner": "alice", "team": 1, "locked": true})
+            ),
             ins("docs", json!({"id": 3, "owner": "bob", "team": 1})),
             ins("tasks", json!({"id": 1, "owner": "alice", "title": "t1"})),
             ins("tasks", json!({"id": 2, "owner": "bob", "title": "t2"})),
@@ -234,7 +251,10 @@ async fn forbidden_ops_refuse_the_whole_batch_over_http() {
     refused_over_http(
         &admin,
         &alice,
-        json!([ups("notes", json!({"id": 2, "owner": "alice", "body": "taken"}))]),
+        json!([ups(
+            "notes",
+            json!({"id": 2, "owner": "alice", "body": "taken"})
+        )]),
         Refusal {
             op: 0,
             command: "update",
@@ -490,7 +510,11 @@ async fn forbidden_ops_refuse_the_whole_batch_over_websocket() {
         assert_eq!(err["code"], "forbidden", "{what}: {reply}");
         check_refusal(&err, &want, &what);
         assert_eq!(admin.health_seq().await, seq, "{what}: the seq moved");
-        assert_eq!(everything(&admin).await, before, "{what}: something changed");
+        assert_eq!(
+            everything(&admin).await,
+            before,
+            "{what}: something changed"
+        );
     }
 
     // The connection stays usable, and an allowed batch passes.
@@ -507,7 +531,9 @@ async fn forbidden_ops_refuse_the_whole_batch_over_websocket() {
     let seq = reply["seq"].as_u64().expect("a seq");
     assert_eq!(admin.health_seq().await, seq);
     assert_eq!(
-        admin.query("SELECT id, owner FROM notes WHERE id = 50").await,
+        admin
+            .query("SELECT id, owner FROM notes WHERE id = 50")
+            .await,
         vec![json!({"id": 50, "owner": "alice"})]
     );
 }

@@ -141,7 +141,9 @@ impl Client {
     pub async fn health_seq(&self) -> u64 {
         let resp = self.http.get(self.url("/health")).send().await.unwrap();
         let body: Value = resp.json().await.unwrap();
-        body["seq"].as_u64().unwrap_or_else(|| panic!("/health: {body}"))
+        body["seq"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("/health: {body}"))
     }
 
     /// Opens an SSE stream at `path?params` with the token in the header; `Err` with the
@@ -203,7 +205,10 @@ impl Sse {
                 let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
                 let text = String::from_utf8(raw).expect("UTF-8 events");
                 let (mut event, mut data) = (None, Vec::new());
-                for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with(':')) {
+                for line in text
+                    .lines()
+                    .filter(|l| !l.is_empty() && !l.starts_with(':'))
+                {
                     let (field, value) = line.split_once(':').unwrap_or((line, ""));
                     let value = value.strip_prefix(' ').unwrap_or(value).to_string();
                     match field {
