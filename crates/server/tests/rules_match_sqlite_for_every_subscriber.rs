@@ -192,14 +192,14 @@ impl Pred {
         let atom = match rng.below(14) {
             0..=3 => Atom::OwnerIsSub,
             4..=5 => Atom::TeamIsTeam,
-            6 => Atom::OwnerIs(*rng.pick(&OWNERS)),
+            6 => Atom::OwnerIs(OWNERS[rng.below(OWNERS.len())]),
             7 => Atom::OwnerIsNull,
             8 => Atom::TeamIsNull,
             9 => Atom::TeamIn(rng.range(0, 3), rng.range(0, 3)),
             10 => Atom::ScoreAbove(rng.range(10, 90)),
             11 => Atom::ClaimTeamIs(rng.range(1, 3)),
-            12 => Atom::SubIs(*rng.pick(&OWNERS)),
-            _ => Atom::OwnerLike(*rng.pick(&["u%", "%1", "u_", "x%"])),
+            12 => Atom::SubIs(OWNERS[rng.below(OWNERS.len())]),
+            _ => Atom::OwnerLike(["u%", "%1", "u_", "x%"][rng.below(4)]),
         };
         if rng.chance(12) {
             Pred::Not(atom)
