@@ -183,9 +183,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_eq!(event, "error", "{err}");
     assert_eq!(err["error"]["code"], "rules_changed", "{err}");
     assert!(
-        sse.event_within(std::time::Duration::from_secs(5))
-            .await
-            .is_none(),
+        sse.ends_within(sec::WAIT).await,
         "the SSE stream ends after rules_changed"
     );
     let err = ws.next().await;

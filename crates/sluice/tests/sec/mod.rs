@@ -232,6 +232,24 @@ impl Sse {
         }
     }
 
+    /// Whether the stream ends (the server closes it) within `within`, with no event before.
+    pub async fn ends_within(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.buf.windows(2).any(|w| w == b"\n\n") {
+                match self.event_within(within).await {
+                    Some(e) => panic!("an event where the stream should end: {e:?}"),
+                    None => continue,
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.response.chunk()).await {
+                Err(_) => return false,
+                Ok(Ok(None)) | Ok(Err(_)) => return true,
+                Ok(Ok(Some(bytes))) => self.buf.extend_from_slice(&bytes),
+            }
+        }
+    }
+
     /// The next event; panics if none arrives within [`WAIT`].
     pub async fn event(&mut self) -> (String, Value) {
         self.event_within(WAIT)
