@@ -5,10 +5,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, Validation};
 use serde_json::{Map, Value as Json};
 
 use crate::api::ApiError;
@@ -100,9 +104,291 @@ impl From<AuthError> for ApiError {
     }
 }
 
+/// A client-token configuration that cannot be used (an unreadable key, an empty secret).
+#[derive(Debug, thiserror::Error)]
+pub enum JwtConfigError {
+    #[error("--jwt-secret is empty")]
+    EmptySecret,
+    #[error("give either --jwt-secret or --jwt-public-key, not both")]
+    SecretAndKey,
+    #[error("--jwt-public-key: the file holds a private key; give the public key (`openssl pkey -in key.pem -pubout`)")]
+    PrivateKey,
+    #[error("--jwt-public-key: an EC key must be on P-256 (ES256); this one is not")]
+    EcCurve,
+    #[error("--jwt-public-key: not a PEM public key of RSA, EC P-256 or Ed25519 ({0})")]
+    Unreadable(String),
+}
+
+/// Verifies client JWTs with the one key the server has.
+struct JwtVerifier {
+    /// The name of the only algorithm accepted (the key's) as in a JWT header (`HS256`, `RS256`, `ES256`, `EdDSA`).
+    alg_name: &'static str,
+    /// The flag the key came from, for messages.
+    flag: &'static str,
+    key: DecodingKey,
+    validation: Validation,
+}
+
+/// Clock skew allowed on `exp` and `nbf`, in seconds.
+pub const LEEWAY_SECS: u64 = 5;
+
+impl JwtVerifier {
+    fn new(config: &AuthConfig) -> Result<Option<JwtVerifier>, JwtConfigError> {
+        let (alg, alg_name, flag, key) = match (&config.jwt_secret, &config.jwt_public_key_pem) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => return Err(JwtConfigError::SecretAndKey),
+            (Some(secret), None) => {
+                if secret.is_empty() {
+                    return Err(JwtConfigError::EmptySecret);
+                }
+                (
+                    Algorithm::HS256,
+                    "HS256",
+                    "--jwt-secret",
+                    DecodingKey::from_secret(secret.as_bytes()),
+                )
+            }
+            (None, Some(pem)) => {
+                let (alg, name, key) = public_key(pem)?;
+                (alg, name, "--jwt-public-key", key)
+            }
+        };
+        let mut validation = Validation::new(alg);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        let mut required = vec!["exp", "sub"];
+        match &config.jwt_audience {
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
+            None => validation.validate_aud = false,
+        }
+        if let Some(iss) = &config.jwt_issuer {
+            validation.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        validation.set_required_spec_claims(&required);
+        Ok(Some(JwtVerifier {
+            alg_name,
+            flag,
+            key,
+            validation,
+        }))
+    }
+
+    /// Verifies a token whose header and claims parsed as JSON objects.
+    fn verify(
+        &self,
+        token: &str,
+        header: &Map<String, Json>,
+        claims: &Map<String, Json>,
+    ) -> Result<Caller, AuthError> {
+        let alg = match header.get("alg") {
+            Some(Json::String(alg)) => alg.as_str(),
+            _ => {
+                return Err(AuthError::new(
+                    "malformed",
+                    "the JWT header has no `alg` string",
+                ))
+            }
+        };
+        if alg != self.alg_name {
+            let what = if alg.eq_ignore_ascii_case("none") {
+                "an unsigned token (`alg: none`), which is never accepted".to_string()
+            } else {
+                format!("a token signed with {alg}")
+            };
+            return Err(AuthError::new(
+                "wrong_algorithm",
+                format!(
+                    "{what}; this server accepts only {} tokens ({})",
+                    self.alg_name, self.flag
+                ),
+            ));
+        }
+        let data = jsonwebtoken::decode::<Map<String, Json>>(token, &self.key, &self.validation)
+            .map_err(|e| self.explain(e.into_kind(), claims))?;
+        let all = data.claims;
+        let sub = match all.get("sub") {
+            Some(Json::String(sub)) => sub.clone(),
+            _ => {
+                return Err(AuthError::new(
+                    "missing_claim",
+                    "the token has no `sub` string",
+                ))
+            }
+        };
+        Ok(Caller::Client(Arc::new(Claims { sub, all })))
+    }
+
+    /// The 401 for a failed verification.
+    fn explain(&self, kind: ErrorKind, claims: &Map<String, Json>) -> AuthError {
+        let now = unix_now();
+        let number = |name: &str| claims.get(name).map(|v| v.to_string()).unwrap_or_default();
+        match kind {
+            ErrorKind::InvalidSignature | ErrorKind::Base64(_) => AuthError::new(
+                "bad_signature",
+                format!(
+                    "the token's signature does not verify with the server's key ({})",
+                    self.flag
+                ),
+            ),
+            ErrorKind::InvalidAlgorithm => AuthError::new(
+                "wrong_algorithm",
+                format!(
+                    "this server accepts only {} tokens ({})",
+                    self.alg_name, self.flag
+                ),
+            ),
+            ErrorKind::ExpiredSignature => AuthError::new(
+                "expired",
+                format!("the token expired at {} (now {now})", number("exp")),
+            ),
+            ErrorKind::ImmatureSignature => AuthError::new(
+                "expired",
+                format!(
+                    "the token is not valid before {} (now {now})",
+                    number("nbf")
+                ),
+            ),
+            ErrorKind::MissingRequiredClaim(c) if c == "aud" => self.wrong_audience(),
+            ErrorKind::InvalidAudience => self.wrong_audience(),
+            ErrorKind::MissingRequiredClaim(c) if c == "iss" => self.wrong_issuer(),
+            ErrorKind::InvalidIssuer => self.wrong_issuer(),
+            ErrorKind::MissingRequiredClaim(c) => AuthError::new(
+                "missing_claim",
+                format!("the token has no `{c}` claim{}", claim_kind(&c)),
+            ),
+            ErrorKind::InvalidClaimFormat(c) if c == "exp" => AuthError::new(
+                "missing_claim",
+                "the token's `exp` is not a number (seconds since the epoch)",
+            ),
+            other => AuthError::new("malformed", format!("the JWT does not decode: {other:?}")),
+        }
+    }
+
+    fn wrong_audience(&self) -> AuthError {
+        let want = self
+            .validation
+            .aud
+            .iter()
+            .flatten()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        AuthError::new(
+            "wrong_audience",
+            format!("the token's `aud` is not {want:?} (--jwt-audience)"),
+        )
+    }
+
+    fn wrong_issuer(&self) -> AuthError {
+        let want = self
+            .validation
+            .iss
+            .iter()
+            .flatten()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        AuthError::new(
+            "wrong_issuer",
+            format!("the token's `iss` is not {want:?} (--jwt-issuer)"),
+        )
+    }
+}
+
+fn claim_kind(claim: &str) -> &'static str {
+    match claim {
+        "sub" => " (a string)",
+        "exp" => " (a number: seconds since the epoch)",
+        _ => "",
+    }
+}
+
+/// The key of `--jwt-public-key` and the algorithm it is for.
+fn public_key(pem: &[u8]) -> Result<(Algorithm, &'static str, DecodingKey), JwtConfigError> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("PRIVATE KEY-----") {
+        return Err(JwtConfigError::PrivateKey);
+    }
+    if let Ok(key) = DecodingKey::from_rsa_pem(pem) {
+        return Ok((Algorithm::RS256, "RS256", key));
+    }
+    if let Ok(key) = DecodingKey::from_ec_pem(pem) {
+        // A P-256 point: 65 bytes uncompressed, 33 compressed.
+        let p256 = matches!(key.kind(), DecodingKeyKind::SecretOrDer(point) if point.len() == 65 || point.len() == 33);
+        if !p256 {
+            return Err(JwtConfigError::EcCurve);
+        }
+        return Ok((Algorithm::ES256, "ES256", key));
+    }
+    match DecodingKey::from_ed_pem(pem) {
+        Ok(key) => Ok((Algorithm::EdDSA, "EdDSA", key)),
+        Err(e) => Err(JwtConfigError::Unreadable(format!("{:?}", e.kind()))),
+    }
+}
+
+/// Checks the client-token part of a configuration (the key parses, the secret is not
+/// empty) so that `sluice serve` can refuse to start naming the flag.
+pub fn check_jwt_config(config: &AuthConfig) -> Result<(), JwtConfigError> {
+    JwtVerifier::new(config).map(|_| ())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The header and claims of a token shaped as a JWT (three base64url parts, the first two
+/// JSON objects); `None` otherwise.
+fn jwt_parts(token: &str) -> Option<(Map<String, Json>, Map<String, Json>)> {
+    let mut parts = token.split('.');
+    let (header, claims, _sig) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let object = |part: &str| -> Option<Map<String, Json>> {
+        let bytes = B64.decode(part.trim_end_matches('=')).ok()?;
+        match serde_json::from_slice(&bytes).ok()? {
+            Json::Object(map) => Some(map),
+            _ => None,
+        }
+    };
+    Some((object(header)?, object(claims)?))
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+/// An HS256 token for `sub` valid for `ttl`, carrying `claims` too (`sub` and `exp` are
+/// set here; `iat` too unless given). For `sluice token`, tests and benchmarks.
+pub fn mint_hs256(secret: &str, sub: &str, claims: &Map<String, Json>, ttl: Duration) -> String {
+    let now = unix_now();
+    let mut all = claims.clone();
+    all.insert("sub".into(), Json::from(sub));
+    all.insert("exp".into(), Json::from(now.saturating_add(ttl.as_secs())));
+    all.entry("iat").or_insert_with(|| Json::from(now));
+    encode_hs256(secret, &all)
+}
+
+/// An HS256 token with exactly these claims (tests build tokens that lack `sub` or `exp`).
+pub fn encode_hs256(secret: &str, claims: &Map<String, Json>) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(Algorithm::HS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("HMAC signing cannot fail")
+}
+
 /// Checks tokens; built once at startup.
 pub struct Authenticator {
     admin_token: String,
+    jwt: Option<JwtVerifier>,
 }
 
 /// Where the generated admin token is kept, inside the data directory.
@@ -112,6 +398,8 @@ impl Authenticator {
     /// From the configuration; reads or generates `<data_dir>/admin-token` when no admin
     /// token is configured.
     pub fn new(config: &AuthConfig, data_dir: &Path) -> std::io::Result<Authenticator> {
+        let jwt = JwtVerifier::new(config)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let admin_token = match &config.admin_token {
             Some(t) => t.clone(),
             None => stored_admin_token(data_dir)?,
@@ -122,7 +410,7 @@ impl Authenticator {
                 "the admin token is empty (--admin-token / SLUICE_ADMIN_TOKEN)",
             ));
         }
-        Ok(Authenticator { admin_token })
+        Ok(Authenticator { admin_token, jwt })
     }
 
     /// The caller a bearer token names.
@@ -130,16 +418,19 @@ impl Authenticator {
         if constant_time_eq(token.as_bytes(), self.admin_token.as_bytes()) {
             return Ok(Caller::Admin);
         }
-        if token.split('.').count() == 3 {
+        let Some((header, claims)) = jwt_parts(token) else {
             return Err(AuthError::new(
+                "malformed",
+                "the token is neither the admin token nor a JWT (three base64url parts, a JSON header and JSON claims)",
+            ));
+        };
+        match &self.jwt {
+            Some(jwt) => jwt.verify(token, &header, &claims),
+            None => Err(AuthError::new(
                 "no_client_tokens",
                 "this server verifies no client tokens (start it with --jwt-secret or --jwt-public-key)",
-            ));
+            )),
         }
-        Err(AuthError::new(
-            "malformed",
-            "the token is neither the admin token nor a JWT",
-        ))
     }
 }
 
@@ -243,5 +534,404 @@ pub(crate) async fn authenticate(
             next.run(req).await
         }
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SECRET: &str = "test-secret-of-some-length";
+    const ADMIN: &str = "sluice_admin_test";
+
+    // Generated with openssl for these tests only.
+    const RSA_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQC+0iNffHG0GgFP\nA0xb5gplfCl5xAXBnIC2i+V+mJVUTEd+oKMQr7pia4FyU4j9NduSNIEwvP3wrpOS\neNOabpANtsIriJ4SExiZfBIhgF0FVIp6u7r5RbRpxOYHjQCmOW8uz98ljo1z4IvX\npW1d25sohAXDfB5pEZBNj/j17F5CBsJT0zyilAB/UlH2VbY+b5alV1FHEVbEFvex\nhet+V7eo521ltWotx8ic2AQ2evnqppCdWn6bo2M6gAE0Oz6Qe84JyGwrJr22FI+y\nVEzp8C6AZwRRmq4prBPmcMPlodZTwj7it3/5WFV6AnNBz6qIcTr6hH6ujOvAxjJK\nJKE8U9+BAgMBAAECggEAAeRP9PelIfG7Dxc7h9K3SivJtnsWyoVcclLfPtrQ6jHK\naKs7iqQPXz/tG97PpiEFUQUDveG1y8/TRzm68VZEx9oGwUs8s/WsAgOMo3fkFDQz\nHkXjs+p4wC6zUCJZ/gvmOgrWDceEyAATKttpQuu1NVjfvMErhQOnUFmL0JZcFd/6\nYuA46cd2mKXc5m1hx5VDga6z33qs00oIgGNvSc0gYiNAUK9mlBOdXZNdY07IPeVi\npt9HstXPkHGfm1QJyvq/Ijip3kHhh0Imj/LymZnYhCP88fZkYfEU+wSx6pVzf6uV\n4bbyVpj7QFmfzAA2X4ndDCb/zKyrr0ACnrkUAEMyQQKBgQDtkpNISmRcxlRTAPGC\n44dHsuw7MwriZRjEOAS2G0BKIBpTqk19wyD3VaUiQgU//aS8ZI/tJVAc6V62sJ4J\nRcqeHQ9Ikcb9cnQqpKqqrN1CTe9zUBwrtgwEtj44TqkMxlZ0CiV+PjQr2wBlgWjy\n3CdL+ZqMajXKV8KnKYlbsBKkMQKBgQDNnzmJX59J2OwM1MaFH5f+/JRvJggbieVc\n+UiZqj3eT4UdsnS5G3sCDw/UyVk9jJ/m1dOA96a+SZH0WJx4j1Sm030eHUPck7wL\nk54wQW3j1H83MaBB5sj3m34evI1j86FbB4YRRsk1aK90Cw9l6wnGz0BypEphkIiq\n2c5N+62sUQKBgQDoTFR7cVJlbQBzEQ8WHwjeUNOwpx5TdOsconHo5wib8nwLpxCS\nkkQf1LzdnJSpl4iHNgWNqtiFDKQyGszM4FNY+61AFlru5AU21UCUFudat/4VURXa\nn+1shg6c3D1sYluSp4E1yfkVkNT4a+uE3UQHhA9ckVX7foi1D2ZiIu53YQKBgQDB\nXSDAXNnwmjuw/U8K1WEceu4jcAJj01OMESkCyKORsfoeqTk28e7FSuC6W/a9+MZO\nT3qsZze47nqA6+uJPFCA6ZVZgm/UuGE4CcPS4VSz0ZsojlSEZMFMiD8cLHhSLEPq\n1LJxAL4qqZ2FZPlAAL2a5j9XD8Sa505+TIDDuQ/jYQKBgHwlL1KBRmWSBRcU+jYe\nSd1CJCVa8uE8SEI7nD/Hx6xsFqiphBlQ/JXXpai3biwQ6LDq5VzBAEb2mgTUk4+e\n6lKiFBbk1xR093qWWDAz3BUlc6VIdh3xG3aX1TI1Hh5LvqabKvhfFPPpF16qEPKt\nXUgOg+8kaLSxOPuDTeUt7ZTr\n-----END PRIVATE KEY-----";
+    const RSA_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAvtIjX3xxtBoBTwNMW+YK\nZXwpecQFwZyAtovlfpiVVExHfqCjEK+6YmuBclOI/TXbkjSBMLz98K6TknjTmm6Q\nDbbCK4ieEhMYmXwSIYBdBVSKeru6+UW0acTmB40ApjlvLs/fJY6Nc+CL16VtXdub\nKIQFw3weaRGQTY/49exeQgbCU9M8opQAf1JR9lW2Pm+WpVdRRxFWxBb3sYXrfle3\nqOdtZbVqLcfInNgENnr56qaQnVp+m6NjOoABNDs+kHvOCchsKya9thSPslRM6fAu\ngGcEUZquKawT5nDD5aHWU8I+4rd/+VhVegJzQc+qiHE6+oR+rozrwMYySiShPFPf\ngQIDAQAB\n-----END PUBLIC KEY-----";
+    const EC_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgtFT6A74UcUg8pBEc\n1Nq97GRWSeEOtZVV+FUm8D3DOkOhRANCAATOl61WzdDKzm+Z3vFNCqoA4xCDKqIE\nGHaKsZ+zqIL4INbMzIA/fSprvllG8h4+/hk2n/S6q4I0vp4H3tz/nxGM\n-----END PRIVATE KEY-----";
+    const EC_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEzpetVs3Qys5vmd7xTQqqAOMQgyqi\nBBh2irGfs6iC+CDWzMyAP30qa75ZRvIePv4ZNp/0uquCNL6eB97c/58RjA==\n-----END PUBLIC KEY-----";
+    const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIOEwRNKyyD2xoiY/fFtioCVjuZopXhI74Y3KJZukyWVz\n-----END PRIVATE KEY-----";
+    const ED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAJDtWZwICCpHfk9qMUSkvugnI/H1fJzXUTr+LJkGHgr8=\n-----END PUBLIC KEY-----";
+
+    fn config() -> AuthConfig {
+        AuthConfig {
+            admin_token: Some(ADMIN.into()),
+            jwt_secret: Some(SECRET.into()),
+            ..AuthConfig::default()
+        }
+    }
+
+    fn auth(config: &AuthConfig) -> Authenticator {
+        // The admin token is configured, so the data directory is never touched.
+        Authenticator::new(config, Path::new("/nonexistent")).expect("a valid configuration")
+    }
+
+    fn obj(value: Json) -> Map<String, Json> {
+        match value {
+            Json::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn now() -> i64 {
+        unix_now() as i64
+    }
+
+    /// A token with this header and these claims, signed with `key` for `alg`.
+    fn sign(alg: Algorithm, key: &jsonwebtoken::EncodingKey, claims: Json) -> String {
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(alg), &claims, key).unwrap()
+    }
+
+    fn hs(claims: Json) -> String {
+        encode_hs256(SECRET, &obj(claims))
+    }
+
+    fn reason(auth: &Authenticator, token: &str) -> &'static str {
+        match auth.verify(token) {
+            Ok(caller) => panic!("{token} was accepted as {caller:?}"),
+            Err(e) => {
+                assert!(!e.message.is_empty());
+                e.reason
+            }
+        }
+    }
+
+    fn client(auth: &Authenticator, token: &str) -> Arc<Claims> {
+        match auth.verify(token) {
+            Ok(Caller::Client(claims)) => claims,
+            other => panic!("{token}: {other:?}"),
+        }
+    }
+
+    fn b64(value: &Json) -> String {
+        B64.encode(value.to_string())
+    }
+
+    #[test]
+    fn the_admin_token_is_the_admin() {
+        assert!(auth(&config()).verify(ADMIN).unwrap().is_admin());
+    }
+
+    #[test]
+    fn a_valid_hs256_token_carries_every_claim() {
+        let a = auth(&config());
+        let token = mint_hs256(
+            SECRET,
+            "alice",
+            &obj(json!({"team": 7, "role": "editor", "orgId": "x", "tags": [1, 2]})),
+            Duration::from_secs(3600),
+        );
+        let claims = client(&a, &token);
+        assert_eq!(claims.sub, "alice");
+        assert_eq!(claims.all["sub"], json!("alice"));
+        assert_eq!(claims.all["team"], json!(7));
+        assert_eq!(claims.all["role"], json!("editor"));
+        assert_eq!(claims.all["orgId"], json!("x"));
+        assert_eq!(claims.all["tags"], json!([1, 2]));
+        assert!(claims.all["exp"].as_u64().unwrap() >= unix_now() + 3590);
+    }
+
+    #[test]
+    fn neither_admin_nor_jwt_is_malformed() {
+        let a = auth(&config());
+        assert_eq!(reason(&a, "hello"), "malformed");
+        assert_eq!(reason(&a, ""), "malformed");
+        assert_eq!(reason(&a, "a.b.c"), "malformed");
+        assert_eq!(reason(&a, "a.b.c.d"), "malformed");
+        let good = hs(json!({"sub": "a", "exp": now() + 60}));
+        let parts: Vec<&str> = good.split('.').collect();
+        // A header that is not JSON, claims that are not an object.
+        assert_eq!(
+            reason(
+                &a,
+                &format!("{}.{}.{}", B64.encode("{not json"), parts[1], parts[2])
+            ),
+            "malformed"
+        );
+        assert_eq!(
+            reason(
+                &a,
+                &format!("{}.{}.{}", parts[0], b64(&json!([1])), parts[2])
+            ),
+            "malformed"
+        );
+        // A header without alg.
+        assert_eq!(
+            reason(
+                &a,
+                &format!("{}.{}.{}", b64(&json!({"typ": "JWT"})), parts[1], parts[2])
+            ),
+            "malformed"
+        );
+    }
+
+    #[test]
+    fn a_jwt_without_client_keys_is_no_client_tokens() {
+        let a = auth(&AuthConfig {
+            admin_token: Some(ADMIN.into()),
+            ..AuthConfig::default()
+        });
+        let token = hs(json!({"sub": "a", "exp": now() + 60}));
+        assert_eq!(reason(&a, &token), "no_client_tokens");
+        assert_eq!(reason(&a, "x"), "malformed");
+    }
+
+    #[test]
+    fn alg_none_is_wrong_algorithm() {
+        let a = auth(&config());
+        let claims = json!({"sub": "alice", "exp": now() + 600});
+        for alg in ["none", "None", "NONE"] {
+            let token = format!(
+                "{}.{}.",
+                b64(&json!({"alg": alg, "typ": "JWT"})),
+                b64(&claims)
+            );
+            assert_eq!(reason(&a, &token), "wrong_algorithm", "{alg}");
+            // With a signature part copied from a real token, too.
+            let real = hs(claims.clone());
+            let sig = real.rsplit('.').next().unwrap();
+            let token = format!("{}.{}.{sig}", b64(&json!({"alg": alg})), b64(&claims));
+            assert_eq!(reason(&a, &token), "wrong_algorithm", "{alg}");
+        }
+    }
+
+    #[test]
+    fn another_algorithm_than_the_keys_is_wrong_algorithm() {
+        let claims = json!({"sub": "alice", "exp": now() + 600});
+        // HS256 server: an RS256 token, an HS512 token.
+        let a = auth(&config());
+        let rsa = jsonwebtoken::EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap();
+        assert_eq!(
+            reason(&a, &sign(Algorithm::RS256, &rsa, claims.clone())),
+            "wrong_algorithm"
+        );
+        let hs512 = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
+        assert_eq!(
+            reason(&a, &sign(Algorithm::HS512, &hs512, claims.clone())),
+            "wrong_algorithm"
+        );
+        // RS256 server: an HS256 token signed with the public key as the secret (the
+        // classic key-confusion forgery).
+        let a = auth(&AuthConfig {
+            admin_token: Some(ADMIN.into()),
+            jwt_public_key_pem: Some(RSA_PUBLIC.as_bytes().to_vec()),
+            ..AuthConfig::default()
+        });
+        let confused = jsonwebtoken::EncodingKey::from_secret(RSA_PUBLIC.as_bytes());
+        assert_eq!(
+            reason(&a, &sign(Algorithm::HS256, &confused, claims.clone())),
+            "wrong_algorithm"
+        );
+        assert_eq!(
+            client(&a, &sign(Algorithm::RS256, &rsa, claims)).sub,
+            "alice"
+        );
+    }
+
+    #[test]
+    fn a_forged_signature_is_bad_signature() {
+        let a = auth(&config());
+        let claims = json!({"sub": "alice", "exp": now() + 600});
+        let other = encode_hs256("another-secret", &obj(claims.clone()));
+        assert_eq!(reason(&a, &other), "bad_signature");
+        // Claims changed after signing.
+        let good = hs(claims);
+        let parts: Vec<&str> = good.split('.').collect();
+        let tampered = format!(
+            "{}.{}.{}",
+            parts[0],
+            b64(&json!({"sub": "admin", "exp": now() + 600})),
+            parts[2]
+        );
+        assert_eq!(reason(&a, &tampered), "bad_signature");
+        // A signature that is not base64url, or empty.
+        assert_eq!(
+            reason(&a, &format!("{}.{}.!!!", parts[0], parts[1])),
+            "bad_signature"
+        );
+        assert_eq!(
+            reason(&a, &format!("{}.{}.", parts[0], parts[1])),
+            "bad_signature"
+        );
+    }
+
+    #[test]
+    fn expiry_and_not_before_allow_five_seconds_of_skew() {
+        let a = auth(&config());
+        let expired = hs(json!({"sub": "a", "exp": now() - 60}));
+        let e = a.verify(&expired).unwrap_err();
+        assert_eq!(e.reason, "expired");
+        assert!(e.message.contains("expired at"), "{}", e.message);
+        assert_eq!(
+            client(&a, &hs(json!({"sub": "a", "exp": now() - 2}))).sub,
+            "a"
+        );
+        let early = hs(json!({"sub": "a", "exp": now() + 600, "nbf": now() + 60}));
+        let e = a.verify(&early).unwrap_err();
+        assert_eq!(e.reason, "expired");
+        assert!(e.message.contains("not valid before"), "{}", e.message);
+        assert_eq!(
+            client(
+                &a,
+                &hs(json!({"sub": "a", "exp": now() + 600, "nbf": now() + 2}))
+            )
+            .sub,
+            "a"
+        );
+    }
+
+    #[test]
+    fn sub_and_exp_are_required() {
+        let a = auth(&config());
+        assert_eq!(reason(&a, &hs(json!({"exp": now() + 60}))), "missing_claim");
+        assert_eq!(
+            reason(&a, &hs(json!({"sub": 7, "exp": now() + 60}))),
+            "missing_claim"
+        );
+        assert_eq!(reason(&a, &hs(json!({"sub": "a"}))), "missing_claim");
+        assert_eq!(
+            reason(&a, &hs(json!({"sub": "a", "exp": "tomorrow"}))),
+            "missing_claim"
+        );
+    }
+
+    #[test]
+    fn audience_and_issuer_are_checked_when_configured() {
+        let a = auth(&AuthConfig {
+            jwt_audience: Some("app".into()),
+            jwt_issuer: Some("https://issuer".into()),
+            ..config()
+        });
+        let exp = now() + 600;
+        let ok = json!({"sub": "a", "exp": exp, "aud": "app", "iss": "https://issuer"});
+        assert_eq!(client(&a, &hs(ok)).sub, "a");
+        let listed =
+            json!({"sub": "a", "exp": exp, "aud": ["other", "app"], "iss": "https://issuer"});
+        assert_eq!(client(&a, &hs(listed)).sub, "a");
+        let e = a
+            .verify(&hs(
+                json!({"sub": "a", "exp": exp, "aud": "other", "iss": "https://issuer"}),
+            ))
+            .unwrap_err();
+        assert_eq!(e.reason, "wrong_audience");
+        assert!(e.message.contains("--jwt-audience"), "{}", e.message);
+        assert_eq!(
+            reason(
+                &a,
+                &hs(json!({"sub": "a", "exp": exp, "iss": "https://issuer"}))
+            ),
+            "wrong_audience"
+        );
+        let e = a
+            .verify(&hs(
+                json!({"sub": "a", "exp": exp, "aud": "app", "iss": "evil"}),
+            ))
+            .unwrap_err();
+        assert_eq!(e.reason, "wrong_issuer");
+        assert!(e.message.contains("--jwt-issuer"), "{}", e.message);
+        assert_eq!(
+            reason(&a, &hs(json!({"sub": "a", "exp": exp, "aud": "app"}))),
+            "wrong_issuer"
+        );
+        // Without --jwt-audience / --jwt-issuer any aud and iss pass.
+        let a = auth(&config());
+        assert_eq!(
+            client(
+                &a,
+                &hs(json!({"sub": "a", "exp": exp, "aud": "x", "iss": "y"}))
+            )
+            .sub,
+            "a"
+        );
+    }
+
+    #[test]
+    fn public_keys_choose_the_algorithm() {
+        let claims = json!({"sub": "bob", "exp": now() + 600});
+        let cases = [
+            (
+                RSA_PUBLIC,
+                Algorithm::RS256,
+                jsonwebtoken::EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap(),
+            ),
+            (
+                EC_PUBLIC,
+                Algorithm::ES256,
+                jsonwebtoken::EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap(),
+            ),
+            (
+                ED_PUBLIC,
+                Algorithm::EdDSA,
+                jsonwebtoken::EncodingKey::from_ed_pem(ED_PRIVATE.as_bytes()).unwrap(),
+            ),
+        ];
+        for (public, alg, private) in &cases {
+            let a = auth(&AuthConfig {
+                admin_token: Some(ADMIN.into()),
+                jwt_public_key_pem: Some(public.as_bytes().to_vec()),
+                ..AuthConfig::default()
+            });
+            assert_eq!(
+                client(&a, &sign(*alg, private, claims.clone())).sub,
+                "bob",
+                "{alg:?}"
+            );
+            // Every other key's token is refused.
+            for (_, other_alg, other_private) in &cases {
+                if other_alg != alg {
+                    assert_eq!(
+                        reason(&a, &sign(*other_alg, other_private, claims.clone())),
+                        "wrong_algorithm"
+                    );
+                }
+            }
+            assert_eq!(reason(&a, &hs(claims.clone())), "wrong_algorithm");
+        }
+        // Same algorithm, another key: bad_signature.
+        let a = auth(&AuthConfig {
+            admin_token: Some(ADMIN.into()),
+            jwt_public_key_pem: Some(ED_PUBLIC.as_bytes().to_vec()),
+            ..AuthConfig::default()
+        });
+        let forged = {
+            let token = sign(Algorithm::EdDSA, &cases[2].2, claims.clone());
+            let (message, sig) = token.rsplit_once('.').unwrap();
+            let mut bytes = B64.decode(sig).unwrap();
+            bytes[0] ^= 1;
+            format!("{message}.{}", B64.encode(bytes))
+        };
+        assert_eq!(reason(&a, &forged), "bad_signature");
+    }
+
+    #[test]
+    fn unusable_client_key_configurations_are_refused() {
+        let with = |secret: Option<&str>, pem: Option<&str>| {
+            check_jwt_config(&AuthConfig {
+                jwt_secret: secret.map(String::from),
+                jwt_public_key_pem: pem.map(|p| p.as_bytes().to_vec()),
+                ..AuthConfig::default()
+            })
+        };
+        assert!(with(None, None).is_ok());
+        assert!(matches!(
+            with(Some(""), None),
+            Err(JwtConfigError::EmptySecret)
+        ));
+        assert!(matches!(
+            with(Some("s"), Some(RSA_PUBLIC)),
+            Err(JwtConfigError::SecretAndKey)
+        ));
+        assert!(matches!(
+            with(None, Some(RSA_PRIVATE)),
+            Err(JwtConfigError::PrivateKey)
+        ));
+        assert!(matches!(
+            with(None, Some("not a key")),
+            Err(JwtConfigError::Unreadable(_))
+        ));
+        for e in [with(Some(""), None), with(None, Some("x"))] {
+            let text = e.unwrap_err().to_string();
+            assert!(text.contains("--jwt-"), "{text}");
+        }
     }
 }

@@ -153,6 +153,19 @@ struct ServeArgs {
     /// and kept in `<data>/admin-token` (mode 0600).
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// HS256 secret that client tokens (JWTs) are signed with.
+    #[arg(long, env = "SLUICE_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// PEM public key that client tokens are signed for; the algorithm follows the key
+    /// (RSA: RS256, EC P-256: ES256, Ed25519: EdDSA).
+    #[arg(long, value_name = "FILE", conflicts_with = "jwt_secret")]
+    jwt_public_key: Option<PathBuf>,
+    /// When set, client tokens must carry this `aud`.
+    #[arg(long)]
+    jwt_audience: Option<String>,
+    /// When set, client tokens must carry this `iss`.
+    #[arg(long)]
+    jwt_issuer: Option<String>,
     /// Records queued for one topic watcher; a watcher that falls this far behind is cut
     /// off with `lagging` (and the offset to resume from).
     #[arg(long, default_value_t = 4096)]
@@ -219,6 +232,21 @@ impl ServeArgs {
         config.append_records_max = self.max_append_records;
         config.watch_queue_records = self.watch_queue_records;
         config.auth.admin_token = self.admin_token.clone();
+        config.auth.jwt_secret = self.jwt_secret.clone();
+        if let Some(path) = &self.jwt_public_key {
+            let pem = std::fs::read(path).with_context(|| {
+                format!("cannot read the --jwt-public-key file {}", path.display())
+            })?;
+            config.auth.jwt_public_key_pem = Some(pem);
+        }
+        config.auth.jwt_audience = self.jwt_audience.clone();
+        config.auth.jwt_issuer = self.jwt_issuer.clone();
+        sluice_server::auth::check_jwt_config(&config.auth).map_err(|e| {
+            match &self.jwt_public_key {
+                Some(path) => anyhow::anyhow!("{e} (file {})", path.display()),
+                None => anyhow::anyhow!("{e}"),
+            }
+        })?;
         anyhow::ensure!(
             self.log_pending_bytes >= 1 << 16
                 && self.live_handoff_commits >= 1
