@@ -3,7 +3,9 @@
 //! What a caller may then read and write is decided by the rules (`crate::rules`).
 //! The model is in `docs/security.md`.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, Validation};
+use parking_lot::Mutex;
 use serde_json::{Map, Value as Json};
 
 use crate::api::ApiError;
@@ -67,8 +70,9 @@ impl Caller {
     }
 }
 
-/// How tokens are checked (`--admin-token`, `--jwt-*`).
-#[derive(Clone, Debug, Default)]
+/// How tokens are checked (`--admin-token`, `--jwt-*`) and how many streams one client
+/// subject may hold (`--max-connections-per-subject`).
+#[derive(Clone, Debug)]
 pub struct AuthConfig {
     /// The admin token; `None`: read `<data-dir>/admin-token`, generating it on first start.
     pub admin_token: Option<String>,
@@ -80,6 +84,97 @@ pub struct AuthConfig {
     pub jwt_audience: Option<String>,
     /// Required `iss`, when set (`--jwt-issuer`).
     pub jwt_issuer: Option<String>,
+    /// Open WebSockets and SSE streams one client `sub` may hold
+    /// (`--max-connections-per-subject`); the admin token is not limited.
+    pub max_connections_per_subject: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            admin_token: None,
+            jwt_secret: None,
+            jwt_public_key_pem: None,
+            jwt_audience: None,
+            jwt_issuer: None,
+            max_connections_per_subject: 64,
+        }
+    }
+}
+
+/// The `reason`s of a 401, in the order `/metrics` lists them.
+pub const FAILURE_REASONS: [&str; 9] = [
+    "missing",
+    "malformed",
+    "wrong_algorithm",
+    "bad_signature",
+    "expired",
+    "wrong_audience",
+    "wrong_issuer",
+    "missing_claim",
+    "no_client_tokens",
+];
+
+/// The per-caller limits of docs/security.md, listed in `/metrics` even before a refusal.
+const LIMIT_FLAGS: [&str; 8] = [
+    "--max-connections-per-subject",
+    "--live-subscriptions-per-connection",
+    "--ws-inflight-requests",
+    "--max-body-bytes",
+    "--max-ops",
+    "--max-append-records",
+    "--function-time-ms",
+    "--function-memory-bytes",
+];
+
+/// Counters for `/metrics`.
+struct AuthStats {
+    /// 401s by reason, indexed as [`FAILURE_REASONS`].
+    failures: [AtomicU64; FAILURE_REASONS.len()],
+    /// 403s.
+    forbidden: AtomicU64,
+    /// Limit refusals by flag.
+    limits: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// Open client streams per subject.
+#[derive(Default)]
+struct Connections {
+    per_subject: Mutex<HashMap<String, usize>>,
+    /// All client streams open (`sluice_client_connections`).
+    open: AtomicU64,
+}
+
+/// One client stream counted against its subject's limit; dropping it frees the slot.
+/// The admin's guard counts nothing.
+#[must_use = "the connection is counted only while the guard lives"]
+pub struct ConnectionGuard {
+    slot: Option<(Arc<Connections>, String)>,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        if let Some((connections, sub)) = self.slot.take() {
+            let mut per_subject = connections.per_subject.lock();
+            if let Some(n) = per_subject.get_mut(&sub) {
+                *n -= 1;
+                if *n == 0 {
+                    per_subject.remove(&sub);
+                }
+            }
+            drop(per_subject);
+            connections.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.slot {
+            Some((_, sub)) => write!(f, "ConnectionGuard({sub:?})"),
+            None => f.write_str("ConnectionGuard(admin)"),
+        }
+    }
 }
 
 /// Why a request is not authenticated: the `reason` of a 401.
@@ -396,6 +491,9 @@ pub fn encode_hs256(secret: &str, claims: &Map<String, Json>) -> String {
 pub struct Authenticator {
     admin_token: String,
     admin_source: AdminTokenSource,
+    max_connections_per_subject: usize,
+    connections: Arc<Connections>,
+    stats: AuthStats,
     jwt: Option<JwtVerifier>,
 }
 
@@ -418,11 +516,118 @@ impl Authenticator {
                 "the admin token is empty (--admin-token / SLUICE_ADMIN_TOKEN)",
             ));
         }
+        let stats = AuthStats {
+            failures: Default::default(),
+            forbidden: AtomicU64::new(0),
+            limits: Mutex::new(LIMIT_FLAGS.iter().map(|&f| (f, 0)).collect()),
+        };
         Ok(Authenticator {
             admin_token,
             admin_source,
             jwt,
+            max_connections_per_subject: config.max_connections_per_subject,
+            connections: Arc::default(),
+            stats,
         })
+    }
+
+    /// Counts one open stream (WebSocket or SSE) of `caller` against
+    /// `--max-connections-per-subject`; the admin is not limited. Hold the guard as long as
+    /// the stream is open. Past the limit: 429 `limit` naming the flag.
+    pub fn connect(&self, caller: &Caller) -> Result<ConnectionGuard, ApiError> {
+        let Caller::Client(claims) = caller else {
+            return Ok(ConnectionGuard { slot: None });
+        };
+        let max = self.max_connections_per_subject;
+        {
+            let mut per_subject = self.connections.per_subject.lock();
+            let n = per_subject.entry(claims.sub.clone()).or_insert(0);
+            if *n < max {
+                *n += 1;
+                self.connections.open.fetch_add(1, Ordering::Relaxed);
+                return Ok(ConnectionGuard {
+                    slot: Some((self.connections.clone(), claims.sub.clone())),
+                });
+            }
+            if *n == 0 {
+                per_subject.remove(&claims.sub);
+            }
+        }
+        self.note_limit("--max-connections-per-subject");
+        Err(ApiError::new(
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "limit",
+            format!(
+                "subject {:?} already has {max} open streams (WebSockets and SSE); the limit is --max-connections-per-subject {max}",
+                claims.sub
+            ),
+        )
+        .with("limit", "--max-connections-per-subject"))
+    }
+
+    /// Counts a 401 by reason (`sluice_auth_failures_total{reason}`).
+    fn note_failure(&self, reason: &str) {
+        if let Some(i) = FAILURE_REASONS.iter().position(|r| *r == reason) {
+            self.stats.failures[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a 403 `forbidden` (`sluice_forbidden_total`). HTTP 403 answers are counted by
+    /// the middleware; call this for refusals it does not see (inside a WebSocket).
+    pub fn note_forbidden(&self) {
+        self.stats.forbidden.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal by the limit named by `flag` (`--max-ops`, …):
+    /// `sluice_limit_refusals_total{limit="max-ops"}`.
+    pub fn note_limit(&self, flag: &'static str) {
+        *self.stats.limits.lock().entry(flag).or_insert(0) += 1;
+    }
+
+    /// Client streams open now, all subjects.
+    pub fn client_connections(&self) -> u64 {
+        self.connections.open.load(Ordering::Relaxed)
+    }
+
+    /// Appends the auth series to a `/metrics` answer.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        let name = "sluice_auth_failures_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests refused with 401 unauthorized, by reason.\n# TYPE {name} counter"
+        );
+        for (reason, n) in FAILURE_REASONS.iter().zip(&self.stats.failures) {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{reason}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let name = "sluice_forbidden_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests refused with 403 forbidden (rules, admin-only endpoints).\n# TYPE {name} counter\n{name} {}",
+            self.stats.forbidden.load(Ordering::Relaxed)
+        );
+        let name = "sluice_limit_refusals_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests refused by a per-caller limit, by the limit's flag.\n# TYPE {name} counter"
+        );
+        for (flag, n) in self.stats.limits.lock().iter() {
+            let _ = writeln!(
+                out,
+                "{name}{{limit=\"{}\"}} {n}",
+                flag.trim_start_matches('-')
+            );
+        }
+        let name = "sluice_client_connections";
+        let _ = writeln!(
+            out,
+            "# HELP {name} WebSockets and SSE streams open with client tokens.\n# TYPE {name} gauge\n{name} {}",
+            self.client_connections()
+        );
     }
 
     /// Where the admin token came from.
@@ -578,12 +783,20 @@ pub(crate) async fn authenticate(
     if req.uri().path() == "/health" {
         return next.run(req).await;
     }
-    match bearer(&req).and_then(|t| core.authenticator().verify(&t)) {
+    let auth = core.authenticator();
+    match bearer(&req).and_then(|t| auth.verify(&t)) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            let response = next.run(req).await;
+            if response.status() == axum::http::StatusCode::FORBIDDEN {
+                auth.note_forbidden();
+            }
+            response
         }
-        Err(e) => ApiError::from(e).into_response(),
+        Err(e) => {
+            auth.note_failure(e.reason);
+            ApiError::from(e).into_response()
+        }
     }
 }
 
@@ -1045,5 +1258,112 @@ mod admin_token_tests {
         std::fs::write(&path, "\n").unwrap();
         assert!(Authenticator::new(&AuthConfig::default(), &dir).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn client(sub: &str) -> Caller {
+        let mut all = Map::new();
+        all.insert("sub".into(), json!(sub));
+        Caller::Client(Arc::new(Claims {
+            sub: sub.into(),
+            all,
+        }))
+    }
+
+    fn metrics(auth: &Authenticator) -> String {
+        let mut out = String::new();
+        auth.render_metrics(&mut out);
+        out
+    }
+
+    #[test]
+    fn each_subject_gets_its_own_connection_limit_and_the_admin_none() {
+        let auth = Authenticator::new(
+            &AuthConfig {
+                admin_token: Some("admin".into()),
+                max_connections_per_subject: 2,
+                ..AuthConfig::default()
+            },
+            Path::new("/nonexistent"),
+        )
+        .unwrap();
+        let alice = client("alice");
+        let a1 = auth.connect(&alice).unwrap();
+        let a2 = auth.connect(&alice).unwrap();
+        let e = auth.connect(&alice).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, "limit");
+        assert!(
+            e.message.contains("--max-connections-per-subject 2"),
+            "{}",
+            e.message
+        );
+        // Another subject is not affected; the admin is never limited nor counted.
+        let b1 = auth.connect(&client("bob")).unwrap();
+        let admins: Vec<_> = (0..10)
+            .map(|_| auth.connect(&Caller::Admin).unwrap())
+            .collect();
+        assert_eq!(auth.client_connections(), 3);
+        let text = metrics(&auth);
+        assert!(text.contains("sluice_client_connections 3"), "{text}");
+        assert!(
+            text.contains("sluice_limit_refusals_total{limit=\"max-connections-per-subject\"} 1"),
+            "{text}"
+        );
+        // Closing one frees one slot.
+        drop(a1);
+        let a3 = auth.connect(&alice).unwrap();
+        assert!(auth.connect(&alice).is_err());
+        drop((a2, a3, b1, admins));
+        assert_eq!(auth.client_connections(), 0);
+        assert!(auth.connections.per_subject.lock().is_empty());
+        assert!(metrics(&auth)
+            .contains("sluice_limit_refusals_total{limit=\"max-connections-per-subject\"} 2"));
+    }
+
+    #[test]
+    fn failures_forbidden_and_limits_are_counted() {
+        let auth = Authenticator::new(
+            &AuthConfig {
+                admin_token: Some("admin".into()),
+                ..AuthConfig::default()
+            },
+            Path::new("/nonexistent"),
+        )
+        .unwrap();
+        let text = metrics(&auth);
+        for reason in FAILURE_REASONS {
+            assert!(
+                text.contains(&format!(
+                    "sluice_auth_failures_total{{reason=\"{reason}\"}} 0"
+                )),
+                "{text}"
+            );
+        }
+        auth.note_failure("expired");
+        auth.note_failure("expired");
+        auth.note_forbidden();
+        auth.note_limit("--max-ops");
+        auth.note_limit("--some-new-flag");
+        let text = metrics(&auth);
+        assert!(
+            text.contains("sluice_auth_failures_total{reason=\"expired\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_forbidden_total 1"), "{text}");
+        assert!(
+            text.contains("sluice_limit_refusals_total{limit=\"max-ops\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_limit_refusals_total{limit=\"some-new-flag\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_client_connections 0"), "{text}");
     }
 }

@@ -249,6 +249,10 @@ struct ServeArgs {
     /// When set, client tokens must carry this `iss`.
     #[arg(long)]
     jwt_issuer: Option<String>,
+    /// Open WebSockets and SSE streams one client token subject (`sub`) may hold; the
+    /// admin token is not limited.
+    #[arg(long, default_value_t = sluice_server::AuthConfig::default().max_connections_per_subject)]
+    max_connections_per_subject: usize,
     /// Records queued for one topic watcher; a watcher that falls this far behind is cut
     /// off with `lagging` (and the offset to resume from).
     #[arg(long, default_value_t = 4096)]
@@ -324,6 +328,7 @@ impl ServeArgs {
         }
         config.auth.jwt_audience = self.jwt_audience.clone();
         config.auth.jwt_issuer = self.jwt_issuer.clone();
+        config.auth.max_connections_per_subject = self.max_connections_per_subject;
         sluice_server::auth::check_jwt_config(&config.auth).map_err(|e| {
             match &self.jwt_public_key {
                 Some(path) => anyhow::anyhow!("{e} (file {})", path.display()),
