@@ -216,7 +216,10 @@ impl Mat {
 
 /// A keep-alive HTTP client with Nagle off.
 pub fn http_client(timeout: Option<Duration>) -> anyhow::Result<reqwest::Client> {
-    let mut b = reqwest::Client::builder().no_proxy().tcp_nodelay(true);
+    let mut b = reqwest::Client::builder()
+        .default_headers(crate::server::auth_headers())
+        .no_proxy()
+        .tcp_nodelay(true);
     if let Some(t) = timeout {
         b = b.timeout(t);
     }
