@@ -28,23 +28,31 @@ const HEALTH_POLL: Duration = Duration::from_millis(2);
 /// 16 random bytes in hex, generated on first use.
 pub fn admin_token() -> &'static str {
     static TOKEN: OnceLock<String> = OnceLock::new();
-    TOKEN.get_or_init(|| {
-        use std::io::Read;
-        let mut random = [0u8; 16];
-        let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
-        if read.is_err() {
-            // No /dev/urandom: the clock and pid still make a token no other run shares.
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let mixed = nanos ^ (u128::from(std::process::id()) << 64);
-            random = mixed.to_le_bytes();
+    TOKEN.get_or_init(|| format!("sluice_admin_bench_{}", random_hex(16)))
+}
+
+/// `bytes` random bytes in hex, from /dev/urandom (else from the clock, the pid and a
+/// counter, which still makes a value no other run shares).
+pub fn random_hex(bytes: usize) -> String {
+    use std::io::Read;
+    let mut random = vec![0u8; bytes];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
+    if read.is_err() {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut x = (nanos ^ (u64::from(std::process::id()) << 32) ^ (n << 48)) | 1;
+        for b in random.iter_mut() {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            *b = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
         }
-        std::iter::once("sluice_admin_bench_".to_string())
-            .chain(random.iter().map(|b| format!("{b:02x}")))
-            .collect()
-    })
+    }
+    random.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `Bearer <token>`: the `Authorization` header value for `token`.
