@@ -155,57 +155,14 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_forbidden(status, &body, "a client listing policies");
     assert_eq!(policies(&admin).await, list, "the refusals changed nothing");
 
-    // Subscriptions reading notes end with `rules_changed` when a policy on notes is created;
-    // one on another table goes on.
-    let mut sse = alice
-        .sse("/v1/live", &[("sql", NOTES_BY_ID)])
-        .await
-        .unwrap_or_else(|e| panic!("alice's live query: {e:?}"));
-    let (event, snap) = sse.event().await;
-    assert_eq!(event, "snapshot", "{snap}");
-    assert_eq!(snap["keys"], json!([1, 2, 4, 5]), "{snap}");
-    let mut ws = alice.ws().await;
-    ws.send(json!({"id": 1, "type": "subscribe", "qid": "n", "sql": NOTES_BY_ID}))
-        .await;
-    let snap = ws.next().await;
-    assert_eq!(snap["type"], "snapshot", "{snap}");
-    let ws_seq = snap["seq"].as_u64().unwrap();
-    ws.send(json!({"id": 2, "type": "subscribe", "qid": "o", "sql": "SELECT * FROM other"}))
-        .await;
-    let snap = ws.next().await;
-    assert_eq!(snap["type"], "snapshot", "{snap}");
-    assert_eq!(snap["qid"], "o", "{snap}");
-
     admin
         .sql("CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')")
         .await;
-    let (event, err) = sse.event().await;
-    assert_eq!(event, "error", "{err}");
-    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
-    assert!(
-        sse.ends_within(sec::WAIT).await,
-        "the SSE stream ends after rules_changed"
+    assert_eq!(
+        ids(&alice).await,
+        [1, 2, 3, 4, 5],
+        "own notes, team 2 or public"
     );
-    let err = ws.next().await;
-    assert_eq!(err["type"], "error", "{err}");
-    assert_eq!(err["qid"], "n", "{err}");
-    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
-    // The subscription to `other` goes on: a write reaches it as a diff.
-    admin
-        .mutate_ok(json!([{"op": "insert", "table": "other", "row": {"id": 2, "v": 2}}]))
-        .await;
-    let diff = ws.next().await;
-    assert_eq!(diff["type"], "diff", "{diff}");
-    assert_eq!(diff["qid"], "o", "{diff}");
-    // Resubscribing with `since` reads under the new rules, as a reset snapshot.
-    ws.send(json!({"id": 3, "type": "subscribe", "qid": "n", "sql": NOTES_BY_ID, "since": ws_seq}))
-        .await;
-    let snap = ws.next().await;
-    assert_eq!(snap["type"], "snapshot", "{snap}");
-    assert_eq!(snap["reset"], true, "{snap}");
-    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
-    drop(sse);
-    drop(ws);
 
     let want_entries = vec![
         entry("create_policy", "notes", "own_notes"),
@@ -299,5 +256,98 @@ async fn policies_are_logged_snapshotted_and_recovered() {
             entry("create_policy", "notes", "after_snap"),
         ],
         "the last policy entries after a restart: {entries:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_policy_change_ends_the_client_subscriptions_reading_its_table() {
+    let dir = TempDir::new("policies-rules-changed");
+    let server = sec::start(&dir.join("data"), dir.path(), &[]);
+    let admin = Client::admin(&server);
+    admin
+        .sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, team INTEGER, body TEXT); CREATE TABLE other (id INTEGER PRIMARY KEY, v INTEGER)")
+        .await;
+    admin
+        .mutate_ok(json!([
+            {"op": "insert", "table": "notes", "row": {"id": 1, "owner": "alice", "team": 1}},
+            {"op": "insert", "table": "notes", "row": {"id": 2, "owner": "bob", "team": 2}},
+            {"op": "insert", "table": "notes", "row": {"id": 3, "owner": "bob", "team": 1, "body": "public"}},
+            {"op": "insert", "table": "notes", "row": {"id": 4, "owner": "carol", "team": 2}},
+            {"op": "insert", "table": "notes", "row": {"id": 5, "owner": "alice"}},
+            {"op": "insert", "table": "other", "row": {"id": 1, "v": 1}},
+        ]))
+        .await;
+    admin
+        .sql("CREATE POLICY own_notes ON notes FOR SELECT USING (owner = auth.sub); CREATE POLICY team_read ON notes FOR SELECT USING (team = auth.team); CREATE POLICY other_all ON other FOR SELECT USING (1 = 1)")
+        .await;
+    let alice = Client::new(&server, &token("alice", json!({"team": 2})));
+
+    // Subscriptions reading notes end with `rules_changed` when a policy on notes is created;
+    // one on another table goes on.
+    let mut sse = alice
+        .sse("/v1/live", &[("sql", NOTES_BY_ID)])
+        .await
+        .unwrap_or_else(|e| panic!("alice's live query: {e:?}"));
+    let (event, snap) = sse.event().await;
+    assert_eq!(event, "snapshot", "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 4, 5]), "{snap}");
+    let mut ws = alice.ws().await;
+    ws.send(json!({"id": 1, "type": "subscribe", "qid": "n", "sql": NOTES_BY_ID}))
+        .await;
+    let snap = ws.next().await;
+    assert_eq!(snap["type"], "snapshot", "{snap}");
+    let ws_seq = snap["seq"].as_u64().unwrap();
+    ws.send(json!({"id": 2, "type": "subscribe", "qid": "o", "sql": "SELECT * FROM other"}))
+        .await;
+    let snap = ws.next().await;
+    assert_eq!(snap["type"], "snapshot", "{snap}");
+    assert_eq!(snap["qid"], "o", "{snap}");
+
+    admin
+        .sql("CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')")
+        .await;
+    let (event, err) = sse.event().await;
+    assert_eq!(event, "error", "{err}");
+    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
+    assert!(
+        sse.ends_within(sec::WAIT).await,
+        "the SSE stream ends after rules_changed"
+    );
+    let err = ws.next().await;
+    assert_eq!(err["type"], "error", "{err}");
+    assert_eq!(err["qid"], "n", "{err}");
+    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
+    // The subscription to `other` goes on: a write reaches it as a diff.
+    admin
+        .mutate_ok(json!([{"op": "insert", "table": "other", "row": {"id": 2, "v": 2}}]))
+        .await;
+    let diff = ws.next().await;
+    assert_eq!(diff["type"], "diff", "{diff}");
+    assert_eq!(diff["qid"], "o", "{diff}");
+    // Resubscribing with `since` reads under the new rules, as a reset snapshot.
+    ws.send(json!({"id": 3, "type": "subscribe", "qid": "n", "sql": NOTES_BY_ID, "since": ws_seq}))
+        .await;
+    let snap = ws.next().await;
+    assert_eq!(snap["type"], "snapshot", "{snap}");
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
+    drop(sse);
+    drop(ws);
+
+    // Dropping a policy ends them too.
+    let mut sse = alice
+        .sse("/v1/live", &[("sql", NOTES_BY_ID)])
+        .await
+        .unwrap_or_else(|e| panic!("alice's live query: {e:?}"));
+    let (event, snap) = sse.event().await;
+    assert_eq!(event, "snapshot", "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
+    admin.sql("DROP POLICY extra ON notes").await;
+    let (event, err) = sse.event().await;
+    assert_eq!(event, "error", "{err}");
+    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
+    assert!(
+        sse.ends_within(sec::WAIT).await,
+        "the SSE stream ends after rules_changed"
     );
 }
