@@ -35,7 +35,7 @@
 //! `delete`), and every policy entry appears.
 //!
 //! `SLUICE_RULES_SEED` repeats a run (the seed is printed); `SLUICE_RULES_LONG=1` runs 2 000
-//! commits with 12 subscribers (default: 150 commits, 6–10 subscribers).
+//! commits with 12 subscribers (default: 400 commits, 6–10 subscribers).
 //! `SLUICE_RULES_HARNESS_CHECK=1` checks the harness itself against a server without rules:
 //! no policies, every subscriber with the admin token, the oracle reading every row.
 
@@ -1184,7 +1184,7 @@ struct Commit {
 async fn every_subscriber_sees_exactly_what_its_policies_allow() {
     let seed = seed();
     let long = std::env::var("SLUICE_RULES_LONG").is_ok_and(|v| v == "1");
-    let commits = if long { 2000 } else { 150 };
+    let commits = if long { 2000 } else { 400 };
     // A safety bound on the whole run (each wait inside has its own).
     let bound = Duration::from_secs(if long { 3600 } else { 300 });
     if tokio::time::timeout(bound, run(seed, long, commits))
