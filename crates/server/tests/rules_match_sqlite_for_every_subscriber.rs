@@ -662,12 +662,17 @@ struct Http {
 
 impl Http {
     async fn send(&self, req: reqwest::RequestBuilder, token: &str) -> (u16, Value) {
-        let resp = tokio::time::timeout(WAIT, req.bearer_auth(token).send())
+        let req = req.bearer_auth(token).build().expect("a valid request");
+        let what = format!("{} {}", req.method(), req.url());
+        let resp = tokio::time::timeout(WAIT, self.client.execute(req))
             .await
-            .expect("an answer within the safety bound")
-            .expect("an HTTP answer");
+            .unwrap_or_else(|_| panic!("{what}: no answer within {WAIT:?}"))
+            .unwrap_or_else(|e| panic!("{what}: no HTTP answer: {e:?}"));
         let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
+        let text = tokio::time::timeout(WAIT, resp.text())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no body within {WAIT:?}"))
+            .unwrap_or_else(|e| panic!("{what}: no body: {e:?}"));
         let body = if text.is_empty() {
             Value::Null
         } else {
