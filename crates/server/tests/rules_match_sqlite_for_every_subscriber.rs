@@ -27,10 +27,11 @@
 //!
 //! Every few commits: row reads (`GET /v1/tables/t/rows/{id}`: the row iff readable, else 404)
 //! and paged scans equal the oracle; a subscriber disconnects and resumes with `since` (diffs
-//! or a `reset` snapshot, checked like the rest). Half-way, a policy is created (or dropped)
+//! or a `reset` snapshot, checked like the rest). Twice, a policy is created (or dropped)
 //! on one table: every subscription reading that table ends with `rules_changed`, the others
-//! go on; they resume with `since` and read under the new rules. At the end `/v1/changes`
-//! paged with each client token is exactly the changes whose old or new image the client may
+//! go on; they resume with `since` and read under the new rules. Before each policy change
+//! and at the end, `/v1/changes` since the previous change (a stretch of constant rules),
+//! paged with each client token, is exactly the changes whose old or new image the client may
 //! read (a readable new image as usual, a readable old image whose new one is not as
 //! `delete`), and every policy entry appears.
 //!
@@ -1344,20 +1345,30 @@ async fn run(seed: u64, long: bool, commits: usize) {
         .await;
     }
 
-    let policy_change_at = commits / 2;
-    let mut policy_change: Option<(u64, usize)> = None;
-    let mut policy_entries_before = 0;
+    // Policies change twice during the run. `/v1/changes` is checked per stretch of constant
+    // rules (since the seq before the last change: its history and its policy entries).
+    let policy_changes = [commits / 3, 2 * commits / 3];
+    let mut window = (0u64, 0usize, 0usize);
     for step in 0..commits {
         let ctx = format!("{ctx0}, step {step}");
         if step % 25 == 0 {
             eprintln!("rules oracle: step {step}");
         }
 
-        if step == policy_change_at && !harness_check() {
-            // Catch-up with each client token over everything so far (under the rules in
-            // force until now).
-            check_all_changes(&http, &oracle, &subs, 0, &history, &policy_names, &ctx).await;
-            policy_entries_before = policy_names.len();
+        if policy_changes.contains(&step) && !harness_check() {
+            // Catch-up with each client token over the stretch that ends here (under the
+            // rules in force until now).
+            check_all_changes(
+                &http,
+                &oracle,
+                &subs,
+                window.0,
+                &history[window.1..],
+                &policy_names[window.2..],
+                &ctx,
+            )
+            .await;
+            let entries_before = policy_names.len();
             // Create a policy on one table (or drop one): every subscription reading that
             // table ends with `rules_changed`; resumed, it reads under the new rules.
             let t = rng.below(tables);
@@ -1383,7 +1394,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
             };
             eprintln!("rules oracle: step {step}: {sql}");
             let seq = http.admin_sql(&sql).await;
-            policy_change = Some((seq, history.len()));
+            window = (seq - 1, history.len(), entries_before);
             for s in subs.iter_mut().filter(|s| s.reads(t)) {
                 s.sync(&oracle, &[], &format!("{ctx}, after {sql}"), true)
                     .await;
@@ -1471,16 +1482,14 @@ async fn run(seed: u64, long: bool, commits: usize) {
         }
     }
 
-    // Catch-up with each client token, from the policy change on (under the rules in force
-    // since then).
-    let (policy_seq, first_after) = policy_change.unwrap_or((1, 0));
+    // Catch-up with each client token over the last stretch.
     check_all_changes(
         &http,
         &oracle,
         &subs,
-        policy_seq - 1,
-        &history[first_after..],
-        &policy_names[policy_entries_before..],
+        window.0,
+        &history[window.1..],
+        &policy_names[window.2..],
         &ctx0,
     )
     .await;
