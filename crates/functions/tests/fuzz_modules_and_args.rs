@@ -59,7 +59,7 @@ fn functions() -> Functions {
 /// Calls `name` with `args` as the writer does: commit on `Ok`, roll back on `Err`.
 fn call(functions: &mut Functions, db: Db, name: &str, args: &Json) -> (Db, String) {
     let st = db.begin();
-    let (mut owned, result) = functions.call(name, args, Owned { db, st });
+    let (mut owned, result) = functions.call(name, args, None, Owned { db, st });
     let outcome = match &result {
         Ok(_) => {
             owned.db.commit_state(&mut owned.st);
@@ -77,6 +77,7 @@ fn error_kind(e: &FunctionError) -> String {
     match e {
         FunctionError::Compile { line, .. } => format!("compile {}", line.is_some()),
         FunctionError::NotFound(_) => "not_found".into(),
+        FunctionError::Forbidden(_) => "forbidden".into(),
         FunctionError::Thrown(m) => format!("thrown {}", m.split(':').next().unwrap_or("")),
         FunctionError::Timeout(_) => "timeout".into(),
         FunctionError::OutOfMemory(_) => "memory".into(),
