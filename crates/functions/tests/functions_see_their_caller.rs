@@ -65,11 +65,7 @@ struct Outcome {
 
 fn call(f: &mut Functions, db: Db, name: &str, args: Json, auth: Option<&Json>) -> Outcome {
     let st = db.begin();
-    let lent = Owned {
-        db,
-        st,
-        touched: 0,
-    };
+    let lent = Owned { db, st, touched: 0 };
     let (mut owned, result) = f.call(name, &args, auth, lent);
     owned.db.commit_state(&mut owned.st);
     Outcome {
@@ -200,7 +196,10 @@ fn allow_returning_anything_but_true_is_forbidden_naming_the_function() {
         let out = call(&mut f, db, "refuse_with", args, Some(&alice()));
         let message = forbidden(out.result);
         assert!(message.contains("\"refuse_with\""), "{verdict}: {message}");
-        assert!(message.contains("did not return true"), "{verdict}: {message}");
+        assert!(
+            message.contains("did not return true"),
+            "{verdict}: {message}"
+        );
         assert_eq!(out.touched, 0, "{verdict}: the function ran");
         db = out.db;
     }
@@ -264,7 +263,11 @@ fn the_admin_skips_allow() {
 fn allow_is_not_callable_by_the_admin_or_a_client() {
     let mut f = functions(BANK);
     assert!(f.has_allow());
-    assert!(!f.exports().iter().any(|e| e == "allow"), "{:?}", f.exports());
+    assert!(
+        !f.exports().iter().any(|e| e == "allow"),
+        "{:?}",
+        f.exports()
+    );
     assert_eq!(
         f.exports(),
         ["refuse_with", "secret", "throws", "transfer", "whoami"]
@@ -343,8 +346,15 @@ export function look(tx, args) {
         let out = call(&mut f, accounts_db(), "look", args, auth.as_ref());
         let seen = out.result.unwrap();
         assert_eq!(seen["auth"], expected, "{seen}");
-        assert_eq!(seen["stashed"], expected, "a stashed tx reads the current caller");
-        assert_eq!(seen["args"], json!({"amount": 5}), "allow changed the arguments");
+        assert_eq!(
+            seen["stashed"], expected,
+            "a stashed tx reads the current caller"
+        );
+        assert_eq!(
+            seen["args"],
+            json!({"amount": 5}),
+            "allow changed the arguments"
+        );
         assert_eq!(seen["balance"], json!(100));
     }
 }
@@ -376,10 +386,19 @@ export function write_in_allow(tx) { return null; }
     assert_eq!(out.touched, 0);
     assert_eq!((out.db.seq, balances(&out.db)), (seq, vec![100; 4]));
     // Outside a function call `tx` is unusable: `allow`'s write throws, so it is refused.
-    let out = call(&mut f, out.db, "write_in_allow", json!(null), Some(&alice()));
+    let out = call(
+        &mut f,
+        out.db,
+        "write_in_allow",
+        json!(null),
+        Some(&alice()),
+    );
     let message = forbidden(out.result);
     assert!(message.contains("allow threw"), "{message}");
-    assert!(message.contains("only usable during a function call"), "{message}");
+    assert!(
+        message.contains("only usable during a function call"),
+        "{message}"
+    );
     assert_eq!(out.touched, 0);
     assert_eq!(out.db.seq, seq);
     assert!(out.db.table("accounts").unwrap().rows.len() == 4);
@@ -401,7 +420,11 @@ export function fast(tx) { return tx.auth.sub; }
     assert_eq!(out.touched, 0);
     assert_eq!(balances(&out.db), [100; 4]);
     let out = call(&mut f, out.db, "fast", json!(null), Some(&bob()));
-    assert_eq!(out.result.unwrap(), json!("bob"), "usable after the timeout");
+    assert_eq!(
+        out.result.unwrap(),
+        json!("bob"),
+        "usable after the timeout"
+    );
 }
 
 #[test]
@@ -448,7 +471,11 @@ fn random_json(rng: &mut Rng, depth: usize) -> Json {
             let words = ["", "alice", "ü", "a\"b", "{auth.sub}", "null", "0"];
             json!(words[rng.below(words.len() as u64) as usize])
         }
-        5 => Json::Array((0..rng.below(4)).map(|_| random_json(rng, depth + 1)).collect()),
+        5 => Json::Array(
+            (0..rng.below(4))
+                .map(|_| random_json(rng, depth + 1))
+                .collect(),
+        ),
         _ => Json::Object(
             (0..rng.below(4))
                 .map(|i| (format!("k{i}"), random_json(rng, depth + 1)))
@@ -487,7 +514,9 @@ export function echo(tx) { return { auth: tx.auth, frozen: frozen(tx.auth) }; }
         }
         let auth = json!({"sub": format!("user{seed}"), "claims": claims});
         let out = call(&mut f, db, "echo", json!(null), Some(&auth));
-        let got = out.result.unwrap_or_else(|e| panic!("seed {seed}: {e} for {auth}"));
+        let got = out
+            .result
+            .unwrap_or_else(|e| panic!("seed {seed}: {e} for {auth}"));
         assert_eq!(got, json!({"auth": auth, "frozen": true}), "seed {seed}");
         db = out.db;
     }
