@@ -310,26 +310,34 @@ impl Functions {
             if let Err(e) = allowed {
                 self.deadline.set(None);
                 context.with(|_| auth_slot.borrow_mut().take());
-                self.runtime.run_gc();
+                if !matches!(e, FunctionError::Forbidden(_)) {
+                    // Reclaim what a failed (e.g. out-of-memory) `allow` left behind; a plain
+                    // refusal does not pay for a collection.
+                    self.runtime.run_gc();
+                }
                 return (access, Err(e));
             }
         }
 
         *self.slot.borrow_mut() = Some(Box::new(access));
-        let result = context.with(|ctx| -> Result<serde_json::Value, FunctionError> {
-            let function: Function = restore(&ctx, &loaded.namespace)?
-                .get(name)
-                .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let tx = restore(&ctx, &loaded.tx)?;
-            let js_args = convert::json_to_js(&ctx, args)
-                .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
-            let out = function
-                .call::<_, rquickjs::Value>((tx, js_args))
-                .catch(&ctx)
-                .map_err(|e| call_error(e, started, limits));
+        let result = context.with(|ctx| {
+            let result = (|| -> Result<serde_json::Value, FunctionError> {
+                let function: Function = restore(&ctx, &loaded.namespace)?
+                    .get(name)
+                    .map_err(|e| FunctionError::Value(e.to_string()))?;
+                let tx = restore(&ctx, &loaded.tx)?;
+                let js_args = convert::json_to_js(&ctx, args)
+                    .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
+                let out: rquickjs::Value = function
+                    .call((tx, js_args))
+                    .catch(&ctx)
+                    .map_err(|e| call_error(e, started, limits))?;
+                convert::js_to_json(&out, 0)
+                    .map_err(|e| FunctionError::Value(format!("result: {e}")))
+            })();
             // The caller is this call's only: a later call (or a stashed `tx`) sees its own.
             auth_slot.borrow_mut().take();
-            convert::js_to_json(&out?, 0).map_err(|e| FunctionError::Value(format!("result: {e}")))
+            result
         });
         self.deadline.set(None);
         let lent: Box<dyn std::any::Any> = self

@@ -521,3 +521,26 @@ export function echo(tx) { return { auth: tx.auth, frozen: frozen(tx.auth) }; }
         db = out.db;
     }
 }
+
+#[test]
+fn a_failed_client_call_leaves_no_caller_behind_for_the_admin() {
+    let mut f = functions(
+        r#"
+export function allow() { return true; }
+export function boom(tx) { throw new Error("boom " + tx.auth.sub); }
+export function spin(tx) { for (;;) {} }
+export function whoami(tx) { return tx.auth; }
+"#,
+    );
+    let out = call(&mut f, accounts_db(), "boom", json!(null), Some(&alice()));
+    assert_eq!(
+        out.result.unwrap_err(),
+        FunctionError::Thrown("boom alice".into())
+    );
+    let out = call(&mut f, out.db, "whoami", json!(null), None);
+    assert_eq!(out.result.unwrap(), Json::Null);
+    let out = call(&mut f, out.db, "spin", json!(null), Some(&alice()));
+    assert_eq!(out.result.unwrap_err(), FunctionError::Timeout(200));
+    let out = call(&mut f, out.db, "whoami", json!(null), None);
+    assert_eq!(out.result.unwrap(), Json::Null);
+}
