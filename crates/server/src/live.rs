@@ -89,6 +89,7 @@ pub(crate) fn parse_since(text: &str, what: &str) -> Result<u64, ApiError> {
 /// changes the result; `id:` is the seq, so `Last-Event-ID` resumes.
 pub(crate) async fn sse(
     State(core): State<Arc<Core>>,
+    axum::Extension(caller): axum::Extension<crate::auth::Caller>,
     headers: HeaderMap,
     query: Result<Query<LiveQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -115,8 +116,20 @@ pub(crate) async fn sse(
             .map(|s| parse_since(s, "since"))
             .transpose()?,
     };
-    let subscription = Subscription::open(&core, Subscribe { sql, params, since }).await?;
-    let stream = futures_util::stream::unfold(subscription, |mut s| async move {
+    let guard = core.authenticator().connect(&caller)?;
+    let claims = caller.claims().map(|c| c.all.clone());
+    let subscription = Subscription::open(
+        &core,
+        Subscribe {
+            sql,
+            params,
+            since,
+            claims,
+        },
+    )
+    .await?;
+    // The guard counts this stream against the caller's connections while it is open.
+    let stream = futures_util::stream::unfold((subscription, guard), |(mut s, g)| async move {
         let event = s.next().await?;
         let mut sse = SseEvent::default()
             .event(event.kind.as_str())
@@ -124,7 +137,7 @@ pub(crate) async fn sse(
         if event.kind != EventKind::Error {
             sse = sse.id(event.seq.to_string());
         }
-        Some((Ok::<_, Infallible>(sse), s))
+        Some((Ok::<_, Infallible>(sse), (s, g)))
     });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(core.config().live_heartbeat))

@@ -257,6 +257,7 @@ pub(crate) fn render(core: &Core) -> String {
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", log.syncs);
     let _ = writeln!(out, "{name}_sum {}", log.sync_latency_us_sum as f64 / 1e6);
     let _ = writeln!(out, "{name}_count {}", log.syncs);
+    core.authenticator().render_metrics(&mut out);
     if let Some(hook) = HOOK.get() {
         hook(&mut out);
     }

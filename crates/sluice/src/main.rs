@@ -1,4 +1,4 @@
-//! `sluice`: the single binary — `serve`, `check`, `bench`.
+//! `sluice`: the single binary — `serve`, `check`, `bench`, `token`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +35,89 @@ enum Command {
     },
     /// Run a benchmark suite; results go under bench-results/<suite>/.
     Bench(sluice_bench::BenchArgs),
+    /// Print a client token (an HS256 JWT) for development.
+    Token(TokenArgs),
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    /// The HS256 secret the server verifies with (its --jwt-secret).
+    #[arg(long, env = "SLUICE_JWT_SECRET", hide_env_values = true)]
+    secret: String,
+    /// The token's subject (`sub`).
+    #[arg(long)]
+    sub: String,
+    /// A claim `name=value`; the value is JSON when it parses as JSON, else a string.
+    /// Repeatable.
+    #[arg(long = "claim", value_name = "NAME=VALUE")]
+    claims: Vec<String>,
+    /// How long the token is valid: a number with a unit, `s`, `m`, `h` or `d` (`90s`,
+    /// `15m`, `1h`, `7d`).
+    #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+    ttl: std::time::Duration,
+    /// The `aud` claim.
+    #[arg(long)]
+    aud: Option<String>,
+    /// The `iss` claim.
+    #[arg(long)]
+    iss: Option<String>,
+}
+
+/// `90s`, `15m`, `1h`, `7d` (a bare number is seconds).
+fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let scale: u64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?}: the unit must be s, m, h or d (like 15m or 1h)"
+            ))
+        }
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number then s, m, h or d (like 15m or 1h)"))?;
+    match n.checked_mul(scale) {
+        Some(secs) if secs > 0 => Ok(std::time::Duration::from_secs(secs)),
+        Some(_) => Err("the ttl must be more than 0".into()),
+        None => Err(format!("{text:?} is too long")),
+    }
+}
+
+fn token(args: TokenArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(!args.secret.is_empty(), "--secret is empty");
+    let mut claims = serde_json::Map::new();
+    for claim in &args.claims {
+        let (name, value) = claim
+            .split_once('=')
+            .with_context(|| format!("--claim {claim:?}: expected NAME=VALUE"))?;
+        anyhow::ensure!(!name.is_empty(), "--claim {claim:?}: the name is empty");
+        anyhow::ensure!(
+            name != "sub" && name != "exp",
+            "--claim {name}: set `sub` with --sub and `exp` with --ttl"
+        );
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        claims.insert(name.to_string(), value);
+    }
+    if let Some(aud) = &args.aud {
+        claims.insert("aud".into(), aud.clone().into());
+    }
+    if let Some(iss) = &args.iss {
+        claims.insert("iss".into(), iss.clone().into());
+    }
+    println!(
+        "{}",
+        sluice_server::auth::mint_hs256(&args.secret, &args.sub, &claims, args.ttl)
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -153,6 +236,23 @@ struct ServeArgs {
     /// and kept in `<data>/admin-token` (mode 0600).
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// HS256 secret that client tokens (JWTs) are signed with.
+    #[arg(long, env = "SLUICE_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// PEM public key that client tokens are signed for; the algorithm follows the key
+    /// (RSA: RS256, EC P-256: ES256, Ed25519: EdDSA).
+    #[arg(long, value_name = "FILE", conflicts_with = "jwt_secret")]
+    jwt_public_key: Option<PathBuf>,
+    /// When set, client tokens must carry this `aud`.
+    #[arg(long)]
+    jwt_audience: Option<String>,
+    /// When set, client tokens must carry this `iss`.
+    #[arg(long)]
+    jwt_issuer: Option<String>,
+    /// Open WebSockets and SSE streams one client token subject (`sub`) may hold; the
+    /// admin token is not limited.
+    #[arg(long, default_value_t = sluice_server::AuthConfig::default().max_connections_per_subject)]
+    max_connections_per_subject: usize,
     /// Records queued for one topic watcher; a watcher that falls this far behind is cut
     /// off with `lagging` (and the offset to resume from).
     #[arg(long, default_value_t = 4096)]
@@ -219,6 +319,22 @@ impl ServeArgs {
         config.append_records_max = self.max_append_records;
         config.watch_queue_records = self.watch_queue_records;
         config.auth.admin_token = self.admin_token.clone();
+        config.auth.jwt_secret = self.jwt_secret.clone();
+        if let Some(path) = &self.jwt_public_key {
+            let pem = std::fs::read(path).with_context(|| {
+                format!("cannot read the --jwt-public-key file {}", path.display())
+            })?;
+            config.auth.jwt_public_key_pem = Some(pem);
+        }
+        config.auth.jwt_audience = self.jwt_audience.clone();
+        config.auth.jwt_issuer = self.jwt_issuer.clone();
+        config.auth.max_connections_per_subject = self.max_connections_per_subject;
+        sluice_server::auth::check_jwt_config(&config.auth).map_err(|e| {
+            match &self.jwt_public_key {
+                Some(path) => anyhow::anyhow!("{e} (file {})", path.display()),
+                None => anyhow::anyhow!("{e}"),
+            }
+        })?;
         anyhow::ensure!(
             self.log_pending_bytes >= 1 << 16
                 && self.live_handoff_commits >= 1
@@ -252,6 +368,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Check { data } => check(&data),
         Command::Bench(args) => sluice_bench::run(args),
+        Command::Token(args) => token(args),
     };
     match result {
         Ok(code) => code,
@@ -298,6 +415,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let _ = tcp.set_nodelay(true);
         });
         tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on http://{addr}");
+        if let Some(notice) = core.tokens().admin_token_notice(&base_url("http", addr)) {
+            tracing::info!("{notice}");
+        }
         let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
         let closing = core.clone();
         let server = axum::serve(listener, sluice_server::api::router(core.clone()))
@@ -324,6 +444,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("stopped cleanly");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `scheme://host:port` a client on this machine can use: an unspecified listen address
+/// (`0.0.0.0`, `::`) is reached through loopback.
+fn base_url(scheme: &str, addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
 async fn shutdown_signal() {
