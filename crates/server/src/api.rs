@@ -182,6 +182,7 @@ impl From<sluice_functions::FunctionError> for ApiError {
                 }
             }
             F::NotFound(_) => ApiError::not_found(message),
+            F::Forbidden(_) => ApiError::forbidden(message),
             F::Thrown(_) => ApiError::new(StatusCode::BAD_REQUEST, "function_error", message),
             F::Timeout(_) | F::OutOfMemory(_) => ApiError::limit(message),
             F::Value(_) => ApiError::bad_request(message),

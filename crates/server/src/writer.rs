@@ -531,7 +531,9 @@ impl Writer {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
         let now_us = now_us();
         let st = db.begin();
-        let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
+        let (mut lent, result) = self
+            .functions
+            .call(name, args, None, Lent { db, st, now_us });
         // A call that met the commit-size limit is refused even if it caught the error.
         let result = match lent.st.over_limit() {
             Some(e) => Err(CoreError::Tx(e.clone())),
