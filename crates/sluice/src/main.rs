@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Verify every snapshot and log segment of a data directory, offline.
     Check {
         #[arg(long, default_value = "./sluice-data")]
@@ -373,7 +373,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Check { data } => check(&data),
         Command::Bench(args) => sluice_bench::run(args),
         Command::Token(args) => token(args),
