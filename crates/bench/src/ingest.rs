@@ -493,6 +493,7 @@ async fn http_case(
         let (meter, url) = (meter.clone(), url.clone());
         // One client per worker, at most one idle connection: one keep-alive connection each.
         let client = reqwest::Client::builder()
+            .default_headers(crate::server::auth_headers())
             .no_proxy()
             .pool_max_idle_per_host(1)
             .timeout(Duration::from_secs(30))

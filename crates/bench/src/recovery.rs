@@ -324,6 +324,7 @@ async fn load(
     for _ in 0..params.load_clients {
         let (next, done, url, batch) = (next.clone(), done.clone(), url.clone(), params.batch);
         let client = reqwest::Client::builder()
+            .default_headers(crate::server::auth_headers())
             .no_proxy()
             .pool_max_idle_per_host(1)
             .timeout(Duration::from_secs(60))

@@ -3,10 +3,15 @@
 //! The bench runs inside the `sluice` binary, so by default it starts itself
 //! (`std::env::current_exe()`); `--sluice-bin` or `SLUICE_BIN` point elsewhere. The child
 //! is killed by its own pid when the handle is dropped.
+//!
+//! Every server this process starts gets the same admin token, generated once per bench
+//! run ([`admin_token`]) and passed as `--admin-token`; every bench client sends it as
+//! `Authorization: Bearer` ([`auth_headers`], [`ws_request`]), as a real client would.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -18,6 +23,73 @@ use crate::sys::{free_port, kill_and_reap, tail};
 pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between two `/health` probes while waiting for readiness.
 const HEALTH_POLL: Duration = Duration::from_millis(2);
+
+/// The admin token of every server this bench process starts: `sluice_admin_bench_` and
+/// 16 random bytes in hex, generated on first use.
+pub fn admin_token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| format!("sluice_admin_bench_{}", random_hex(16)))
+}
+
+/// `bytes` random bytes in hex, from /dev/urandom (else from the clock, the pid and a
+/// counter, which still makes a value no other run shares).
+pub fn random_hex(bytes: usize) -> String {
+    use std::io::Read;
+    let mut random = vec![0u8; bytes];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random));
+    if read.is_err() {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut x = (nanos ^ (u64::from(std::process::id()) << 32) ^ (n << 48)) | 1;
+        for b in random.iter_mut() {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            *b = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
+        }
+    }
+    random.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `Bearer <token>`: the `Authorization` header value for `token`.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// Default headers for a bench HTTP client: `Authorization: Bearer <admin token>`.
+pub fn auth_headers() -> reqwest::header::HeaderMap {
+    token_headers(admin_token())
+}
+
+/// Default headers for an HTTP client that sends `token`.
+pub fn token_headers(token: &str) -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value =
+        reqwest::header::HeaderValue::from_str(&bearer(token)).expect("a token is printable ASCII");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    headers
+}
+
+/// A WebSocket upgrade request for `url` with `Authorization: Bearer <token>` and, when
+/// given, the subprotocol `protocol`.
+pub fn ws_request(
+    url: &str,
+    token: &str,
+    protocol: Option<&str>,
+) -> anyhow::Result<tokio_tungstenite::tungstenite::handshake::client::Request> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request()?;
+    let headers = request.headers_mut();
+    headers.insert("Authorization", bearer(token).parse()?);
+    if let Some(protocol) = protocol {
+        headers.insert("Sec-WebSocket-Protocol", protocol.parse()?);
+    }
+    Ok(request)
+}
 
 /// Which binary to start: `--sluice-bin`, else `$SLUICE_BIN`, else this executable.
 pub fn sluice_bin(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
@@ -69,8 +141,8 @@ impl Metrics {
 }
 
 impl SluiceServer {
-    /// Starts `bin serve --data data_dir` plus `extra` flags on a free loopback port and
-    /// waits until `/health` answers 200. Returns the server and the time from spawn to
+    /// Starts `bin serve --data data_dir --admin-token <admin_token()>` plus `extra` flags on
+    /// a free loopback port and waits until `/health` answers 200. Returns the server and the time from spawn to
     /// the first successful `/health` (time-to-ready).
     pub async fn start(
         bin: &Path,
@@ -86,6 +158,7 @@ impl SluiceServer {
             .with_context(|| format!("cannot open {}", log_path.display()))?;
         let http = reqwest::Client::builder()
             .no_proxy()
+            .default_headers(auth_headers())
             .timeout(Duration::from_secs(60))
             .build()?;
         let base_url = format!("http://127.0.0.1:{port}");
@@ -96,7 +169,10 @@ impl SluiceServer {
             .arg(data_dir)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--admin-token")
+            .arg(admin_token())
             .args(extra)
+            .env_remove("SLUICE_ADMIN_TOKEN")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -140,6 +216,11 @@ impl SluiceServer {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The admin token this server was started with.
+    pub fn admin_token(&self) -> &'static str {
+        admin_token()
     }
 
     async fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {

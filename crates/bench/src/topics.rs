@@ -606,6 +606,7 @@ pub async fn http_append(
         .expect("JSON"),
     );
     let http = match reqwest::Client::builder()
+        .default_headers(crate::server::auth_headers())
         .no_proxy()
         .timeout(Duration::from_secs(60))
         .build()
@@ -665,7 +666,8 @@ pub async fn ws_append(
             let records = records.clone();
             let class = class.to_string();
             tokio::spawn(async move {
-                let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
+                let request = crate::server::ws_request(&url, crate::server::admin_token(), None)?;
+                let (ws, _) = tokio_tungstenite::connect_async(request)
                     .await
                     .with_context(|| format!("cannot connect to {url}"))?;
                 let ws = Arc::new(tokio::sync::Mutex::new(ws));

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow, TopicChange};
-use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+use crate::schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};
 use crate::table::RowEntry;
-use crate::topic::{check_tag, check_topic_name, Appended, Record, Topic, TopicConfig};
+use crate::topic::{check_tag, check_topic_name, Appended, Record, Topic, TopicConfig, TopicRules};
 use crate::value::{ColumnType, Key, Value};
 
 pub const RECORD_ROWS: u8 = 1;
@@ -24,10 +24,13 @@ pub const SNAP_END: u8 = 3;
 pub const SNAP_TOPIC: u8 = 4;
 /// A run of a topic's records.
 pub const SNAP_RECORDS: u8 = 5;
+/// A table's row policies.
+pub const SNAP_POLICIES: u8 = 6;
 
 const TOPIC_PUT: u8 = 1;
 const TOPIC_DROP: u8 = 2;
 const TOPIC_TRIM: u8 = 3;
+const TOPIC_RULES: u8 = 4;
 
 /// Largest seq or row version a record may carry. Both count up by one per commit from 0,
 /// so nothing real comes near; a larger value read back is damage, refused here so that
@@ -54,6 +57,8 @@ const SCHEMA_CREATE_TABLE: u8 = 1;
 const SCHEMA_CREATE_INDEX: u8 = 2;
 const SCHEMA_DROP_TABLE: u8 = 3;
 const SCHEMA_ADD_COLUMN: u8 = 4;
+const SCHEMA_CREATE_POLICY: u8 = 5;
+const SCHEMA_DROP_POLICY: u8 = 6;
 
 // ---------------------------------------------------------------------------------------
 // Writing
@@ -130,6 +135,20 @@ impl Writer<'_> {
             }
         }
     }
+    fn policy(&mut self, p: &PolicyDef) {
+        self.str(&p.name);
+        self.u8(p.command.code());
+        for text in [&p.using, &p.check] {
+            match text {
+                None => self.u8(0),
+                Some(t) => {
+                    self.u8(1);
+                    self.str(t);
+                }
+            }
+        }
+    }
+
     fn table_schema(&mut self, s: &TableSchema) {
         self.str(&s.name);
         self.varint(s.columns.len() as u64);
@@ -203,6 +222,11 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
                     w.topic_config(config);
                     w.u8(u8::from(*created));
                 }
+                TopicChange::Rules { name, rules } => {
+                    w.u8(TOPIC_RULES);
+                    w.str(name);
+                    w.topic_rules(rules);
+                }
                 TopicChange::Drop { name } => {
                     w.u8(TOPIC_DROP);
                     w.str(name);
@@ -227,6 +251,15 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
 }
 
 impl Writer<'_> {
+    fn topic_rules(&mut self, rules: &TopicRules) {
+        for list in [&rules.read, &rules.append] {
+            self.varint(list.len() as u64);
+            for p in list {
+                self.str(p);
+            }
+        }
+    }
+
     fn topic_config(&mut self, c: &TopicConfig) {
         self.varint(c.retain_records);
         self.varint(c.retain_bytes);
@@ -279,6 +312,21 @@ impl Writer<'_> {
                     w.u8(SCHEMA_ADD_COLUMN);
                     w.str(table);
                     w.column(column);
+                }
+                SchemaChange::CreatePolicy { table, policy } => {
+                    w.u8(SCHEMA_CREATE_POLICY);
+                    w.str(table);
+                    w.policy(policy);
+                }
+                SchemaChange::DropPolicy {
+                    table,
+                    name,
+                    if_exists,
+                } => {
+                    w.u8(SCHEMA_DROP_POLICY);
+                    w.u8(*if_exists as u8);
+                    w.str(table);
+                    w.str(name);
                 }
             }
         }
@@ -514,6 +562,10 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     },
                 },
                 TOPIC_DROP => TopicChange::Drop { name: r.string()? },
+                TOPIC_RULES => TopicChange::Rules {
+                    name: r.string()?,
+                    rules: r.topic_rules()?,
+                },
                 TOPIC_TRIM => TopicChange::Trim {
                     name: r.string()?,
                     first: r.counter("offset")?,
@@ -539,6 +591,16 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
 }
 
 impl Reader<'_> {
+    fn topic_rules(&mut self) -> DecodeResult<TopicRules> {
+        let mut list = || -> DecodeResult<Vec<String>> {
+            let n = self.len()?;
+            (0..n).map(|_| self.string()).collect()
+        };
+        let read = list()?;
+        let append = list()?;
+        Ok(TopicRules { read, append })
+    }
+
     fn topic_config(&mut self) -> DecodeResult<TopicConfig> {
         Ok(TopicConfig {
             retain_records: self.varint()?,
@@ -571,6 +633,28 @@ impl Reader<'_> {
             seq,
             tags: tags.into_boxed_slice(),
             data: data.into_boxed_str(),
+        })
+    }
+
+    fn policy(&mut self) -> DecodeResult<PolicyDef> {
+        let name = self.string()?;
+        let code = self.u8()?;
+        let command = PolicyCommand::from_code(code)
+            .ok_or_else(|| format!("unknown policy command {code}"))?;
+        let mut text = || -> DecodeResult<Option<String>> {
+            match self.u8()? {
+                0 => Ok(None),
+                1 => Ok(Some(self.string()?)),
+                k => Err(format!("bad policy predicate marker {k}")),
+            }
+        };
+        let using = text()?;
+        let check = text()?;
+        Ok(PolicyDef {
+            name,
+            command,
+            using,
+            check,
         })
     }
 
@@ -609,6 +693,18 @@ impl Reader<'_> {
                     table: r.string()?,
                     column: r.column()?,
                 },
+                SCHEMA_CREATE_POLICY => SchemaChange::CreatePolicy {
+                    table: r.string()?,
+                    policy: r.policy()?,
+                },
+                SCHEMA_DROP_POLICY => {
+                    let if_exists = r.u8()? != 0;
+                    SchemaChange::DropPolicy {
+                        table: r.string()?,
+                        name: r.string()?,
+                        if_exists,
+                    }
+                }
                 k => return Err(format!("unknown schema change kind {k}")),
             };
             Ok(change)
@@ -638,6 +734,17 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
         }
     }
     out.push(frame(&payload));
+    for t in db.tables.values().filter(|t| !t.policies.is_empty()) {
+        payload.clear();
+        let mut w = Writer(&mut payload);
+        w.u8(SNAP_POLICIES);
+        w.str(&t.schema.name);
+        w.varint(t.policies.len() as u64);
+        for p in &t.policies {
+            w.policy(p);
+        }
+        out.push(frame(&payload));
+    }
     let mut total_rows = 0u64;
     let mut body = Vec::with_capacity(SNAP_FRAME_BYTES_TARGET + 4096);
     for t in db.tables.values() {
@@ -674,6 +781,9 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
         w.topic_config(&t.config());
         w.varint(t.first());
         w.varint(t.next());
+        if !t.rules().read.is_empty() || !t.rules().append.is_empty() {
+            w.topic_rules(t.rules());
+        }
         out.push(frame(&payload));
         let mut records = t.records().peekable();
         while let Some(first) = records.peek().map(|r| r.offset) {
@@ -726,6 +836,10 @@ fn encode_snapshot_row(w: &mut Writer<'_>, key: &Key, row: &RowEntry) {
 /// another thread than [`SnapshotLoader::apply`].
 pub enum SnapFrame {
     Schemas(Vec<TableSchema>),
+    Policies {
+        table: String,
+        policies: Vec<PolicyDef>,
+    },
     Rows {
         table: String,
         rows: Vec<(Key, RowEntry)>,
@@ -735,6 +849,8 @@ pub enum SnapFrame {
         config: TopicConfig,
         first: u64,
         next: u64,
+        /// Absent in snapshots written before topic rules existed (and when empty).
+        rules: TopicRules,
     },
     Records {
         topic: String,
@@ -760,6 +876,14 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
                     .map(|_| r.table_schema())
                     .collect::<DecodeResult<_>>()?,
             )
+        }
+        SNAP_POLICIES => {
+            let table = r.string()?;
+            let n = r.len()?;
+            SnapFrame::Policies {
+                table,
+                policies: (0..n).map(|_| r.policy()).collect::<DecodeResult<_>>()?,
+            }
         }
         SNAP_ROWS => {
             let table = r.string()?;
@@ -793,11 +917,17 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
                     "topic {name:?} starts at {first} after its next offset {next}"
                 ));
             }
+            let rules = if r.is_empty() {
+                TopicRules::default()
+            } else {
+                r.topic_rules()?
+            };
             SnapFrame::Topic {
                 name,
                 config,
                 first,
                 next,
+                rules,
             }
         }
         SNAP_RECORDS => {
@@ -888,6 +1018,24 @@ impl SnapshotLoader {
                     );
                 }
             }
+            SnapFrame::Policies { table, policies } => {
+                let t = db
+                    .tables
+                    .get_mut(&table)
+                    .ok_or_else(|| format!("policies for unknown table {table:?}"))?;
+                if !t.policies.is_empty() {
+                    return Err(format!("policies of table {table:?} come twice"));
+                }
+                for (i, p) in policies.iter().enumerate() {
+                    if policies[..i].iter().any(|q| q.name == p.name) {
+                        return Err(format!(
+                            "policy {:?} of table {table:?} is declared twice",
+                            p.name
+                        ));
+                    }
+                }
+                t.policies = policies;
+            }
             SnapFrame::Rows { table, rows } => {
                 let t = db
                     .tables
@@ -914,14 +1062,16 @@ impl SnapshotLoader {
                 config,
                 first,
                 next,
+                rules,
             } => {
                 self.flush(db)?;
                 if db.topics.contains_key(&name) {
                     return Err(format!("topic {name:?} is declared twice"));
                 }
                 self.topics_next.push((name.clone(), next));
-                db.topics
-                    .insert(name.clone(), Topic::starting_at(&name, config, first));
+                let mut topic = Topic::starting_at(&name, config, first);
+                topic.set_rules(rules);
+                db.topics.insert(name.clone(), topic);
             }
             SnapFrame::Records { topic, records } => {
                 let t = db

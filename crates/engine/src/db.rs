@@ -52,6 +52,8 @@ impl Limits {
 /// Largest accepted `commit_bytes_max`. The size counted against it is an upper bound of the
 /// encoded commit record, so a commit stays well inside one log frame (64 MiB).
 pub const COMMIT_BYTES_MAX_CEILING: usize = 32 << 20;
+/// Most row policies on one table.
+pub const POLICIES_PER_TABLE_MAX: usize = 64;
 const _: () = assert!(COMMIT_BYTES_MAX_CEILING < sluice_log::frame::FRAME_PAYLOAD_BYTES_MAX);
 
 impl Default for Limits {
@@ -142,6 +144,11 @@ pub enum TopicChange {
     Drop {
         name: String,
     },
+    /// The topic's rules for clients changed.
+    Rules {
+        name: String,
+        rules: crate::topic::TopicRules,
+    },
     /// Records below `first` were dropped for the topic's age limit (`retain_secs`): logged,
     /// because the clock that decided it does not replay.
     Trim {
@@ -175,7 +182,14 @@ pub struct Db {
     pub seq: u64,
     pub changelog: Changelog,
     pub limits: Limits,
+    /// Seq of the last schema commit (tables, indexes, columns, policies) applied, or of the
+    /// snapshot loaded: caches derived from schemas or policies are valid while it stays.
+    pub schema_seq: u64,
 }
+
+/// Checks a policy's predicates against the state it is created in (the query crate
+/// compiles them); the engine knows only their text.
+pub type PolicyCheck<'a> = &'a dyn Fn(&Db, &str, &crate::schema::PolicyDef) -> Result<(), TxError>;
 
 #[derive(Debug)]
 enum Undo {
@@ -194,6 +208,7 @@ impl Db {
             seq: 0,
             changelog,
             limits,
+            schema_seq: 0,
         }
     }
 
@@ -218,10 +233,27 @@ impl Db {
         changes: Vec<SchemaChange>,
         sql: String,
     ) -> Result<Option<Arc<Commit>>, TxError> {
+        self.apply_schema_checked(changes, sql, &|_, _, _| Ok(()))
+    }
+
+    /// [`Db::apply_schema`], with each new policy checked by `check_policy` against the
+    /// state the changes before it produced.
+    pub fn apply_schema_checked(
+        &mut self,
+        changes: Vec<SchemaChange>,
+        sql: String,
+        check_policy: PolicyCheck<'_>,
+    ) -> Result<Option<Arc<Commit>>, TxError> {
         let mut undo = Vec::new();
         let mut applied = Vec::new();
         for (i, change) in changes.into_iter().enumerate() {
-            match self.validate_schema(&change) {
+            let valid = self.validate_schema(&change).and_then(|v| match &change {
+                SchemaChange::CreatePolicy { table, policy } if v => {
+                    check_policy(self, table, policy).map(|()| v)
+                }
+                _ => Ok(v),
+            });
+            match valid {
                 Ok(true) => {
                     undo.push(self.apply_schema_unchecked(&change));
                     applied.push(change);
@@ -240,6 +272,7 @@ impl Db {
         }
         let seq = self.seq + 1;
         self.seq = seq;
+        self.schema_seq = seq;
         let commit = Arc::new(Commit {
             seq,
             body: CommitBody::Schema {
@@ -290,6 +323,29 @@ impl Db {
                     created: true,
                 }
             }
+        };
+        self.apply_topic_change(&change)
+            .expect("validated against the current topics");
+        Ok(Some(self.push_commit(CommitBody::Topic(change))))
+    }
+
+    /// Sets the rules of topic `name`; `Ok(None)`: they were already these.
+    pub fn set_topic_rules(
+        &mut self,
+        name: &str,
+        rules: crate::topic::TopicRules,
+    ) -> Result<Option<Arc<Commit>>, TxError> {
+        let t = self
+            .topics
+            .get(name)
+            .ok_or_else(|| TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}")))?;
+        if **t.rules() == rules {
+            return Ok(None);
+        }
+        rules.check()?;
+        let change = TopicChange::Rules {
+            name: name.to_string(),
+            rules,
         };
         self.apply_topic_change(&change)
             .expect("validated against the current topics");
@@ -400,6 +456,12 @@ impl Db {
                     TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
                 })?;
             }
+            TopicChange::Rules { name, rules } => {
+                let t = self.topics.get_mut(name).ok_or_else(|| {
+                    TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
+                })?;
+                t.set_rules(rules.clone());
+            }
             TopicChange::Trim { name, first } => {
                 let t = self.topics.get_mut(name).ok_or_else(|| {
                     TxError::new(ErrorCode::NotFound, format!("no topic named {name:?}"))
@@ -430,6 +492,9 @@ impl Db {
             }
             SchemaUndo::RestoreTable(table) => {
                 self.tables.insert(table.schema.name.clone(), table);
+            }
+            SchemaUndo::Policies(table, old) => {
+                self.tables.get_mut(&table).expect("undo in order").policies = old;
             }
             SchemaUndo::PopIndex(old) => {
                 let t = self.tables.get_mut(&old.name).expect("undo in order");
@@ -533,6 +598,43 @@ impl Db {
                 }
                 validate_default(column)?;
             }
+            SchemaChange::CreatePolicy { table, policy } => {
+                let t = self.table(table)?;
+                if t.policies.iter().any(|p| p.name == policy.name) {
+                    return Err(TxError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("policy {:?} already exists on table {table:?}", policy.name),
+                    ));
+                }
+                if t.policies.len() >= POLICIES_PER_TABLE_MAX {
+                    return Err(TxError::new(
+                        ErrorCode::Limit,
+                        format!("table {table:?} has {POLICIES_PER_TABLE_MAX} policies; policies_per_table_max is {POLICIES_PER_TABLE_MAX}"),
+                    ));
+                }
+                if policy.using.is_none() && policy.check.is_none() {
+                    return Err(TxError::schema(format!(
+                        "policy {:?} needs USING (…) or WITH CHECK (…)",
+                        policy.name
+                    )));
+                }
+            }
+            SchemaChange::DropPolicy {
+                table,
+                name,
+                if_exists,
+            } => {
+                let t = self.table(table)?;
+                if !t.policies.iter().any(|p| &p.name == name) {
+                    if *if_exists {
+                        return Ok(false);
+                    }
+                    return Err(TxError::new(
+                        ErrorCode::NotFound,
+                        format!("no policy {name:?} on table {table:?}"),
+                    ));
+                }
+            }
         }
         Ok(true)
     }
@@ -577,6 +679,18 @@ impl Db {
                 let fill = column.default.clone().unwrap_or(Value::Null);
                 t.add_column(Arc::new(schema), &fill);
                 SchemaUndo::PopColumn(old)
+            }
+            SchemaChange::CreatePolicy { table, policy } => {
+                let t = self.tables.get_mut(table).expect("validated");
+                let old = t.policies.clone();
+                t.policies.push(policy.clone());
+                SchemaUndo::Policies(table.clone(), old)
+            }
+            SchemaChange::DropPolicy { table, name, .. } => {
+                let t = self.tables.get_mut(table).expect("validated");
+                let old = t.policies.clone();
+                t.policies.retain(|p| &p.name != name);
+                SchemaUndo::Policies(table.clone(), old)
             }
         }
     }
@@ -638,6 +752,7 @@ impl Db {
                     }
                     self.apply_schema_unchecked(change);
                 }
+                self.schema_seq = seq;
                 CommitBody::Schema { changes, sql }
             }
             ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows)?),
@@ -710,6 +825,7 @@ pub enum ReplayBody {
 }
 
 enum SchemaUndo {
+    Policies(String, Vec<crate::schema::PolicyDef>),
     RemoveTable(String),
     RestoreTable(Table),
     PopIndex(Arc<TableSchema>),
@@ -831,6 +947,11 @@ impl Tx<'_> {
     }
 
     /// The ops of this transaction.
+    /// The row changes made so far, in order (a write check reads each op's before and after).
+    pub fn changes(&self) -> &[Change] {
+        &self.state.changes
+    }
+
     pub fn ops(&mut self) -> TxRef<'_> {
         TxRef {
             db: self.db,

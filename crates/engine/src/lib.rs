@@ -31,7 +31,7 @@ pub use db::{
     Change, ChangeOp, Commit, CommitBody, Db, Limits, TopicChange, Tx, TxRef, TxState, WriteResult,
 };
 pub use error::{ErrorCode, TxError};
-pub use schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
+pub use schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};
 pub use sluice_log::critical;
-pub use topic::{Appended, Record, TagFilter, TagIndex, Topic, TopicConfig};
+pub use topic::{Appended, Record, TagFilter, TagIndex, Topic, TopicConfig, TopicRules};
 pub use value::{ColumnType, Key, Value};

@@ -336,7 +336,9 @@ impl WindowSchemas {
             SchemaChange::DropTable { name, .. } => {
                 self.seen.remove(name);
             }
-            SchemaChange::CreateIndex { .. } => {}
+            SchemaChange::CreateIndex { .. }
+            | SchemaChange::CreatePolicy { .. }
+            | SchemaChange::DropPolicy { .. } => {}
         }
     }
 

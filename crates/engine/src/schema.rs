@@ -66,6 +66,68 @@ impl TableSchema {
     }
 }
 
+/// Which operations a row policy governs (`CREATE POLICY … FOR …`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyCommand {
+    All,
+    Select,
+    Insert,
+    Update,
+    Delete,
+}
+
+impl PolicyCommand {
+    pub const ALL: [PolicyCommand; 5] = [
+        PolicyCommand::All,
+        PolicyCommand::Select,
+        PolicyCommand::Insert,
+        PolicyCommand::Update,
+        PolicyCommand::Delete,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyCommand::All => "all",
+            PolicyCommand::Select => "select",
+            PolicyCommand::Insert => "insert",
+            PolicyCommand::Update => "update",
+            PolicyCommand::Delete => "delete",
+        }
+    }
+
+    /// Whether a policy `FOR self` applies to `op` (one of select/insert/update/delete).
+    pub fn covers(self, op: PolicyCommand) -> bool {
+        self == PolicyCommand::All || self == op
+    }
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<PolicyCommand> {
+        PolicyCommand::ALL.get(code as usize).copied()
+    }
+}
+
+/// A row policy: who may see or write which rows of its table, as SQL predicates over the
+/// row and the caller's claims (`auth.<claim>`). Kept as text; the query crate compiles it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyDef {
+    pub name: String,
+    pub command: PolicyCommand,
+    /// `USING (…)`: which existing rows the policy lets the caller read, update or delete.
+    pub using: Option<String>,
+    /// `WITH CHECK (…)`: which new rows it lets the caller write.
+    pub check: Option<String>,
+}
+
+impl PolicyDef {
+    pub fn to_json(&self, table: &str) -> Json {
+        json!({"name": self.name, "table": table, "command": self.command.as_str(),
+               "using": self.using, "check": self.check})
+    }
+}
+
 /// A change to the set of tables, as parsed from DDL.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SchemaChange {
@@ -87,6 +149,15 @@ pub enum SchemaChange {
         table: String,
         column: ColumnDef,
     },
+    CreatePolicy {
+        table: String,
+        policy: PolicyDef,
+    },
+    DropPolicy {
+        table: String,
+        name: String,
+        if_exists: bool,
+    },
 }
 
 impl SchemaChange {
@@ -97,6 +168,8 @@ impl SchemaChange {
             SchemaChange::CreateIndex { table, .. } => table,
             SchemaChange::DropTable { name, .. } => name,
             SchemaChange::AddColumn { table, .. } => table,
+            SchemaChange::CreatePolicy { table, .. } => table,
+            SchemaChange::DropPolicy { table, .. } => table,
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Table {
     pub rows: BTreeMap<Key, RowEntry>,
     /// `indexes[i]` holds the entries of `schema.indexes[i]`.
     pub indexes: Vec<IndexEntries>,
+    /// Row policies (`CREATE POLICY`), in creation order; names are unique.
+    pub policies: Vec<crate::schema::PolicyDef>,
 }
 
 impl Table {
@@ -39,6 +41,7 @@ impl Table {
             schema,
             rows: BTreeMap::new(),
             indexes,
+            policies: Vec::new(),
         }
     }
 

@@ -353,6 +353,93 @@ impl TagIndex {
     }
 }
 
+/// Which tags clients may read and append (`docs/security.md`, "Topic rules"): tag patterns
+/// (`tag`, `prefix*`, `*`) in which `{auth.<claim>}` stands for the caller's claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicRules {
+    pub read: Vec<String>,
+    pub append: Vec<String>,
+}
+
+/// Most patterns in one rule list.
+pub const RULE_PATTERNS_MAX: usize = 64;
+
+impl TopicRules {
+    /// Checks every pattern: a tag pattern once each `{auth.<claim>}` is taken out.
+    pub fn check(&self) -> Result<(), TxError> {
+        for (what, list) in [("read", &self.read), ("append", &self.append)] {
+            if list.len() > RULE_PATTERNS_MAX {
+                return Err(TxError::new(
+                    ErrorCode::Limit,
+                    format!(
+                        "{} {what} rules; rule_patterns_max is {RULE_PATTERNS_MAX}",
+                        list.len()
+                    ),
+                ));
+            }
+            for p in list {
+                check_rule_pattern(p).map_err(|m| {
+                    TxError::new(ErrorCode::BadRequest, format!("bad {what} rule {p:?}: {m}"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parts of a rule pattern: literal text and `{auth.<claim>}` placeholders; and whether
+/// it ends with the wildcard `*`.
+pub fn rule_parts(pattern: &str) -> Result<(Vec<RulePart<'_>>, bool), String> {
+    let (body, wildcard) = match pattern.strip_suffix('*') {
+        Some(b) => (b, true),
+        None => (pattern, false),
+    };
+    let mut parts = Vec::new();
+    let mut rest = body;
+    while let Some(open) = rest.find('{') {
+        if open > 0 {
+            parts.push(RulePart::Text(&rest[..open]));
+        }
+        let close = rest[open..].find('}').ok_or("a '{' without its '}'")? + open;
+        let inner = &rest[open + 1..close];
+        let claim = inner
+            .strip_prefix("auth.")
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| format!("placeholder {{{inner}}}: write {{auth.<claim>}}"))?;
+        parts.push(RulePart::Claim(claim));
+        rest = &rest[close + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(RulePart::Text(rest));
+    }
+    Ok((parts, wildcard))
+}
+
+/// A piece of a rule pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RulePart<'a> {
+    Text(&'a str),
+    Claim(&'a str),
+}
+
+fn check_rule_pattern(p: &str) -> Result<(), String> {
+    if p == "*" {
+        return Ok(());
+    }
+    let (parts, _) = rule_parts(p)?;
+    let text: String = parts
+        .iter()
+        .map(|part| match part {
+            RulePart::Text(t) => *t,
+            RulePart::Claim(_) => "x",
+        })
+        .collect();
+    if text.contains('}') {
+        return Err("a '}' without its '{'".into());
+    }
+    check_tag(&text).map_err(|e| e.message)
+}
+
 /// One topic: its retained records, tag index and retention.
 #[derive(Debug)]
 pub struct Topic {
@@ -365,6 +452,7 @@ pub struct Topic {
     bytes: u64,
     last_ts_us: i64,
     tags: TagIndex,
+    rules: Arc<TopicRules>,
 }
 
 impl Topic {
@@ -383,7 +471,16 @@ impl Topic {
             bytes: 0,
             last_ts_us: i64::MIN,
             tags: TagIndex::default(),
+            rules: Arc::default(),
         }
+    }
+
+    /// Who may read and append (clients; the admin is not bound by rules).
+    pub fn rules(&self) -> &Arc<TopicRules> {
+        &self.rules
+    }
+    pub(crate) fn set_rules(&mut self, rules: TopicRules) {
+        self.rules = Arc::new(rules);
     }
 
     pub fn name(&self) -> &Arc<str> {

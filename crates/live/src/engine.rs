@@ -25,11 +25,16 @@ pub struct Subscribe {
     pub params: Params,
     /// Resume after this seq (the last event the client saw).
     pub since: Option<u64>,
+    /// A client's claims: the query then reads every table through its `SELECT` policies
+    /// with these claims bound (`None`: the admin, no rules).
+    pub claims: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What every view of one query text shares: the plan and what is derived from it.
 struct Shape {
     sql: String,
+    /// Planned for a client (through the row policies).
+    client: bool,
     /// The normalised statement (`Plan::text`), shared by every view's registry key.
     text: Arc<str>,
     plan: Plan,
@@ -40,11 +45,12 @@ struct Shape {
 }
 
 impl Shape {
-    fn new(sql: String, plan: Plan) -> Shape {
+    fn new(sql: String, client: bool, plan: Plan) -> Shape {
         let mut tables = BTreeSet::new();
         tables_of(&plan.select, &mut tables);
         Shape {
             sql,
+            client,
             text: plan.text.as_str().into(),
             columns: plan.select.columns.clone().into(),
             order: plan
@@ -154,7 +160,8 @@ pub struct Live {
     views: HashMap<ViewId, Box<View>>,
     /// By normalised text and the canonical bytes of the parameters (so `1` and `1.0` differ).
     by_query: HashMap<(Arc<str>, Vec<u8>), ViewId>,
-    plans: HashMap<String, Arc<Shape>>,
+    /// By (planned for a client, query text).
+    plans: HashMap<(bool, String), Arc<Shape>>,
     routes: HashMap<String, TableRoutes>,
     subs: HashMap<SubId, (ViewId, Arc<Sink>)>,
     next_id: u64,
@@ -315,11 +322,13 @@ impl Live {
     ) -> Result<SubId, QueryError> {
         let guard = read();
         let db: &Db = &guard;
-        let shape = match self.plans.get(&req.sql) {
+        let client = req.claims.is_some();
+        let plan_key = (client, req.sql.clone());
+        let shape = match self.plans.get(&plan_key) {
             // A plan cached before DDL the live thread has not followed yet is not reused.
             Some(p) if planned_for(&p.plan.select, db) => p.clone(),
             _ => {
-                let plan = sluice_query::prepare(&req.sql, db)?;
+                let plan = sluice_query::prepare_as(&req.sql, db, client)?;
                 let n = complexity(&plan.select);
                 if n > self.limits.view_tables_max {
                     return Err(QueryError::Limit(format!(
@@ -330,12 +339,12 @@ impl Live {
                 if self.plans.len() >= self.limits.plans_max {
                     self.plans.clear();
                 }
-                let shape = Arc::new(Shape::new(req.sql.clone(), plan));
-                self.plans.insert(req.sql.clone(), shape.clone());
+                let shape = Arc::new(Shape::new(req.sql.clone(), client, plan));
+                self.plans.insert(plan_key, shape.clone());
                 shape
             }
         };
-        let params = shape.plan.resolve(&req.params)?;
+        let params = shape.plan.resolve_as(&req.params, req.claims.as_ref())?;
         let qkey = query_key(&shape, &params);
         let mut built = false;
         let id = match self.by_query.get(&qkey) {
@@ -708,8 +717,17 @@ impl Live {
     fn rebuild(&mut self, id: ViewId, db: &Db) {
         let view = self.views.get(&id).expect("present");
         let sql = view.shape.sql.clone();
-        let rebuilt = sluice_query::prepare(&sql, db).and_then(|plan| {
-            let shape = Arc::new(Shape::new(sql.clone(), plan));
+        let client = view.shape.client;
+        let before = &view.shape.plan.params;
+        let rebuilt = sluice_query::prepare_as(&sql, db, client).and_then(|plan| {
+            // The view's parameters hold the claims its old plan read; a plan that reads
+            // other claims (a new policy on `auth.team`, say) needs the subscriber's token.
+            if plan.params != *before {
+                return Err(QueryError::RulesChanged(
+                    "the row policies of a table this query reads changed and now read other claims; subscribe again".into(),
+                ));
+            }
+            let shape = Arc::new(Shape::new(sql.clone(), client, plan));
             self.build(db, shape, view.params.clone())
         });
         match rebuilt {

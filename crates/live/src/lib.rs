@@ -93,6 +93,7 @@ pub fn error_code(e: &QueryError) -> &'static str {
         QueryError::Schema(_) => "schema",
         QueryError::NotFound(_) => "not_found",
         QueryError::Limit(_) => "limit",
+        QueryError::RulesChanged(_) => "rules_changed",
         _ => "bad_request",
     }
 }

@@ -44,6 +44,7 @@ fn publish_waits_once_the_live_thread_is_handoff_commits_behind() {
                 sql: "SELECT 1".into(),
                 params: Params::None,
                 since: None,
+                claims: None,
             };
             rt.block_on(async move {
                 let reply = live.subscribe(req, sink);

@@ -72,6 +72,7 @@ fn an_idle_scoped_view_costs_the_registry_under_its_budget() {
             sql: sql.into(),
             params: Params::from_json(Some(&json!([room]))).unwrap(),
             since: None,
+            claims: None,
         };
         live.subscribe(&db, &req, sink.clone()).unwrap();
         // The transport takes the snapshot at once; then the view is idle.

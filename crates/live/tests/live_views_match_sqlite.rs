@@ -1848,6 +1848,7 @@ impl Oracle {
             sql: self.clients[ci].sql.clone(),
             params: query.params(),
             since,
+            claims: None,
         };
         let sub = match self.live.subscribe(&self.db, &req, sink.clone()) {
             Ok(s) => s,

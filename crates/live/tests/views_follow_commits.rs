@@ -48,6 +48,7 @@ fn sub(live: &mut Live, db: &Db, sql: &str, params: Json, since: Option<u64>) ->
             sql: sql.into(),
             params: Params::from_json(Some(&params)).unwrap(),
             since,
+            claims: None,
         },
         sink.clone(),
     )
@@ -266,6 +267,7 @@ fn idle_views_stay_warm_for_the_ttl_then_go() {
                 sql: sql.into(),
                 params: Params::None,
                 since: None,
+                claims: None,
             },
             sink.clone(),
         )
@@ -286,6 +288,7 @@ fn idle_views_stay_warm_for_the_ttl_then_go() {
                 sql: sql.into(),
                 params: Params::None,
                 since: d["seq"].as_u64(),
+                claims: None,
             },
             back.clone(),
         )
@@ -334,6 +337,7 @@ fn limits_are_named_in_their_errors() {
                 sql: sql.into(),
                 params: Params::None,
                 since: None,
+                claims: None,
             },
             Sink::new(&sluice_live::Limits::default()),
         )

@@ -22,6 +22,10 @@ pub enum QueryError {
     /// A named limit was exceeded.
     #[error("{0}")]
     Limit(String),
+    /// The row policies a live view was planned under changed in a way it cannot follow
+    /// (it reads other claims now): resubscribe.
+    #[error("{0}")]
+    RulesChanged(String),
 }
 
 impl QueryError {

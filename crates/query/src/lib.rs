@@ -26,6 +26,7 @@ pub mod error;
 mod exec;
 pub mod expr;
 pub mod plan;
+pub mod rules;
 
 use std::collections::BTreeMap;
 
@@ -108,6 +109,14 @@ impl Params {
 
 /// Parses and plans one `SELECT` against the current schema of `db`.
 pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
+    prepare_as(sql, db, false)
+}
+
+/// [`prepare`]; with `client`, every table the query reads (in `FROM`, joins and
+/// subqueries) is read through its `SELECT` policies, whose `auth.<claim>` references
+/// become parameters after the query's own ([`Plan::resolve_as`] binds them), so callers
+/// with the same claims share one plan and one live view.
+pub fn prepare_as(sql: &str, db: &Db, client: bool) -> Result<Plan, QueryError> {
     if sql.len() > SQL_BYTES_MAX {
         return Err(QueryError::Limit(format!(
             "the query text is {} bytes; sql_bytes_max is {SQL_BYTES_MAX}",
@@ -118,6 +127,7 @@ pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
     let tokens = Tokenizer::new(&dialect, sql)
         .tokenize_with_location()
         .map_err(|e| QueryError::Syntax(e.to_string()))?;
+    let own = own_params(&tokens);
     let statements = Parser::new(&dialect)
         .with_tokens_with_locations(sqlite_is(tokens))
         .parse_statements()
@@ -128,12 +138,53 @@ pub fn prepare(sql: &str, db: &Db) -> Result<Plan, QueryError> {
         _ => return Err(QueryError::unsupported("several statements in one query")),
     };
     let mut planner = plan::Planner::new(db);
+    planner.client = client;
+    planner.params.claim_base = own;
     let select = planner.statement(statement)?;
+    debug_assert!(planner.params.positional.max(planner.params.names.len()) <= own);
+    let mut text = statement.to_string();
+    if client {
+        // A client's view of a query is not the admin's: they must not share a view.
+        text.push_str(" /* rules */");
+    }
     Ok(Plan {
         select,
         params: planner.params,
-        text: statement.to_string(),
+        text,
     })
+}
+
+/// How many parameter values the query's own text takes: its highest `$n`, or its number
+/// of distinct `:name`s.
+fn own_params(tokens: &[TokenWithSpan]) -> usize {
+    let mut positional = 0usize;
+    let mut names: Vec<&str> = Vec::new();
+    for t in tokens {
+        if let Token::Placeholder(p) = &t.token {
+            if let Some(n) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                positional = positional.max(n);
+            } else if let Some(name) = p.strip_prefix(':') {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    positional.max(names.len())
+}
+
+/// A claim as a SQL value: strings, numbers, booleans and null are themselves; arrays,
+/// objects and missing claims are NULL.
+pub fn claim_value(claim: Option<&Json>) -> Value {
+    match claim {
+        Some(Json::String(s)) => Value::Text(s.as_str().into()),
+        Some(Json::Number(n)) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Some(Json::Bool(b)) => Value::Boolean(*b),
+        _ => Value::Null,
+    }
 }
 
 /// SQLite's `a IS b` and `a IS NOT b` for any operand `b` (`=` / `<>` that treat two NULLs
@@ -202,6 +253,47 @@ impl Plan {
             columns: self.select.columns.clone(),
             rows,
         })
+    }
+
+    /// [`Plan::execute`] for a caller with `claims` (a client), binding the claims its
+    /// policies read.
+    pub fn execute_as(
+        &self,
+        db: &Db,
+        params: &Params,
+        claims: Option<&serde_json::Map<String, Json>>,
+    ) -> Result<QueryResult, QueryError> {
+        let values = self.resolve_as(params, claims)?;
+        let rows = exec::run(&self.select, db, &values)?;
+        Ok(QueryResult {
+            columns: self.select.columns.clone(),
+            rows,
+        })
+    }
+
+    /// [`Plan::resolve`], then the values of the claims the policies read.
+    pub fn resolve_as(
+        &self,
+        params: &Params,
+        claims: Option<&serde_json::Map<String, Json>>,
+    ) -> Result<Vec<Value>, QueryError> {
+        let mut values = self.resolve(params)?;
+        if self.params.claims.is_empty() {
+            return Ok(values);
+        }
+        let Some(claims) = claims else {
+            return Err(QueryError::BadRequest(
+                "the query was planned for a client but no claims were given".into(),
+            ));
+        };
+        values.resize(self.params.claim_base, Value::Null);
+        values.extend(
+            self.params
+                .claims
+                .iter()
+                .map(|c| claim_value(claims.get(c))),
+        );
+        Ok(values)
     }
 
     /// The parameter values in the order [`Expr::Param`] indexes them.

@@ -157,6 +157,11 @@ pub struct ParamSpec {
     pub positional: usize,
     /// `:name`s in first-use order; `Expr::Param(i)` is `names[i]`.
     pub names: Vec<String>,
+    /// The caller's claims the row policies read (`auth.<claim>`), in first-use order;
+    /// `Expr::Param(claim_base + i)` is `claims[i]`. Empty unless planned for a client.
+    pub claims: Vec<String>,
+    /// Where claim parameters start: after every parameter of the query's own text.
+    pub claim_base: usize,
 }
 
 /// A prepared query.
@@ -250,6 +255,10 @@ pub(crate) struct Planner<'a> {
     /// Select-list aliases a bare name may stand for (while compiling GROUP BY and HAVING;
     /// as in SQLite, a column of that name wins).
     aliases: Vec<(String, ast::Expr)>,
+    /// Planning for a client: every table is read through its `SELECT` policies.
+    pub(crate) client: bool,
+    /// Set while a policy predicate is compiled: `auth.<claim>` reads the caller's claim.
+    in_policy: bool,
 }
 
 const AGGREGATES: [&str; 5] = ["count", "sum", "min", "max", "avg"];
@@ -262,7 +271,89 @@ impl<'a> Planner<'a> {
             outer: Vec::new(),
             saw_aggregate: false,
             aliases: Vec::new(),
+            client: false,
+            in_policy: false,
         }
+    }
+
+    /// The OR of the predicates of `source`'s policies for `op` — their `USING`, or with
+    /// `check` their `WITH CHECK` (a policy without one uses its `USING`) — compiled against
+    /// the joined row; FALSE when no policy applies (deny by default).
+    pub(crate) fn policy_filter(
+        &mut self,
+        source: &Source,
+        op: sluice_engine::PolicyCommand,
+        check: bool,
+    ) -> Result<(Expr, Vec<String>), QueryError> {
+        let table = self.db.tables.get(&source.schema.name).ok_or_else(|| {
+            QueryError::NotFound(format!("no table named {:?}", source.schema.name))
+        })?;
+        let mut names = Vec::new();
+        let mut filter: Option<Expr> = None;
+        for p in table.policies.iter().filter(|p| p.command.covers(op)) {
+            names.push(p.name.clone());
+            let text = if check {
+                p.check.as_ref().or(p.using.as_ref())
+            } else {
+                p.using.as_ref()
+            };
+            let Some(text) = text else { continue };
+            let e = self.policy_expr(text, source).map_err(|e| {
+                QueryError::Schema(format!(
+                    "policy {:?} on {:?}: {e}",
+                    p.name, source.schema.name
+                ))
+            })?;
+            filter = Some(match filter {
+                None => e,
+                Some(f) => Expr::Binary(BinOp::Or, Box::new(f), Box::new(e)),
+            });
+        }
+        Ok((filter.unwrap_or(Expr::Literal(Value::Integer(0))), names))
+    }
+
+    /// One policy predicate over `source`'s columns (named bare or by the table's name,
+    /// whatever the query's alias) and the caller's claims; no subqueries, no outer names.
+    pub(crate) fn policy_expr(&mut self, text: &str, source: &Source) -> Result<Expr, QueryError> {
+        let dialect = sqlparser::dialect::GenericDialect {};
+        let ast = sqlparser::parser::Parser::new(&dialect)
+            .try_with_sql(text)
+            .and_then(|mut p| p.parse_expr())
+            .map_err(|e| QueryError::Syntax(e.to_string()))?;
+        let scope = Scope {
+            sources: vec![Source {
+                binding: source.schema.name.clone(),
+                ..source.clone()
+            }],
+        };
+        let outer = std::mem::take(&mut self.outer);
+        let aliases = std::mem::take(&mut self.aliases);
+        let saw = self.saw_aggregate;
+        self.in_policy = true;
+        let mut subs = Vec::new();
+        let compiled = self.expr(&ast, &scope, &mut Mode::Rows, &mut subs, SUBQUERY_DEPTH_MAX);
+        self.in_policy = false;
+        self.outer = outer;
+        self.aliases = aliases;
+        self.saw_aggregate = saw;
+        if !subs.is_empty() {
+            return Err(QueryError::unsupported(
+                "subqueries in a policy (a rule reads its own row and the caller's claims)",
+            ));
+        }
+        compiled
+    }
+
+    /// `auth.<name>`: the caller's claim, a parameter after the query's own.
+    fn claim(&mut self, name: String) -> Expr {
+        let i = match self.params.claims.iter().position(|c| *c == name) {
+            Some(i) => i,
+            None => {
+                self.params.claims.push(name);
+                self.params.claims.len() - 1
+            }
+        };
+        Expr::Param(self.params.claim_base + i)
     }
 
     pub(crate) fn statement(&mut self, s: &Statement) -> Result<Select, QueryError> {
@@ -389,7 +480,17 @@ impl<'a> Planner<'a> {
             if !subs.is_empty() {
                 return Err(QueryError::unsupported("subqueries in JOIN … ON"));
             }
-            joins.push(self.join(kind, source, &scope, left_width, on)?);
+            let mut join = self.join(kind, source, &scope, left_width, on)?;
+            if self.client {
+                // Part of the match, not of WHERE: a LEFT JOIN sees an unreadable row as absent.
+                let (rule, _) = self.policy_filter(
+                    &scope.sources[source],
+                    sluice_engine::PolicyCommand::Select,
+                    false,
+                )?;
+                join.residual = conjoin(join.residual.into_iter().chain([rule]).collect());
+            }
+            joins.push(join);
         }
 
         // Is this an aggregate query?
@@ -422,10 +523,18 @@ impl<'a> Planner<'a> {
 
         // WHERE.
         let mut subqueries = Vec::new();
-        let filter = match &s.selection {
+        let mut filter = match &s.selection {
             Some(e) => Some(self.expr(e, &scope, &mut Mode::Rows, &mut subqueries, depth)?),
             None => None,
         };
+        if self.client {
+            let (rule, _) = self.policy_filter(
+                &scope.sources[0],
+                sluice_engine::PolicyCommand::Select,
+                false,
+            )?;
+            filter = conjoin(filter.into_iter().chain([rule]).collect());
+        }
 
         let aliases: Vec<(String, ast::Expr)> = s
             .projection
@@ -849,6 +958,10 @@ impl<'a> Planner<'a> {
                 let [t, c] = ids.as_slice() else {
                     return Err(QueryError::unsupported(format!("qualified name {e}")));
                 };
+                if self.in_policy && t.quote_style.is_none() && t.value.eq_ignore_ascii_case("auth")
+                {
+                    return Ok(self.claim(ident(c)));
+                }
                 let (t, c) = (ident(t), ident(c));
                 let pos = self.column(scope, Some(&t), &c)?;
                 self.column_in_mode(pos, &format!("{t}.{c}"), mode)?

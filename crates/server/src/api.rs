@@ -13,12 +13,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 use sluice_engine::db::row_to_json;
-use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, TopicChange, TxError};
+use sluice_engine::{ChangeOp, CommitBody, ErrorCode, Key, SchemaChange, TopicChange, TxError};
 use sluice_log::Durability;
 
+use crate::auth::Caller;
 use crate::core::{Core, Op};
 use crate::error::CoreError;
 
@@ -95,6 +96,29 @@ impl From<CoreError> for ApiError {
             CoreError::Internal(message) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+            CoreError::Forbidden {
+                message,
+                op,
+                command,
+                target,
+                policies,
+            } => {
+                let mut e = ApiError::forbidden(message)
+                    .with("command", command)
+                    .with(
+                        if command == "call" {
+                            "function"
+                        } else {
+                            "table"
+                        },
+                        target,
+                    )
+                    .with("policies", policies);
+                if let Some(op) = op {
+                    e = e.with("op", op);
+                }
+                e
+            }
         }
     }
 }
@@ -139,6 +163,7 @@ impl From<sluice_query::QueryError> for ApiError {
             Q::Schema(_) => ApiError::new(StatusCode::BAD_REQUEST, "schema", message),
             Q::NotFound(_) => ApiError::not_found(message),
             Q::Limit(_) => ApiError::limit(message),
+            Q::RulesChanged(_) => ApiError::new(StatusCode::CONFLICT, "rules_changed", message),
             _ => ApiError::bad_request(message),
         }
     }
@@ -192,7 +217,8 @@ pub fn router(core: Core) -> Router {
         .route("/v1/call/{name}", post(call))
         .route("/v1/ws", get(crate::ws::upgrade))
         .route("/v1/live", get(crate::live::sse))
-        .route("/v1/functions", get(list_functions).put(put_functions));
+        .route("/v1/functions", get(list_functions).put(put_functions))
+        .route("/v1/policies", get(policies));
     let core = Arc::new(core);
     crate::topics_api::routes(router)
         .fallback(fallback)
@@ -263,7 +289,10 @@ async fn health(State(core): St) -> Response {
     }
 }
 
-async fn metrics(State(core): St) -> Response {
+async fn metrics(State(core): St, Extension(caller): Extension<Caller>) -> Response {
+    if let Err(e) = caller.require_admin("GET /metrics") {
+        return e.into_response();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::render(&core),
@@ -271,7 +300,8 @@ async fn metrics(State(core): St) -> Response {
         .into_response()
 }
 
-async fn sql(State(core): St, body: Body) -> ApiResult {
+async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
+    caller.require_admin("POST /v1/sql (schema and policies)")?;
     let body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
     let Some(Value::String(text)) = body.get("sql") else {
@@ -299,7 +329,7 @@ async fn sql(State(core): St, body: Body) -> ApiResult {
 }
 
 /// `POST /v1/query` `{"sql", "params"}`: one `SELECT` over one confirmed seq.
-async fn query(State(core): St, body: Body) -> ApiResult {
+async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
     let body = json_body(&core, body).await?;
     if let Some(extra) = body
         .keys()
@@ -313,10 +343,8 @@ async fn query(State(core): St, body: Body) -> ApiResult {
         return Err(ApiError::bad_request("expected {\"sql\": \"SELECT …\"}"));
     };
     let params = sluice_query::Params::from_json(body.get("params"))?;
-    let (result, seq) = core
-        .read(|db| Ok(sluice_query::query(sql, db, &params)))
-        .await?;
-    Ok(Json(query_json(&result?, seq)))
+    let (result, seq) = core.query_as(&caller, sql, &params).await?;
+    Ok(Json(query_json(&result, seq)))
 }
 
 /// The reply to a one-shot query: `{"seq", "columns", "rows": [{…}, …]}`.
@@ -434,7 +462,7 @@ fn take_id(op: &mut Map<String, Value>, kind: &str) -> Result<Value, String> {
     }
 }
 
-async fn mutate(State(core): St, body: Body) -> ApiResult {
+async fn mutate(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
     let mut body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
     if let Some(extra) = body
@@ -446,7 +474,7 @@ async fn mutate(State(core): St, body: Body) -> ApiResult {
         )));
     }
     let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
-    let ok = core.mutate(ops, durability).await?;
+    let ok = core.mutate_as(&caller, ops, durability).await?;
     Ok(Json(json!({"seq": ok.seq, "results": results_json(&ok)})))
 }
 
@@ -456,6 +484,21 @@ pub(crate) fn results_json(ok: &crate::core::MutateOk) -> Vec<Value> {
         .iter()
         .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
         .collect()
+}
+
+/// `GET /v1/policies` (admin): every row policy.
+async fn policies(State(core): St, Extension(caller): Extension<Caller>) -> ApiResult {
+    caller.require_admin("GET /v1/policies")?;
+    let (policies, seq) = core
+        .read(|db| {
+            Ok(db
+                .tables
+                .values()
+                .flat_map(|t| t.policies.iter().map(|p| p.to_json(&t.schema.name)))
+                .collect::<Vec<_>>())
+        })
+        .await?;
+    Ok(Json(json!({"policies": policies, "seq": seq})))
 }
 
 async fn tables(State(core): St) -> ApiResult {
@@ -481,6 +524,7 @@ fn query_error(e: QueryRejection) -> ApiError {
 
 async fn get_row(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> ApiResult {
     let Path((table, id)) = path.map_err(path_error)?;
@@ -488,12 +532,22 @@ async fn get_row(
         .read(|db| {
             let t = db.table(&table)?;
             let key = Key::parse(t.schema.pk_column().ty, &id).map_err(TxError::schema)?;
-            let row = t.rows.get(&key).ok_or_else(|| {
+            let absent = || {
                 TxError::new(
                     ErrorCode::NotFound,
                     format!("table {table:?} has no row with key {key}"),
                 )
-            })?;
+            };
+            let row = t.rows.get(&key).ok_or_else(absent)?;
+            if let Some(claims) = caller.claims() {
+                // Not readable reads as absent: a client learns nothing of rows it may not see.
+                let readable = core
+                    .rules(db, &table)
+                    .is_ok_and(|r| crate::rules::allows(&r.read, &row.values, &claims.all));
+                if !readable {
+                    return Err(absent());
+                }
+            }
             Ok((row_to_json(&t.schema, &row.values), row.version))
         })
         .await?;
@@ -531,6 +585,7 @@ fn page_limit(core: &Core, params: &HashMap<String, String>) -> Result<usize, Ap
 
 async fn scan(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> ApiResult {
@@ -549,13 +604,27 @@ async fn scan(
                 }
                 None => t.rows.range(..),
             };
+            let read = match caller.claims() {
+                Some(claims) => Some((core.rules(db, &table).map_err(core_to_tx)?, claims)),
+                None => None,
+            };
             let mut rows = Vec::with_capacity(limit.min(1024));
             let mut last = None;
-            for (key, row) in range.take(limit) {
+            // A client's page skips rows it may not read, examining a bounded number of rows
+            // (the page then ends early with `next` set, like any page).
+            for (examined, (key, row)) in range.enumerate() {
+                if rows.len() >= limit || examined >= SCAN_EXAMINED_ROWS_MAX {
+                    break;
+                }
+                last = Some(key);
+                if let Some((rules, claims)) = &read {
+                    if !crate::rules::allows(&rules.read, &row.values, &claims.all) {
+                        continue;
+                    }
+                }
                 rows.push(
                     json!({"row": row_to_json(&t.schema, &row.values), "version": row.version}),
                 );
-                last = Some(key);
             }
             let more = last.is_some_and(|k| {
                 t.rows
@@ -573,11 +642,22 @@ async fn scan(
     Ok(Json(json!({"rows": rows, "next": next, "seq": seq})))
 }
 
+/// Rows examined at most per scan page, however many a client's read rule skips.
+const SCAN_EXAMINED_ROWS_MAX: usize = 100_000;
+
+fn core_to_tx(e: CoreError) -> TxError {
+    match e {
+        CoreError::Tx(e) => e,
+        other => TxError::new(ErrorCode::BadRequest, other.to_string()),
+    }
+}
+
 /// Commits scanned at most per catch-up request, however many a table filter skips.
 const CHANGES_SCAN_COMMITS_MAX: usize = 100_000;
 
 async fn changes(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> ApiResult {
     let Query(params) = query.map_err(query_error)?;
@@ -598,6 +678,7 @@ async fn changes(
         .with("horizon", horizon)
     })?;
     let wanted = |t: &str| tables.as_ref().is_none_or(|ts| ts.iter().any(|w| w == t));
+    let mut sight = caller.claims().map(|c| Sight::new(&core, &db, c));
     let mut out = Vec::new();
     let mut next = since.max(db.changelog.horizon()).min(confirmed);
     for commit in commits.take(CHANGES_SCAN_COMMITS_MAX) {
@@ -607,25 +688,52 @@ async fn changes(
         match &commit.body {
             CommitBody::Rows(changes) => {
                 for c in changes.iter().filter(|c| wanted(&c.table.name)) {
-                    let op = match c.op {
+                    let mut op = match c.op {
                         ChangeOp::Insert => "insert",
                         ChangeOp::Update => "update",
                         ChangeOp::Delete => "delete",
                     };
+                    let mut row = c.row_json();
+                    if let Some(sight) = &mut sight {
+                        let was = c.old.as_deref().is_some_and(|r| sight.reads(c, r));
+                        let is = c.row.as_deref().is_some_and(|r| sight.reads(c, r));
+                        match (was, is) {
+                            (_, true) => {}
+                            // The row left the caller's sight.
+                            (true, false) => {
+                                op = "delete";
+                                row = Value::Null;
+                            }
+                            (false, false) => continue,
+                        }
+                    }
                     out.push(json!({
                         "seq": commit.seq, "table": c.table.name, "op": op,
-                        "id": c.key.to_json(), "row": c.row_json(), "version": c.version,
+                        "id": c.key.to_json(), "row": row, "version": c.version,
                     }));
                 }
             }
             CommitBody::Schema { changes, sql } => {
                 for c in changes.iter().filter(|c| wanted(c.table())) {
-                    out.push(
-                        json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}),
-                    );
+                    out.push(match c {
+                        SchemaChange::CreatePolicy { table, policy } => json!({
+                            "seq": commit.seq, "table": table, "op": "create_policy",
+                            "name": policy.name, "sql": sql,
+                        }),
+                        SchemaChange::DropPolicy { table, name, .. } => json!({
+                            "seq": commit.seq, "table": table, "op": "drop_policy",
+                            "name": name, "sql": sql,
+                        }),
+                        _ => json!({"seq": commit.seq, "table": c.table(), "op": "schema", "sql": sql}),
+                    });
                 }
             }
-            CommitBody::Topic(change) if tables.is_none() => {
+            CommitBody::Topic(change)
+                if tables.is_none()
+                    && sight
+                        .as_ref()
+                        .is_none_or(|s| s.reads_topic(topic_of(change))) =>
+            {
                 let (name, op) = match change {
                     TopicChange::Put {
                         name,
@@ -634,6 +742,7 @@ async fn changes(
                     } => (name, "create_topic"),
                     TopicChange::Put { name, .. } => (name, "alter_topic"),
                     TopicChange::Drop { name } => (name, "drop_topic"),
+                    TopicChange::Rules { name, .. } => (name, "alter_topic"),
                     TopicChange::Trim { name, first } => {
                         out.push(json!({"seq": commit.seq, "topic": name, "op": "trim_topic", "first": first}));
                         next = commit.seq;
@@ -646,6 +755,9 @@ async fn changes(
         }
         if tables.is_none() {
             for a in &commit.appends {
+                if sight.as_ref().is_some_and(|s| !s.reads_topic(&a.topic)) {
+                    continue;
+                }
                 let (first, last) = (a.records[0].offset, a.records[a.records.len() - 1].offset);
                 out.push(json!({"seq": commit.seq, "topic": &*a.topic, "op": "append", "first": first, "last": last}));
             }
@@ -656,12 +768,87 @@ async fn changes(
     Ok(Json(json!({"changes": out, "next": next})))
 }
 
-async fn snapshot(State(core): St) -> ApiResult {
+fn topic_of(change: &TopicChange) -> &str {
+    match change {
+        TopicChange::Put { name, .. }
+        | TopicChange::Drop { name }
+        | TopicChange::Rules { name, .. }
+        | TopicChange::Trim { name, .. } => name,
+    }
+}
+
+/// What a client may see of the changelog: rows its tables' read rules pass (under today's
+/// policies), topics it may read whole.
+struct Sight<'a> {
+    core: &'a Core,
+    db: &'a sluice_engine::Db,
+    claims: &'a crate::auth::Claims,
+    /// Compiled read rules by table (`None`: the table is gone, nothing of it is readable).
+    tables: HashMap<String, Option<std::sync::Arc<sluice_query::rules::TableRules>>>,
+}
+
+impl<'a> Sight<'a> {
+    fn new(core: &'a Core, db: &'a sluice_engine::Db, claims: &'a crate::auth::Claims) -> Self {
+        Sight {
+            core,
+            db,
+            claims,
+            tables: HashMap::new(),
+        }
+    }
+
+    /// Whether `row`, an image of change `c`'s row, is readable now.
+    fn reads(&mut self, c: &sluice_engine::Change, row: &[sluice_engine::Value]) -> bool {
+        let (core, db) = (self.core, self.db);
+        let rules = self
+            .tables
+            .entry(c.table.name.clone())
+            .or_insert_with(|| core.rules(db, &c.table.name).ok());
+        let Some(rules) = rules else { return false };
+        let Ok(t) = db.table(&c.table.name) else {
+            return false;
+        };
+        // A row written before an ADD COLUMN is narrower: the new columns hold their default.
+        let width = t.schema.columns.len();
+        if row.len() > width {
+            return false;
+        }
+        let mut padded;
+        let row = if row.len() < width {
+            padded = row.to_vec();
+            padded.extend(
+                t.schema.columns[row.len()..]
+                    .iter()
+                    .map(|col| col.default.clone().unwrap_or(sluice_engine::Value::Null)),
+            );
+            &padded[..]
+        } else {
+            row
+        };
+        crate::rules::allows(&rules.read, row, &self.claims.all)
+    }
+
+    /// Whether the client may read every record of `topic` (its read rules cover `*`).
+    fn reads_topic(&self, topic: &str) -> bool {
+        self.db.topics.get(topic).is_some_and(|t| {
+            crate::rules::check_topic_read(t, &sluice_engine::TagFilter::all(), &self.claims.all)
+                .is_ok()
+        })
+    }
+}
+
+async fn snapshot(State(core): St, Extension(caller): Extension<Caller>) -> ApiResult {
+    caller.require_admin("POST /v1/admin/snapshot")?;
     let seq = core.snapshot().await?;
     Ok(Json(json!({"seq": seq})))
 }
 
-async fn call(State(core): St, path: Result<Path<String>, PathRejection>, body: Body) -> ApiResult {
+async fn call(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> ApiResult {
     let Path(name) = path.map_err(path_error)?;
     let body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
@@ -675,11 +862,18 @@ async fn call(State(core): St, path: Result<Path<String>, PathRejection>, body: 
     }
     let mut body = body;
     let args = body.remove("args").unwrap_or(Value::Null);
-    let ok = core.call_function(name, args, durability).await?;
+    let ok = core
+        .call_function_as(&caller, name, args, durability)
+        .await?;
     Ok(Json(json!({"seq": ok.seq, "result": ok.result})))
 }
 
-async fn put_functions(State(core): St, body: Body) -> ApiResult {
+async fn put_functions(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    body: Body,
+) -> ApiResult {
+    caller.require_admin("PUT /v1/functions")?;
     let bytes = read_body(&core, body).await?;
     let source = String::from_utf8(bytes.to_vec())
         .map_err(|_| ApiError::bad_request("the module source must be UTF-8 text"))?;
@@ -687,6 +881,7 @@ async fn put_functions(State(core): St, body: Body) -> ApiResult {
     Ok(Json(json!({"exports": exports})))
 }
 
-async fn list_functions(State(core): St) -> ApiResult {
+async fn list_functions(State(core): St, Extension(caller): Extension<Caller>) -> ApiResult {
+    caller.require_admin("GET /v1/functions")?;
     Ok(Json(json!({"exports": core.functions().await?})))
 }

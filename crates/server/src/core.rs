@@ -102,6 +102,8 @@ pub(crate) struct Shared {
     pub hub_feed: crate::topics::HubFeed,
     /// Checks bearer tokens.
     pub auth: crate::auth::Authenticator,
+    /// Row policies compiled per table.
+    pub rules: crate::rules::RulesCache,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -186,6 +188,7 @@ impl Core {
         })?;
         let shared = Arc::new(Shared {
             auth,
+            rules: Default::default(),
             config,
             db,
             log,
@@ -289,13 +292,36 @@ impl Core {
         ops: Vec<Op>,
         durability: Option<Durability>,
     ) -> Result<MutateOk, CoreError> {
+        self.mutate_as(&crate::auth::Caller::Admin, ops, durability)
+            .await
+    }
+
+    /// [`Core::mutate`] for `caller`: a client's changes must pass the table's write
+    /// policies, or the whole mutate is refused with `forbidden`.
+    pub async fn mutate_as(
+        &self,
+        caller: &crate::auth::Caller,
+        ops: Vec<Op>,
+        durability: Option<Durability>,
+    ) -> Result<MutateOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
+        let claims = caller.claims().cloned();
         self.call(|reply| Request::Mutate {
             ops,
+            claims,
             durability,
             reply,
         })
         .await
+    }
+
+    /// The compiled row rules of `table` in `db` (cached per schema state).
+    pub(crate) fn rules(
+        &self,
+        db: &Db,
+        table: &str,
+    ) -> Result<Arc<sluice_query::rules::TableRules>, CoreError> {
+        self.shared.rules.get(db, table)
     }
 
     /// Runs exported function `name` as a transaction; returns once its commit reached
@@ -306,11 +332,26 @@ impl Core {
         args: Json,
         durability: Option<Durability>,
     ) -> Result<CallOk, CoreError> {
+        self.call_function_as(&crate::auth::Caller::Admin, name, args, durability)
+            .await
+    }
+
+    /// [`Core::call_function`] for `caller`: a client may call only what the module's
+    /// `allow` export lets it; the function sees the caller as `tx.auth`.
+    pub async fn call_function_as(
+        &self,
+        caller: &crate::auth::Caller,
+        name: String,
+        args: Json,
+        durability: Option<Durability>,
+    ) -> Result<CallOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
+        let claims = caller.claims().cloned();
         let ok = self
             .call(|reply| Request::Call {
                 name,
                 args,
+                claims,
                 durability,
                 reply,
             })
@@ -364,6 +405,24 @@ impl Core {
         // like a result does, so it never contradicts what recovery will show.
         self.wait_confirmed(seq).await?;
         Ok((value?, seq))
+    }
+
+    /// One `SELECT` over one confirmed seq, as `caller` may see it: a client reads every
+    /// table through its `SELECT` policies.
+    pub async fn query_as(
+        &self,
+        caller: &crate::auth::Caller,
+        sql: &str,
+        params: &sluice_query::Params,
+    ) -> Result<(sluice_query::QueryResult, u64), CoreError> {
+        let claims = caller.claims().map(|c| &c.all);
+        let (result, seq) = self
+            .read(|db| {
+                Ok(sluice_query::prepare_as(sql, db, claims.is_some())
+                    .and_then(|plan| plan.execute_as(db, params, claims)))
+            })
+            .await?;
+        Ok((result?, seq))
     }
 
     /// Waits until every commit up to `seq` reached its durability class.

@@ -41,6 +41,19 @@ pub enum CoreError {
     /// A watcher fell too far behind and was cut off; it may resume from `next`.
     #[error("this watcher fell {queue_max} records behind (watch_queue_records, --watch-queue-records) and was cut off; resume from offset {next}")]
     Lagging { next: u64, queue_max: usize },
+    /// A rule refused the caller (`docs/security.md`): nothing changed.
+    #[error("{message}")]
+    Forbidden {
+        message: String,
+        /// The failing op of a mutate.
+        op: Option<usize>,
+        /// `select`, `insert`, `update`, `delete`, or what else was refused (`call`, `append`, …).
+        command: &'static str,
+        /// The table (or topic, function) it was about.
+        target: String,
+        /// The policies tried.
+        policies: Vec<String>,
+    },
     /// An I/O failure that is not a poisoning (e.g. writing a snapshot file).
     #[error("{0}")]
     Internal(String),
@@ -67,6 +80,7 @@ impl CoreError {
         matches!(
             self,
             CoreError::Tx(_)
+                | CoreError::Forbidden { .. }
                 | CoreError::Function(_)
                 | CoreError::Limit(_)
                 | CoreError::Horizon { .. }

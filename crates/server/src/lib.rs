@@ -26,6 +26,7 @@ pub mod error;
 mod confirm;
 mod live;
 mod metrics;
+mod rules;
 mod snapshotter;
 pub mod topics;
 mod topics_api;

@@ -89,6 +89,7 @@ pub(crate) fn parse_since(text: &str, what: &str) -> Result<u64, ApiError> {
 /// changes the result; `id:` is the seq, so `Last-Event-ID` resumes.
 pub(crate) async fn sse(
     State(core): State<Arc<Core>>,
+    axum::Extension(caller): axum::Extension<crate::auth::Caller>,
     headers: HeaderMap,
     query: Result<Query<LiveQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -115,7 +116,17 @@ pub(crate) async fn sse(
             .map(|s| parse_since(s, "since"))
             .transpose()?,
     };
-    let subscription = Subscription::open(&core, Subscribe { sql, params, since }).await?;
+    let claims = caller.claims().map(|c| c.all.clone());
+    let subscription = Subscription::open(
+        &core,
+        Subscribe {
+            sql,
+            params,
+            since,
+            claims,
+        },
+    )
+    .await?;
     let stream = futures_util::stream::unfold(subscription, |mut s| async move {
         let event = s.next().await?;
         let mut sse = SseEvent::default()

@@ -33,6 +33,7 @@ use sluice_engine::{Commit, CommitBody, Record, TagFilter, TopicChange, TopicCon
 use sluice_log::Durability;
 use tokio::sync::mpsc;
 
+use crate::auth::Caller;
 use crate::core::Core;
 use crate::error::CoreError;
 use crate::writer::Request;
@@ -55,6 +56,10 @@ pub struct TopicInfo {
     pub retain_records: u64,
     pub retain_bytes: u64,
     pub retain_secs: u64,
+    /// Tag patterns clients may read (`docs/security.md`, "Topic rules").
+    pub read: Vec<String>,
+    /// Tag patterns clients may append.
+    pub append: Vec<String>,
 }
 
 impl TopicInfo {
@@ -70,17 +75,23 @@ impl TopicInfo {
             retain_records: c.retain_records,
             retain_bytes: c.retain_bytes,
             retain_secs: c.retain_secs,
+            read: t.rules().read.clone(),
+            append: t.rules().append.clone(),
         }
     }
 }
 
 /// Retention asked for by `PUT /v1/topics/{name}`; a missing field keeps the topic's value
 /// (or takes the default when creating).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TopicSpec {
     pub retain_records: Option<u64>,
     pub retain_bytes: Option<u64>,
     pub retain_secs: Option<u64>,
+    /// Client read rules; `None` keeps the current ones.
+    pub read: Option<Vec<String>>,
+    /// Client append rules; `None` keeps the current ones.
+    pub append: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -151,7 +162,7 @@ pub(crate) enum TopicOp {
 pub(crate) fn apply_topic_op(
     db: &mut sluice_engine::Db,
     op: TopicOp,
-) -> Result<(Option<Arc<Commit>>, PutTopicOk), TxError> {
+) -> Result<(Vec<Arc<Commit>>, PutTopicOk), TxError> {
     match op {
         TopicOp::Put { name, spec } => {
             let base = db
@@ -164,13 +175,30 @@ pub(crate) fn apply_topic_op(
                 retain_secs: spec.retain_secs.unwrap_or(base.retain_secs),
             };
             let existed = db.topics.contains_key(&name);
-            let commit = db.put_topic(&name, Some(config))?;
+            if spec.read.is_some() || spec.append.is_some() {
+                // Checked before anything changes: a bad rule creates no topic.
+                sluice_engine::TopicRules {
+                    read: spec.read.clone().unwrap_or_default(),
+                    append: spec.append.clone().unwrap_or_default(),
+                }
+                .check()?;
+            }
+            let mut commits: Vec<Arc<Commit>> =
+                db.put_topic(&name, Some(config))?.into_iter().collect();
+            if spec.read.is_some() || spec.append.is_some() {
+                let current = db.topics[&name].rules().clone();
+                let rules = sluice_engine::TopicRules {
+                    read: spec.read.unwrap_or_else(|| current.read.clone()),
+                    append: spec.append.unwrap_or_else(|| current.append.clone()),
+                };
+                commits.extend(db.set_topic_rules(&name, rules)?);
+            }
             let ok = PutTopicOk {
-                seq: commit.as_ref().map(|c| c.seq),
+                seq: commits.last().map(|c| c.seq),
                 created: !existed,
                 topic: Some(TopicInfo::of(&db.topics[&name])),
             };
-            Ok((commit, ok))
+            Ok((commits, ok))
         }
         TopicOp::Drop { name } => {
             let commit = db.drop_topic(&name)?;
@@ -179,7 +207,7 @@ pub(crate) fn apply_topic_op(
                 created: false,
                 topic: None,
             };
-            Ok((Some(commit), ok))
+            Ok((vec![commit], ok))
         }
     }
 }
@@ -497,7 +525,7 @@ impl Hub {
                         .or_default()
                         .routed_next = 0;
                 }
-                TopicChange::Put { .. } | TopicChange::Trim { .. } => {}
+                TopicChange::Put { .. } | TopicChange::Trim { .. } | TopicChange::Rules { .. } => {}
                 TopicChange::Drop { name } => {
                     if st.topics.get(name.as_str()).is_some_and(|r| r.watchers > 0) {
                         let ids: Vec<usize> = st
@@ -838,6 +866,105 @@ impl Core {
         Ok(ok.seq.expect("a drop is a commit"))
     }
 
+    /// The topics `caller` may see: all for the admin, those with a read rule for a client.
+    pub async fn topics_as(&self, caller: &Caller) -> Result<(Vec<TopicInfo>, u64), CoreError> {
+        let client = !caller.is_admin();
+        self.read(|db| {
+            Ok(db
+                .topics
+                .values()
+                .filter(|t| !client || !t.rules().read.is_empty())
+                .map(TopicInfo::of)
+                .collect())
+        })
+        .await
+    }
+
+    /// One topic; a client sees only a topic with a read rule.
+    pub async fn topic_as(&self, caller: &Caller, name: &str) -> Result<TopicInfo, CoreError> {
+        let client = !caller.is_admin();
+        let (info, _) = self
+            .read(|db| {
+                let t = db.topics.get(name).ok_or_else(|| no_topic(name))?;
+                if client && t.rules().read.is_empty() {
+                    return Ok(Err(CoreError::Forbidden {
+                        message: format!("topic {name} has no read rules: clients may not read it"),
+                        op: None,
+                        command: "read",
+                        target: name.to_string(),
+                        policies: Vec::new(),
+                    }));
+                }
+                Ok(Ok(TopicInfo::of(t)))
+            })
+            .await?;
+        info
+    }
+
+    /// Appends for `caller`: a client's records must pass the topic's append rules.
+    pub async fn append_as(
+        &self,
+        caller: &Caller,
+        topic: String,
+        records: Vec<NewRecord>,
+        durability: Option<Durability>,
+    ) -> Result<AppendOk, CoreError> {
+        let durability = durability.unwrap_or(self.config().durability);
+        self.call(|reply| Request::Append {
+            topic,
+            records,
+            claims: caller.claims().cloned(),
+            durability,
+            reply,
+        })
+        .await
+    }
+
+    /// [`Core::read_records`] for `caller`: a client's filter must lie within the topic's
+    /// read rules.
+    pub async fn read_records_as(
+        &self,
+        caller: &Caller,
+        topic: &str,
+        from: Option<u64>,
+        limit: usize,
+        filter: &TagFilter,
+    ) -> Result<ReadPage, CoreError> {
+        self.check_topic_read(caller, topic, filter).await?;
+        self.read_records(topic, from, limit, filter).await
+    }
+
+    /// [`Core::watch`] for `caller`: a client's filter must lie within the topic's read
+    /// rules (checked when the watch starts).
+    pub async fn watch_as(
+        &self,
+        caller: &Caller,
+        topic: &str,
+        from: Option<u64>,
+        filter: TagFilter,
+    ) -> Result<Watch, CoreError> {
+        self.check_topic_read(caller, topic, &filter).await?;
+        self.watch(topic, from, filter).await
+    }
+
+    async fn check_topic_read(
+        &self,
+        caller: &Caller,
+        topic: &str,
+        filter: &TagFilter,
+    ) -> Result<(), CoreError> {
+        let Some(claims) = caller.claims() else {
+            return Ok(());
+        };
+        let (checked, _) = self
+            .read(|db| {
+                let t = db.topics.get(topic).ok_or_else(|| no_topic(topic))?;
+                Ok(crate::rules::check_topic_read(t, filter, &claims.all))
+            })
+            .await?;
+        checked
+    }
+
     /// Every topic, at one confirmed seq.
     pub async fn topics(&self) -> Result<(Vec<TopicInfo>, u64), CoreError> {
         self.read(|db| Ok(db.topics.values().map(TopicInfo::of).collect()))
@@ -868,6 +995,7 @@ impl Core {
         self.call(|reply| Request::Append {
             topic,
             records,
+            claims: None,
             durability,
             reply,
         })

@@ -14,6 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::{Json, Router};
 use futures_util::FutureExt;
 use serde_json::{json, Map, Value};
@@ -21,6 +22,7 @@ use sluice_engine::topic::record_from_json;
 use sluice_engine::TagFilter;
 
 use crate::api::{durability_of, ApiError};
+use crate::auth::Caller;
 use crate::core::Core;
 use crate::error::CoreError;
 use crate::topics::{NewRecord, TopicSpec, Watch, WireRecord};
@@ -44,17 +46,27 @@ fn path_error(e: PathRejection) -> ApiError {
     ApiError::bad_request(format!("bad path: {e}"))
 }
 
-async fn list(State(core): St) -> ApiResult {
-    let (topics, seq) = core.topics().await?;
+async fn list(State(core): St, Extension(caller): Extension<Caller>) -> ApiResult {
+    let (topics, seq) = core.topics_as(&caller).await?;
     Ok(Json(json!({"seq": seq, "topics": topics})))
 }
 
-async fn info(State(core): St, path: Result<Path<String>, PathRejection>) -> ApiResult {
+async fn info(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult {
     let Path(name) = path.map_err(path_error)?;
-    Ok(Json(json!(core.topic(&name).await?)))
+    Ok(Json(json!(core.topic_as(&caller, &name).await?)))
 }
 
-async fn put(State(core): St, path: Result<Path<String>, PathRejection>, body: Body) -> ApiResult {
+async fn put(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> ApiResult {
+    caller.require_admin("PUT /v1/topics/{name}")?;
     let Path(name) = path.map_err(path_error)?;
     let bytes = crate::api::read_body(&core, body).await?;
     let (spec, durability) = topic_spec(&bytes)?;
@@ -84,14 +96,35 @@ fn topic_spec(bytes: &[u8]) -> Result<(TopicSpec, Option<sluice_log::Durability>
             "retain_records",
             "retain_bytes",
             "retain_secs",
+            "read",
+            "append",
             "durability",
         ]
         .contains(&k.as_str())
     }) {
         return Err(ApiError::bad_request(format!(
-            "unknown field {extra:?}: a topic takes retain_records, retain_bytes, retain_secs, durability"
+            "unknown field {extra:?}: a topic takes retain_records, retain_bytes, retain_secs, read, append, durability"
         )));
     }
+    let rules = |k: &str| -> Result<Option<Vec<String>>, ApiError> {
+        match body.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "{k:?} must be an array of tag patterns (strings)"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(ApiError::bad_request(format!(
+                "{k:?} must be an array of tag patterns (strings)"
+            ))),
+        }
+    };
     let field = |k: &str| -> Result<Option<u64>, ApiError> {
         match body.get(k) {
             None | Some(Value::Null) => Ok(None),
@@ -104,11 +137,18 @@ fn topic_spec(bytes: &[u8]) -> Result<(TopicSpec, Option<sluice_log::Durability>
         retain_records: field("retain_records")?,
         retain_bytes: field("retain_bytes")?,
         retain_secs: field("retain_secs")?,
+        read: rules("read")?,
+        append: rules("append")?,
     };
     Ok((spec, durability_of(&body)?))
 }
 
-async fn drop_topic(State(core): St, path: Result<Path<String>, PathRejection>) -> ApiResult {
+async fn drop_topic(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    caller.require_admin("DELETE /v1/topics/{name}")?;
     let Path(name) = path.map_err(path_error)?;
     let seq = core.drop_topic(name, None).await?;
     Ok(Json(json!({"seq": seq})))
@@ -137,13 +177,14 @@ pub(crate) fn parse_records(
 
 async fn append(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> ApiResult {
     let Path(name) = path.map_err(path_error)?;
     let bytes = crate::api::read_body(&core, body).await?;
     let (records, durability) = append_body(&bytes, core.config().append_records_max)?;
-    let ok = core.append(name, records, durability).await?;
+    let ok = core.append_as(&caller, name, records, durability).await?;
     Ok(Json(
         json!({"seq": ok.seq, "first": ok.first, "last": ok.last}),
     ))
@@ -260,6 +301,8 @@ fn read_params(pairs: Vec<(String, String)>) -> Result<ReadParams, ApiError> {
             "from" => from = Some(number(&k, &v)?),
             "limit" => limit = Some(number(&k, &v)?),
             "tag" => tags.push(v),
+            // Read by the authentication layer (watch URLs only; see docs/security.md).
+            "access_token" => {}
             other => {
                 return Err(ApiError::bad_request(format!(
                     "unknown query parameter {other:?} (expected from, limit, tag)"
@@ -277,6 +320,7 @@ fn read_params(pairs: Vec<(String, String)>) -> Result<ReadParams, ApiError> {
 
 async fn read(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -294,7 +338,9 @@ async fn read(
             "limit {limit} exceeds page_rows_max (--max-page-rows) of {max}"
         )));
     }
-    let page = core.read_records(&name, p.from, limit, &p.filter).await?;
+    let page = core
+        .read_records_as(&caller, &name, p.from, limit, &p.filter)
+        .await?;
     // The page is written as text around each record's stored JSON (no parse and print).
     let mut out = String::with_capacity(
         64 + page
@@ -319,6 +365,7 @@ async fn read(
 
 async fn watch_sse(
     State(core): St,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -343,7 +390,7 @@ async fn watch_sse(
         }
         None => p.from,
     };
-    let watch = core.watch(&name, from, p.filter).await?;
+    let watch = core.watch_as(&caller, &name, from, p.filter).await?;
     let first = Bytes::from(format!(
         "event: watching\ndata: {}\n\n",
         json!({"topic": watch.topic(), "next": watch.start()})

@@ -60,6 +60,9 @@ type Reply<T> = oneshot::Sender<WriterResult<T>>;
 pub(crate) enum Request {
     Mutate {
         ops: Vec<Op>,
+        /// A client's claims (its changes are checked against the write policies); `None`
+        /// for the admin.
+        claims: Option<Arc<crate::auth::Claims>>,
         durability: Durability,
         reply: Reply<MutateOk>,
     },
@@ -72,6 +75,8 @@ pub(crate) enum Request {
     Call {
         name: String,
         args: serde_json::Value,
+        /// The calling client's claims; `None` for the admin.
+        claims: Option<Arc<crate::auth::Claims>>,
         durability: Durability,
         reply: Reply<CallOk>,
     },
@@ -83,6 +88,9 @@ pub(crate) enum Request {
     Append {
         topic: String,
         records: Vec<NewRecord>,
+        /// The appending client's claims (checked against the topic's append rules);
+        /// `None` for the admin.
+        claims: Option<Arc<crate::auth::Claims>>,
         durability: Durability,
         reply: Reply<AppendOk>,
     },
@@ -328,12 +336,13 @@ impl Writer {
                 match req {
                     Request::Mutate {
                         ops,
+                        claims,
                         durability,
                         reply,
-                    } => match apply_ops(db, &ops) {
+                    } => match apply_ops(db, &ops, claims.as_deref(), &shared.rules) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                            let _ = reply.send(Err(refused(e.into(), db)));
+                            let _ = reply.send(Err(refused(e, db)));
                         }
                         Ok((commit, results)) => {
                             self.log_commit(&commit);
@@ -349,7 +358,14 @@ impl Writer {
                         sql,
                         durability,
                         reply,
-                    } => match db.apply_schema(changes, sql) {
+                    } => match db.apply_schema_checked(changes, sql, &|db, table, policy| {
+                        sluice_query::rules::check_policy(db, table, policy).map_err(|e| {
+                            TxError::new(
+                                sluice_engine::ErrorCode::Schema,
+                                format!("policy {:?} on {table:?}: {e}", policy.name),
+                            )
+                        })
+                    }) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
                             let _ = reply.send(Err(refused(e.into(), db)));
@@ -366,6 +382,7 @@ impl Writer {
                     Request::Call {
                         name,
                         args,
+                        claims: _,
                         durability,
                         reply,
                     } => {
@@ -399,23 +416,29 @@ impl Writer {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
                             let _ = reply.send(Err(refused(e.into(), db)));
                         }
-                        Ok((None, ok)) => {
-                            let _ = reply.send(Ok(ok));
-                        }
-                        Ok((Some(commit), ok)) => {
-                            self.log_commit(&commit);
-                            done.add(commit.seq, durability, AckReply::Topic(reply, ok));
-                        }
+                        Ok((commits, ok)) => match commits.last().map(|c| c.seq) {
+                            None => {
+                                let _ = reply.send(Ok(ok));
+                            }
+                            Some(seq) => {
+                                for commit in &commits {
+                                    self.log_commit(commit);
+                                }
+                                done.frames += commits.len() as u64 - 1;
+                                done.add(seq, durability, AckReply::Topic(reply, ok));
+                            }
+                        },
                     },
                     Request::Append {
                         topic,
                         records,
+                        claims,
                         durability,
                         reply,
-                    } => match append(db, &topic, records, now_us()) {
+                    } => match append(db, &topic, records, claims.as_deref(), now_us()) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                            let _ = reply.send(Err(refused(e.into(), db)));
+                            let _ = reply.send(Err(refused(e, db)));
                         }
                         Ok((commit, ok)) => {
                             self.log_commit(&commit);
@@ -631,13 +654,24 @@ fn append(
     db: &mut Db,
     topic: &str,
     records: Vec<NewRecord>,
+    claims: Option<&crate::auth::Claims>,
     ts_us: i64,
-) -> Result<(Arc<Commit>, AppendOk), TxError> {
+) -> Result<(Arc<Commit>, AppendOk), CoreError> {
+    if let Some(claims) = claims {
+        let t = db.topics.get(topic).ok_or_else(|| {
+            TxError::new(
+                sluice_engine::ErrorCode::NotFound,
+                format!("no topic named {topic:?}"),
+            )
+        })?;
+        crate::rules::check_topic_append(t, &records, &claims.all)?;
+    }
     if records.is_empty() {
         return Err(TxError::new(
             sluice_engine::ErrorCode::BadRequest,
             "an append needs at least one record",
-        ));
+        )
+        .into());
     }
     let mut tx = db.transaction();
     let mut first = None;
@@ -662,10 +696,18 @@ fn append(
 }
 
 /// Applies all `ops` in one transaction, or none of them.
-fn apply_ops(db: &mut Db, ops: &[Op]) -> Result<(Arc<Commit>, Vec<WriteResult>), TxError> {
+/// Applies a mutate's ops as one transaction; for a client (`claims`), each op's changes
+/// must pass the table's write policies, or nothing is applied.
+fn apply_ops(
+    db: &mut Db,
+    ops: &[Op],
+    claims: Option<&crate::auth::Claims>,
+    rules: &crate::rules::RulesCache,
+) -> Result<(Arc<Commit>, Vec<WriteResult>), CoreError> {
     let mut tx = db.transaction();
     let mut results = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
+        let before = tx.changes().len();
         let r = match op {
             Op::Insert {
                 table,
@@ -690,6 +732,12 @@ fn apply_ops(db: &mut Db, ops: &[Op]) -> Result<(Arc<Commit>, Vec<WriteResult>),
             } => tx.delete(table, id, *if_version),
         };
         results.push(r.map_err(|e| e.at_op(i))?);
+        if let Some(claims) = claims {
+            for change in &tx.changes()[before..] {
+                let table_rules = rules.get(tx.db(), &change.table.name)?;
+                crate::rules::check_change(&table_rules, change, &claims.all, Some(i))?;
+            }
+        }
     }
     let commit = tx.commit().expect("every successful op writes a row");
     Ok((commit, results))

@@ -27,6 +27,7 @@ use sluice_live::Subscribe;
 use tokio::task::JoinHandle;
 
 use crate::api::{durability_of, parse_ops, query_json, results_json, ApiError};
+use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
 use crate::live::Subscription;
@@ -51,7 +52,11 @@ enum Encoding {
     Msgpack,
 }
 
-pub(crate) async fn upgrade(State(core): State<Arc<Core>>, ws: WebSocketUpgrade) -> Response {
+pub(crate) async fn upgrade(
+    State(core): State<Arc<Core>>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    ws: WebSocketUpgrade,
+) -> Response {
     // Frames above the body limit get a structured error; far above it, the frame is a
     // protocol violation and the connection is closed with a reason.
     let hard_max = core.config().body_bytes_max.saturating_mul(2).max(1 << 20);
@@ -63,7 +68,7 @@ pub(crate) async fn upgrade(State(core): State<Arc<Core>>, ws: WebSocketUpgrade)
         Some(p) if p.as_bytes() == MSGPACK_PROTOCOL.as_bytes() => Encoding::Msgpack,
         _ => Encoding::Json,
     };
-    ws.on_upgrade(move |socket| connection(core, socket, encoding))
+    ws.on_upgrade(move |socket| connection(core, socket, encoding, caller))
 }
 
 fn encode(encoding: Encoding, value: &Value) -> Message {
@@ -96,7 +101,7 @@ type ReplyFuture = Pin<Box<dyn Future<Output = Value> + Send>>;
 /// task in between.
 type WatchStream = futures_util::stream::BoxStream<'static, Message>;
 
-async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
+async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, caller: Caller) {
     let (mut sink, mut stream) = socket.split();
     // The reader hands each request's reply-to-be to the sender in arrival order; the sender
     // keeps at most `ws_inflight_max` of them and writes replies in that order
@@ -210,7 +215,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
         // text (as over HTTP) instead of becoming values and being printed again.
         if let Ok(Message::Text(text)) = &message {
             if text.len() <= body_max {
-                if let Some(reply) = fast_append(&core, text.as_str()).await {
+                if let Some(reply) = fast_append(&core, &caller, text.as_str()).await {
                     if pending_tx.send(reply).await.is_err() {
                         break;
                     }
@@ -249,6 +254,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                         watches
                             .watch(
                                 &core,
+                                &caller,
                                 &request,
                                 &watches_tx,
                                 encoding,
@@ -268,7 +274,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                 } else if matches!(kind, Some("subscribe" | "unsubscribe")) {
                     let qid = request.get("qid").cloned().unwrap_or(Value::Null);
                     let outcome = if kind == Some("subscribe") {
-                        subs.subscribe(&core, &request, &events_tx, encoding, &watches)
+                        subs.subscribe(&core, &caller, &request, &events_tx, encoding, &watches)
                             .await
                             .map(|()| None)
                     } else {
@@ -280,7 +286,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding) {
                         None => continue,
                     }
                 } else {
-                    match dispatch(&core, &mut request).await {
+                    match dispatch(&core, &caller, &mut request).await {
                         Ok(Pending::Now(mut reply)) => {
                             reply["id"] = id;
                             ready(reply)
@@ -370,6 +376,7 @@ impl Subscriptions {
     async fn subscribe(
         &mut self,
         core: &Core,
+        caller: &Caller,
         request: &Map<String, Value>,
         events: &mpsc::Sender<Message>,
         encoding: Encoding,
@@ -408,6 +415,7 @@ impl Subscriptions {
             sql: sql.clone(),
             params,
             since,
+            claims: caller.claims().map(|c| c.all.clone()),
         };
         let mut subscription = Subscription::open(core, req).await?;
         let events = events.clone();
@@ -487,6 +495,7 @@ impl Watches {
     async fn watch(
         &mut self,
         core: &Core,
+        caller: &Caller,
         request: &Map<String, Value>,
         streams: &mpsc::UnboundedSender<WatchStream>,
         encoding: Encoding,
@@ -545,7 +554,7 @@ impl Watches {
             }
         };
         let filter = sluice_engine::TagFilter::parse(&tags)?;
-        let watch = core.watch(topic, from, filter).await?;
+        let watch = core.watch_as(caller, topic, from, filter).await?;
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stream = watch_stream(watch, id, qid, encoding, done.clone());
@@ -641,7 +650,7 @@ fn too_big(len: usize, max: usize) -> ApiError {
 
 /// An `append` request read from JSON text without parsing its records into values; `None`
 /// when the text is not an append this path takes (then the generic path answers it).
-async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
+async fn fast_append(core: &Arc<Core>, caller: &Caller, text: &str) -> Option<ReplyFuture> {
     use serde_json::value::RawValue;
     let fields: HashMap<&str, &RawValue> = serde_json::from_str(text).ok()?;
     if fields.get("type")?.get() != "\"append\"" {
@@ -670,7 +679,7 @@ async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
         })?;
         let records =
             crate::topics_api::parse_raw_records(records, core.config().append_records_max)?;
-        enqueue_append(core, topic, records, class).await
+        enqueue_append(core, caller, topic, records, class).await
     }
     .await;
     Some(match pending {
@@ -684,6 +693,7 @@ async fn fast_append(core: &Arc<Core>, text: &str) -> Option<ReplyFuture> {
 
 async fn enqueue_append(
     core: &Core,
+    caller: &Caller,
     topic: String,
     records: Vec<crate::topics::NewRecord>,
     durability: sluice_log::Durability,
@@ -692,6 +702,7 @@ async fn enqueue_append(
         .enqueue(|reply| Request::Append {
             topic,
             records,
+            claims: caller.claims().cloned(),
             durability,
             reply,
         })
@@ -740,7 +751,11 @@ impl Pending {
     }
 }
 
-async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pending, ApiError> {
+async fn dispatch(
+    core: &Core,
+    caller: &Caller,
+    request: &mut Map<String, Value>,
+) -> Result<Pending, ApiError> {
     let kind = request
         .get("type")
         .and_then(Value::as_str)
@@ -759,6 +774,7 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
                 .enqueue(|reply| Request::Call {
                     name,
                     args,
+                    claims: caller.claims().cloned(),
                     durability: class,
                     reply,
                 })
@@ -770,6 +786,7 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
             let rx = core
                 .enqueue(|reply| Request::Mutate {
                     ops,
+                    claims: caller.claims().cloned(),
                     durability: class,
                     reply,
                 })
@@ -783,17 +800,15 @@ async fn dispatch(core: &Core, request: &mut Map<String, Value>) -> Result<Pendi
             let topic = topic.clone();
             let records =
                 crate::topics_api::parse_records(request, core.config().append_records_max)?;
-            enqueue_append(core, topic, records, class).await
+            enqueue_append(core, caller, topic, records, class).await
         }
         "query" => {
             let Some(Value::String(sql)) = request.get("sql") else {
                 return Err(ApiError::bad_request("a query needs \"sql\""));
             };
             let params = sluice_query::Params::from_json(request.get("params"))?;
-            let (result, seq) = core
-                .read(|db| Ok(sluice_query::query(sql, db, &params)))
-                .await?;
-            let mut reply = query_json(&result?, seq);
+            let (result, seq) = core.query_as(caller, sql, &params).await?;
+            let mut reply = query_json(&result, seq);
             reply["type"] = Value::from("result");
             Ok(Pending::Now(reply))
         }

@@ -8,7 +8,6 @@ mod common;
 use common::{TempDir, TestDb};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const APP: &str = r#"
@@ -84,7 +83,7 @@ async fn a_huge_mutate_and_a_websocket_call_are_refused_naming_the_flag() {
         "CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)",
     )
     .await;
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let base = format!("http://{addr}");
     let seq_before = core.confirmed_seq();
 
@@ -108,10 +107,7 @@ async fn a_huge_mutate_and_a_websocket_call_are_refused_naming_the_flag() {
 
     // Over the WebSocket, in both encodings; the connection stays usable.
     for protocol in ["sluice.json.v1", "sluice.msgpack.v1"] {
-        let mut request = format!("ws://{addr}/v1/ws").into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+        let request = common::ws_request(&format!("ws://{addr}/v1/ws"), Some(protocol));
         let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
         let send = |v: Value| {
             if protocol == "sluice.json.v1" {

@@ -21,7 +21,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use sluice_fuzzkit::{corpus, mutate, Fuzzer, Kind};
 use sluice_server::Core;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tower::ServiceExt;
 
@@ -161,6 +160,7 @@ async fn send(router: &Router, method: Method, uri: &str, body: Vec<u8>) -> (u16
         .method(method)
         .uri(uri)
         .header("content-type", "application/json")
+        .header("authorization", common::bearer())
         .body(Body::from(body))
         .expect("a valid request");
     let reply = tokio::time::timeout(REPLY_WAIT, router.clone().oneshot(request))
@@ -255,10 +255,7 @@ type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(url: &str, protocol: &str) -> Ws {
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+    let request = common::ws_request(url, Some(protocol));
     tokio_tungstenite::connect_async(request).await.unwrap().0
 }
 

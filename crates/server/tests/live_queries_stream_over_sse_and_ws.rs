@@ -16,7 +16,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use sluice_log::Durability;
 use sluice_server::{Config, Core};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Safety bound on every wait; never an assertion about speed.
@@ -46,7 +45,7 @@ async fn start(name: &str, configure: impl FnOnce(&mut Config)) -> Server {
         "CREATE TABLE msg (id INTEGER PRIMARY KEY, room TEXT NOT NULL, ts INTEGER NOT NULL, body TEXT)",
     )
     .await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = common::http_client();
     Server {
         core,
         addr,
@@ -842,10 +841,7 @@ struct WsClient {
 
 impl WsClient {
     async fn connect(addr: SocketAddr) -> WsClient {
-        let mut request = format!("ws://{addr}/v1/ws").into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("Sec-WebSocket-Protocol", "sluice.json.v1".parse().unwrap());
+        let request = common::ws_request(&format!("ws://{addr}/v1/ws"), Some("sluice.json.v1"));
         let (ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
         assert_eq!(
             response.headers().get("Sec-WebSocket-Protocol").unwrap(),

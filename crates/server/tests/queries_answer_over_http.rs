@@ -72,5 +72,22 @@ async fn a_select_returns_columns_rows_and_the_seq_it_reflects() {
         assert_eq!(reply.status, status, "{body}: {}", reply.json);
         assert_eq!(reply.json["error"]["code"], code, "{body}: {}", reply.json);
     }
+
+    // Without a token a query is refused before it runs.
+    let reply = db
+        .request_as(
+            None,
+            axum::http::Method::POST,
+            "/v1/query",
+            json!({"sql": "SELECT id FROM msgs"}).to_string(),
+        )
+        .await;
+    assert_eq!(reply.status, 401, "{}", reply.json);
+    assert_eq!(
+        reply.json["error"]["code"], "unauthorized",
+        "{}",
+        reply.json
+    );
+    assert_eq!(reply.json["error"]["reason"], "missing", "{}", reply.json);
     db.close().await;
 }

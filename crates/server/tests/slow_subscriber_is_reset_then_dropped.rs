@@ -16,7 +16,6 @@ use sluice_server::{Core, Op};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Safety bound on every wait; never an assertion about speed.
@@ -74,8 +73,9 @@ fn live_path(since: Option<u64>) -> String {
 async fn stalled_sse(addr: SocketAddr) -> TcpStream {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n",
-        live_path(None)
+        "GET {} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: {}\r\n\r\n",
+        live_path(None),
+        common::bearer()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut head = Vec::new();
@@ -102,10 +102,7 @@ type StalledWs = tokio_tungstenite::WebSocketStream<TcpStream>;
 /// Opens `/v1/ws` and sends one subscribe; the socket is then left unread.
 async fn stalled_ws(addr: SocketAddr) -> StalledWs {
     let stream = TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("ws://{addr}/v1/ws").into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", "sluice.json.v1".parse().unwrap());
+    let request = common::ws_request(&format!("ws://{addr}/v1/ws"), Some("sluice.json.v1"));
     let (mut ws, _) = tokio_tungstenite::client_async(request, stream)
         .await
         .unwrap();
@@ -174,7 +171,7 @@ async fn healthy_subscriber(
     state: Arc<Mutex<Healthy>>,
     seen: watch::Sender<u64>,
 ) {
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = common::http_client();
     let mut response = client
         .get(format!("http://{addr}{}", live_path(None)))
         .send()
@@ -289,10 +286,7 @@ async fn a_subscriber_that_stops_reading_is_reset_then_dropped() {
         .await
         .expect("the healthy subscriber reaches the last write")
         .unwrap();
-    let reply = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
+    let reply = common::http_client()
         .post(format!("http://{addr}/v1/query"))
         .json(&json!({"sql": SQL, "params": ["a"]}))
         .send()

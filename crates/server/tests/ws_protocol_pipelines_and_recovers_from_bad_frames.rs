@@ -9,7 +9,6 @@ use common::TempDir;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use sluice_server::Core;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const BANK: &str = r#"
@@ -51,10 +50,7 @@ type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(url: &str, protocol: &str) -> Ws {
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+    let request = common::ws_request(url, Some(protocol));
     let (ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
     assert_eq!(
         response.headers().get("Sec-WebSocket-Protocol").unwrap(),

@@ -30,7 +30,8 @@ async fn panicking_thread_exits(thread: &str) {
             .await;
         api.mutate(json!([{"op":"insert","table":"t","row":{"id":1,"v":"before"}}]))
             .await;
-        let created = reqwest::Client::new()
+        let created = api
+            .client
             .put(api.url("/v1/topics/events"))
             .send()
             .await

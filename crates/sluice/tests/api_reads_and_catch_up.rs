@@ -114,6 +114,27 @@ async fn rows_are_read_by_key_and_paged_in_key_order() {
         api.mutate(Value::Array(ops)).await;
     }
 
+    // Reads need a token: none is 401 `missing`, a wrong one 401 `malformed`; only
+    // `/health` answers without one.
+    for (token, reason) in [
+        (None, "missing"),
+        (Some("not-the-admin-token"), "malformed"),
+    ] {
+        let stranger = server.api_as(token);
+        let (status, body) = stranger.get("/v1/tables/users/rows/7").await;
+        assert_eq!(status, 401, "{token:?}: {body}");
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+        assert_eq!(body["error"]["reason"], reason, "{body}");
+        let (status, body) = stranger.get("/v1/tables/users/rows").await;
+        assert_eq!(status, 401, "{token:?}: {body}");
+        assert!(
+            body.get("rows").is_none(),
+            "no rows without a token: {body}"
+        );
+        let (status, body) = stranger.get("/health").await;
+        assert_eq!(status, 200, "{body}");
+    }
+
     let int_keys: Vec<Value> = ints.iter().map(|i| json!(i)).collect();
     let text_keys: Vec<Value> = texts.iter().map(|t| json!(t)).collect();
     for limit in [1, 7, 50] {

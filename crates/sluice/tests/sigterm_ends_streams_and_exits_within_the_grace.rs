@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use common::{Server, TempDir};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -59,10 +58,7 @@ async fn sigterm_ends_sse_streams_and_websockets_writes_the_snapshot_and_exits_0
         streams.push(response);
     }
     let url = format!("ws://{}/v1/ws", server.addr);
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", "sluice.json.v1".parse().unwrap());
+    let request = common::ws_request(&url, Some("sluice.json.v1"));
     let (mut ws, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("open the WebSocket");
@@ -162,7 +158,11 @@ async fn a_connection_that_never_closes_is_cut_after_the_grace_period() {
     let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
         &mut raw,
-        b"POST /v1/mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        format!(
+            "POST /v1/mutate HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Length: 100\r\n\r\n{{",
+            common::bearer()
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();

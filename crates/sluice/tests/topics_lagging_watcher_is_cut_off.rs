@@ -90,8 +90,9 @@ async fn topics_lagging_watcher_is_cut_off() {
     let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     raw.write_all(
         format!(
-            "GET /v1/topics/t/watch HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
-            server.addr
+            "GET /v1/topics/t/watch HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nAuthorization: {}\r\n\r\n",
+            server.addr,
+            common::bearer()
         )
         .as_bytes(),
     )

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use common::{check, describe, repo_file, seed, Api, Rng, Server, TempDir};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const ACCOUNTS: u64 = 200;
@@ -186,11 +185,7 @@ impl Client {
         acked_total: &AtomicU64,
         out: &mut Outcome,
     ) -> Result<(), String> {
-        let mut request = url.into_client_request().map_err(|e| e.to_string())?;
-        request.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            "sluice.msgpack.v1".parse().unwrap(),
-        );
+        let request = common::ws_request(url, Some("sluice.msgpack.v1"));
         let mut ws = match tokio_tungstenite::connect_async(request).await {
             Ok((ws, _)) => ws,
             // The server died before this client connected: nothing was sent.

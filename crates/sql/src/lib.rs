@@ -6,7 +6,9 @@
 //!
 //! Unquoted identifiers are folded to lower case (as in PostgreSQL); quoted ones are kept.
 
-use sluice_engine::{ColumnDef, ColumnType, SchemaChange, TableSchema, Value};
+use sluice_engine::{
+    ColumnDef, ColumnType, PolicyCommand, PolicyDef, SchemaChange, TableSchema, Value,
+};
 use sqlparser::ast::{
     self, AlterTableOperation, ColumnOption, Expr, ObjectName, ObjectType, Statement,
     TableConstraint, UnaryOperator,
@@ -124,11 +126,76 @@ fn statement(s: Statement) -> Result<SchemaChange, SqlError> {
                 ))),
             }
         }
+        Statement::CreatePolicy(cp) => create_policy(cp),
+        Statement::DropPolicy(dp) => {
+            if dp.drop_behavior.is_some() {
+                return Err(SqlError::Unsupported("DROP POLICY … CASCADE/RESTRICT".into()));
+            }
+            Ok(SchemaChange::DropPolicy {
+                table: object_name(&dp.table_name)?,
+                name: ident(&dp.name),
+                if_exists: dp.if_exists,
+            })
+        }
         other => Err(SqlError::Unsupported(format!(
-            "statement {:?} in DDL; supported: CREATE TABLE, CREATE INDEX, DROP TABLE, ALTER TABLE … ADD COLUMN",
+            "statement {:?} in DDL; supported: CREATE TABLE, CREATE INDEX, DROP TABLE, ALTER TABLE … ADD COLUMN, CREATE POLICY, DROP POLICY",
             first_words(&other.to_string())
         ))),
     }
+}
+
+/// `CREATE POLICY name ON table [AS PERMISSIVE] [FOR cmd] [TO public] [USING (…)] [WITH CHECK (…)]`.
+/// The predicates are kept as text; the query crate compiles and checks them.
+fn create_policy(cp: ast::CreatePolicy) -> Result<SchemaChange, SqlError> {
+    if matches!(cp.policy_type, Some(ast::CreatePolicyType::Restrictive)) {
+        return Err(SqlError::Unsupported(
+            "AS RESTRICTIVE policies; policies are permissive (any one allows)".into(),
+        ));
+    }
+    if let Some(to) = &cp.to {
+        let public = to.len() == 1 && to[0].to_string().eq_ignore_ascii_case("public");
+        if !public {
+            return Err(SqlError::Unsupported(
+                "CREATE POLICY … TO <role>; there are no roles, rules read the caller's claims (auth.<claim>)".into(),
+            ));
+        }
+    }
+    let command = match cp.command {
+        None | Some(ast::CreatePolicyCommand::All) => PolicyCommand::All,
+        Some(ast::CreatePolicyCommand::Select) => PolicyCommand::Select,
+        Some(ast::CreatePolicyCommand::Insert) => PolicyCommand::Insert,
+        Some(ast::CreatePolicyCommand::Update) => PolicyCommand::Update,
+        Some(ast::CreatePolicyCommand::Delete) => PolicyCommand::Delete,
+    };
+    let name = ident(&cp.name);
+    match command {
+        PolicyCommand::Select | PolicyCommand::Delete if cp.with_check.is_some() => {
+            return Err(SqlError::Schema(format!(
+                "policy {name:?}: WITH CHECK cannot be given for FOR {} (it has no new row)",
+                command.as_str().to_uppercase()
+            )))
+        }
+        PolicyCommand::Insert if cp.using.is_some() => {
+            return Err(SqlError::Schema(format!(
+                "policy {name:?}: USING cannot be given for FOR INSERT (it has no old row); use WITH CHECK"
+            )))
+        }
+        _ => {}
+    }
+    if cp.using.is_none() && cp.with_check.is_none() {
+        return Err(SqlError::Schema(format!(
+            "policy {name:?} needs USING (…) or WITH CHECK (…)"
+        )));
+    }
+    Ok(SchemaChange::CreatePolicy {
+        table: object_name(&cp.table_name)?,
+        policy: PolicyDef {
+            name,
+            command,
+            using: cp.using.map(|e| e.to_string()),
+            check: cp.with_check.map(|e| e.to_string()),
+        },
+    })
 }
 
 fn first_words(s: &str) -> String {

@@ -431,6 +431,7 @@ async fn run_case(
         Endpoint::Sluice(base) => {
             let http = reqwest::Client::builder()
                 .no_proxy()
+                .default_headers(crate::server::auth_headers())
                 .timeout(Duration::from_secs(60))
                 .build()?;
             let resp = http

@@ -250,8 +250,10 @@ async fn sse(t: &Target, state: &WatcherState, shared: &Shared) -> anyhow::Resul
         .map(|tag| format!("?tag={}", tag.replace(':', "%3A").replace('*', "%2A")))
         .unwrap_or_default();
     let req = format!(
-        "GET /v1/topics/{}/watch{query} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
-        t.topic, t.addr
+        "GET /v1/topics/{}/watch{query} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nAuthorization: {}\r\n\r\n",
+        t.topic,
+        t.addr,
+        crate::server::bearer(crate::server::admin_token())
     );
     stream.write_all(req.as_bytes()).await?;
     let mut buf = Vec::with_capacity(8192);
@@ -360,7 +362,8 @@ fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
 
 async fn ws(t: &Target, state: &WatcherState, shared: &Shared) -> anyhow::Result<()> {
     let url = format!("ws://{}/v1/ws", t.addr);
-    let (mut socket, _) = tokio_tungstenite::connect_async(url.as_str())
+    let request = crate::server::ws_request(&url, crate::server::admin_token(), None)?;
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
         .await
         .with_context(|| format!("cannot connect to {url}"))?;
     let mut watch = serde_json::json!({"id": 1, "type": "watch", "qid": "w", "topic": t.topic});

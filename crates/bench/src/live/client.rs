@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::transfer::clients::connect_ws;
+use crate::transfer::clients::connect_ws_as;
 
 /// The JSON subprotocol of `/v1/ws`.
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
@@ -214,9 +214,17 @@ impl Mat {
 // ---------------------------------------------------------------------------------------
 // HTTP: the writer and one-shot queries.
 
-/// A keep-alive HTTP client with Nagle off.
+/// A keep-alive HTTP client with Nagle off that sends the admin token.
 pub fn http_client(timeout: Option<Duration>) -> anyhow::Result<reqwest::Client> {
-    let mut b = reqwest::Client::builder().no_proxy().tcp_nodelay(true);
+    http_client_as(timeout, crate::server::admin_token())
+}
+
+/// A keep-alive HTTP client with Nagle off that sends `token`.
+pub fn http_client_as(timeout: Option<Duration>, token: &str) -> anyhow::Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(crate::server::token_headers(token))
+        .tcp_nodelay(true);
     if let Some(t) = timeout {
         b = b.timeout(t);
     }
@@ -231,10 +239,16 @@ pub struct Api {
 }
 
 impl Api {
+    /// A client with the admin token.
     pub fn new(base: &str) -> anyhow::Result<Api> {
+        Api::with_token(base, crate::server::admin_token())
+    }
+
+    /// A client with `token` (a client token, say).
+    pub fn with_token(base: &str, token: &str) -> anyhow::Result<Api> {
         Ok(Api {
             base: base.to_string(),
-            http: http_client(Some(HTTP_TIMEOUT))?,
+            http: http_client_as(Some(HTTP_TIMEOUT), token)?,
         })
     }
 
@@ -557,10 +571,19 @@ pub struct WsConn {
 }
 
 impl WsConn {
-    /// Connects with the JSON subprotocol; events go to `notes`.
+    /// Connects with the admin token and the JSON subprotocol; events go to `notes`.
     pub async fn connect(base: &str, notes: mpsc::UnboundedSender<Note>) -> anyhow::Result<WsConn> {
+        WsConn::connect_as(base, crate::server::admin_token(), notes).await
+    }
+
+    /// [`WsConn::connect`] with `token` as the bearer token.
+    pub async fn connect_as(
+        base: &str,
+        token: &str,
+        notes: mpsc::UnboundedSender<Note>,
+    ) -> anyhow::Result<WsConn> {
         let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
-        let ws = connect_ws(&url, JSON_PROTOCOL).await?;
+        let ws = connect_ws_as(&url, JSON_PROTOCOL, token).await?;
         let (sink, stream) = ws.split();
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(read_ws(stream, stopped, notes));

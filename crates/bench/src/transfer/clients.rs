@@ -28,8 +28,6 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use sluice_log::Durability;
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -155,14 +153,20 @@ struct ErrorBody<'a> {
     message: Cow<'a, str>,
 }
 
-/// Opens `/v1/ws` at `url` (`ws://host:port/v1/ws`) asking for `protocol`
-/// (`sluice.json.v1` or `sluice.msgpack.v1`), with Nagle off, and checks that the server
-/// agreed to it.
+/// Opens `/v1/ws` at `url` (`ws://host:port/v1/ws`) with the admin token asking for
+/// `protocol` (`sluice.json.v1` or `sluice.msgpack.v1`), with Nagle off, and checks that the
+/// server agreed to it.
 pub async fn connect_ws(url: &str, protocol: &'static str) -> anyhow::Result<WsStream> {
-    let mut request = url.into_client_request()?;
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(protocol));
+    connect_ws_as(url, protocol, crate::server::admin_token()).await
+}
+
+/// [`connect_ws`] with `token` as the bearer token (a client token, say).
+pub async fn connect_ws_as(
+    url: &str,
+    protocol: &'static str,
+    token: &str,
+) -> anyhow::Result<WsStream> {
+    let request = crate::server::ws_request(url, token, Some(protocol))?;
     let (ws, response) = tokio_tungstenite::connect_async_with_config(request, None, true)
         .await
         .with_context(|| format!("cannot open a WebSocket to {url}"))?;
@@ -334,6 +338,7 @@ impl WsClient {
 /// A keep-alive client for `in_flight` concurrent requests (one connection each).
 pub fn http_client(in_flight: usize) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
+        .default_headers(crate::server::auth_headers())
         .no_proxy()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(in_flight)

@@ -313,6 +313,7 @@ async fn start_sluice(
     let (server, _) = SluiceServer::start(bin, &dir.path().join("data"), &flags).await?;
     server.sql(CREATE_SLUICE).await?;
     let http = reqwest::Client::builder()
+        .default_headers(crate::server::auth_headers())
         .no_proxy()
         .timeout(Duration::from_secs(120))
         .build()?;

@@ -14,6 +14,48 @@ use serde_json::Value;
 use sluice_server::{Config, Core};
 use tower::ServiceExt;
 
+/// The admin token every test server is started with; every request the tests make
+/// carries it as `Authorization: Bearer` (docs/security.md), as a real client does.
+pub const ADMIN_TOKEN: &str = "sluice_admin_test_0123456789abcdef";
+
+/// The `Authorization` header value for [`ADMIN_TOKEN`].
+pub fn bearer() -> String {
+    format!("Bearer {ADMIN_TOKEN}")
+}
+
+/// A loopback HTTP client that sends the admin token with every request.
+pub fn http_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        bearer().parse().expect("a valid header value"),
+    );
+    reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(headers)
+        .build()
+        .expect("an HTTP client")
+}
+
+/// A WebSocket upgrade request for `url` carrying the admin token and, when given, the
+/// subprotocol `protocol`.
+pub fn ws_request(
+    url: &str,
+    protocol: Option<&str>,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().expect("a WebSocket URL");
+    let headers = request.headers_mut();
+    headers.insert("Authorization", bearer().parse().expect("a valid header"));
+    if let Some(protocol) = protocol {
+        headers.insert(
+            "Sec-WebSocket-Protocol",
+            protocol.parse().expect("a valid subprotocol"),
+        );
+    }
+    request
+}
+
 /// Opens a database in `dir` with the config `configure` makes of the defaults, serves its
 /// router on a loopback port (with TCP_NODELAY, as `sluice serve` does: live events are
 /// small writes that must not wait for delayed ACKs) and applies the DDL `sql`.
@@ -23,6 +65,7 @@ pub async fn serve(
     sql: &str,
 ) -> (Core, std::net::SocketAddr) {
     let mut config = Config::new(dir);
+    config.auth.admin_token = Some(ADMIN_TOKEN.into());
     configure(&mut config);
     let core = tokio::task::spawn_blocking(move || Core::open(config))
         .await
@@ -91,6 +134,7 @@ impl TestDb {
     /// Opens a database in `dir` with the config `configure` makes of the defaults.
     pub fn open(dir: &Path, configure: impl FnOnce(&mut Config)) -> TestDb {
         let mut config = Config::new(dir);
+        config.auth.admin_token = Some(ADMIN_TOKEN.into());
         configure(&mut config);
         let core = Core::open(config).expect("open the database");
         TestDb {
@@ -99,13 +143,28 @@ impl TestDb {
         }
     }
 
+    /// Sends one request with the admin token.
     pub async fn request(&self, method: Method, uri: &str, body: impl Into<Body>) -> Reply {
-        let request = Request::builder()
+        self.request_as(Some(ADMIN_TOKEN), method, uri, body).await
+    }
+
+    /// Sends one request with `token` as its bearer token, or with no `Authorization`
+    /// header when `None`.
+    pub async fn request_as(
+        &self,
+        token: Option<&str>,
+        method: Method,
+        uri: &str,
+        body: impl Into<Body>,
+    ) -> Reply {
+        let mut request = Request::builder()
             .method(method)
             .uri(uri)
-            .header("content-type", "application/json")
-            .body(body.into())
-            .expect("a valid request");
+            .header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request.body(body.into()).expect("a valid request");
         let response = self
             .router
             .clone()

@@ -4,6 +4,8 @@
 //! - [`Server`]: a `sluice serve` child on `127.0.0.1:<free port>`, killed by its pid on
 //!   drop (so a panicking test leaves no process behind).
 //! - [`Api`]: a small JSON client over the HTTP API.
+//! - [`ADMIN_TOKEN`]: every server is started with it (`--admin-token`) and every request
+//!   the helpers make carries it (`Authorization: Bearer`), as a real client does.
 //! - [`Rng`]: a seeded PRNG; [`seed`] prints the seed so a failure can be replayed.
 //!
 //! Every wait here is bounded in time and in iterations.
@@ -30,6 +32,33 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts to start a server when the free port we picked was taken in the meantime.
 const START_ATTEMPTS_MAX: usize = 5;
+
+/// The admin token of every test server ([`Server::start`] passes `--admin-token`).
+pub const ADMIN_TOKEN: &str = "sluice_admin_test_0123456789abcdef";
+
+/// The `Authorization` header value for [`ADMIN_TOKEN`].
+pub fn bearer() -> String {
+    format!("Bearer {ADMIN_TOKEN}")
+}
+
+/// A WebSocket upgrade request for `url` carrying the admin token and, when given, the
+/// subprotocol `protocol`.
+pub fn ws_request(
+    url: &str,
+    protocol: Option<&str>,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().expect("a WebSocket URL");
+    let headers = request.headers_mut();
+    headers.insert("Authorization", bearer().parse().expect("a valid header"));
+    if let Some(protocol) = protocol {
+        headers.insert(
+            "Sec-WebSocket-Protocol",
+            protocol.parse().expect("a valid subprotocol"),
+        );
+    }
+    request
+}
 
 // ---------------------------------------------------------------------------------------
 // Files
@@ -129,21 +158,39 @@ pub struct Server {
     pub stderr_path: PathBuf,
 }
 
+/// Whether [`spawn_serve`] passes `--admin-token` [`ADMIN_TOKEN`]: not when the test
+/// names an admin token itself, nor when it wants the server to generate one.
+#[derive(Clone, Copy, PartialEq)]
+enum AdminToken {
+    Test,
+    Generated,
+}
+
 fn spawn_serve(
     data: &Path,
     addr: SocketAddr,
     stderr_path: &Path,
     extra: &[&str],
     env: &[(&str, &str)],
+    admin: AdminToken,
 ) -> Child {
     let stderr = std::fs::File::create(stderr_path).expect("create the server's stderr file");
+    let named = extra.iter().any(|a| a.starts_with("--admin-token"))
+        || env.iter().any(|(k, _)| *k == "SLUICE_ADMIN_TOKEN");
+    let token: &[&str] = if admin == AdminToken::Test && !named {
+        &["--admin-token", ADMIN_TOKEN]
+    } else {
+        &[]
+    };
     Command::new(BIN)
         .arg("serve")
         .arg("--data")
         .arg(data)
         .arg("--listen")
         .arg(addr.to_string())
+        .args(token)
         .args(extra)
+        .env_remove("SLUICE_ADMIN_TOKEN")
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -162,9 +209,9 @@ fn stderr_file(logs: &Path) -> PathBuf {
 }
 
 impl Server {
-    /// Starts `sluice serve --data <data> --listen 127.0.0.1:<free port> <extra…>` and waits
-    /// until it accepts connections (it binds only after recovery). Its stderr goes to a file
-    /// under `logs` (which must not be `data`).
+    /// Starts `sluice serve --data <data> --listen 127.0.0.1:<free port> --admin-token
+    /// <ADMIN_TOKEN> <extra…>` and waits until it accepts connections (it binds only after
+    /// recovery). Its stderr goes to a file under `logs` (which must not be `data`).
     pub fn start(data: &Path, logs: &Path, extra: &[&str]) -> Server {
         Server::start_with_env(data, logs, extra, &[])
     }
@@ -176,10 +223,26 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
+        Server::start_inner(data, logs, extra, env, AdminToken::Test)
+    }
+
+    /// [`Server::start`] without `--admin-token` (nor `SLUICE_ADMIN_TOKEN`): the server reads
+    /// or generates `<data>/admin-token`.
+    pub fn start_with_stored_admin_token(data: &Path, logs: &Path, extra: &[&str]) -> Server {
+        Server::start_inner(data, logs, extra, &[], AdminToken::Generated)
+    }
+
+    fn start_inner(
+        data: &Path,
+        logs: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        admin: AdminToken,
+    ) -> Server {
         for attempt in 1..=START_ATTEMPTS_MAX {
             let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
             let stderr_path = stderr_file(logs);
-            let child = spawn_serve(data, addr, &stderr_path, extra, env);
+            let child = spawn_serve(data, addr, &stderr_path, extra, env, admin);
             let mut server = Server {
                 child,
                 addr,
@@ -218,7 +281,7 @@ impl Server {
     ) -> (ExitStatus, String) {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let stderr_path = stderr_file(logs);
-        let child = spawn_serve(data, addr, &stderr_path, extra, &[]);
+        let child = spawn_serve(data, addr, &stderr_path, extra, &[], AdminToken::Test);
         let mut server = Server {
             child,
             addr,
@@ -253,8 +316,14 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
+    /// A client with the admin token.
     pub fn api(&self) -> Api {
         Api::new(&self.base_url())
+    }
+
+    /// A client with `token` as its bearer token, or none at all.
+    pub fn api_as(&self, token: Option<&str>) -> Api {
+        Api::with_token(&self.base_url(), token)
     }
 
     /// What the server wrote to stderr so far.
@@ -324,8 +393,11 @@ impl Drop for Server {
 /// A JSON client for one server.
 #[derive(Clone)]
 pub struct Api {
+    /// Sends `Authorization: Bearer <token>` with every request (default headers).
     pub client: reqwest::Client,
     pub base: String,
+    /// The bearer token `client` sends, for clients built elsewhere (streams).
+    pub token: Option<String>,
 }
 
 /// A request that got no HTTP response (connection refused or cut).
@@ -333,9 +405,26 @@ pub struct Api {
 pub struct NoResponse(pub String);
 
 impl Api {
+    /// A client that sends [`ADMIN_TOKEN`] with every request.
     pub fn new(base: &str) -> Api {
+        Api::with_token(base, Some(ADMIN_TOKEN))
+    }
+
+    /// A client that sends `token` as `Authorization: Bearer` with every request (or no
+    /// `Authorization` header for `None`).
+    pub fn with_token(base: &str, token: Option<&str>) -> Api {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}")
+                    .parse()
+                    .expect("a valid header value"),
+            );
+        }
         let client = reqwest::Client::builder()
             .no_proxy()
+            .default_headers(headers)
             .timeout(Duration::from_secs(30))
             // A request whose fate is unknown must stay unknown: never replay it.
             .retry(reqwest::retry::never())
@@ -344,6 +433,7 @@ impl Api {
         Api {
             client,
             base: base.to_string(),
+            token: token.map(str::to_string),
         }
     }
 

@@ -187,6 +187,9 @@ impl Api {
             .build()
             .expect("build an HTTP client");
         let mut req = client.get(url);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
         if let Some(id) = last_event_id {
             req = req.header("Last-Event-ID", id.to_string());
         }
@@ -299,15 +302,23 @@ pub struct Ws {
 }
 
 impl Ws {
+    /// Connects with the admin token.
     pub async fn connect(addr: SocketAddr, enc: Enc) -> Ws {
+        Ws::connect_as(addr, enc, Some(super::ADMIN_TOKEN)).await
+    }
+
+    /// Connects with `token` as the bearer token (or no `Authorization` header).
+    pub async fn connect_as(addr: SocketAddr, enc: Enc, token: Option<&str>) -> Ws {
         let protocol = match enc {
             Enc::Json => "sluice.json.v1",
             Enc::MsgPack => "sluice.msgpack.v1",
         };
         let mut request = format!("ws://{addr}/v1/ws").into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+        let headers = request.headers_mut();
+        headers.insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+        if let Some(token) = token {
+            headers.insert("Authorization", format!("Bearer {token}").parse().unwrap());
+        }
         let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
             .await
             .expect("connect within the safety bound")

@@ -1,0 +1,110 @@
+//! Row policies compiled for one row at a time: may this caller read this row, write this
+//! new row, update or delete this old one? Used where a single row is at stake (row reads,
+//! scans, catch-up, write checks); queries and live views fold the read rule into their plan
+//! instead ([`crate::prepare_as`]).
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+use sluice_engine::{Db, PolicyCommand, PolicyDef, Value};
+
+use crate::expr::{Env, Expr};
+use crate::plan::{Planner, Source};
+use crate::QueryError;
+
+/// The OR of the policies for one check on one table.
+#[derive(Clone, Debug)]
+pub struct RowRule {
+    /// FALSE when no policy applies.
+    expr: Expr,
+    /// The policies that were combined (those covering the command), for error messages.
+    pub policies: Vec<String>,
+    /// The claims `expr` reads: `Expr::Param(i)` is `claims[i]`.
+    pub claims: Vec<String>,
+}
+
+impl RowRule {
+    /// Whether `row` (the table's columns in order) passes, for a caller whose claim values
+    /// are `claims` (from [`RowRule::bind`]).
+    pub fn allows(&self, row: &[Value], claims: &[Value]) -> bool {
+        self.expr.is_true(&Env {
+            row,
+            params: claims,
+            aggs: &[],
+            subqueries: &[],
+        })
+    }
+
+    /// The values of the claims this rule reads, in its order.
+    pub fn bind(&self, claims: &Map<String, Json>) -> Vec<Value> {
+        self.claims
+            .iter()
+            .map(|c| crate::claim_value(claims.get(c)))
+            .collect()
+    }
+}
+
+/// Every check of one table, compiled against one state of its schema and policies.
+#[derive(Clone, Debug)]
+pub struct TableRules {
+    /// `USING` of `SELECT` policies: which rows a client reads.
+    pub read: RowRule,
+    /// `WITH CHECK` of `INSERT` policies on the new row.
+    pub insert: RowRule,
+    /// `USING` of `UPDATE` policies on the old row.
+    pub update_old: RowRule,
+    /// `WITH CHECK` of `UPDATE` policies on the new row.
+    pub update_new: RowRule,
+    /// `USING` of `DELETE` policies on the old row.
+    pub delete: RowRule,
+}
+
+/// Compiles the policies of `table` as it is in `db`.
+pub fn table_rules(db: &Db, table: &str) -> Result<Arc<TableRules>, QueryError> {
+    let source = source_of(db, table)?;
+    let rule = |op, check| compile(db, &source, op, check);
+    Ok(Arc::new(TableRules {
+        read: rule(PolicyCommand::Select, false)?,
+        insert: rule(PolicyCommand::Insert, true)?,
+        update_old: rule(PolicyCommand::Update, false)?,
+        update_new: rule(PolicyCommand::Update, true)?,
+        delete: rule(PolicyCommand::Delete, false)?,
+    }))
+}
+
+/// Checks that `policy`'s predicates compile against `table` in `db` (before it is created).
+pub fn check_policy(db: &Db, table: &str, policy: &PolicyDef) -> Result<(), QueryError> {
+    let source = source_of(db, table)?;
+    let mut planner = Planner::new(db);
+    for text in [&policy.using, &policy.check].into_iter().flatten() {
+        planner.policy_expr(text, &source)?;
+    }
+    Ok(())
+}
+
+fn source_of(db: &Db, table: &str) -> Result<Source, QueryError> {
+    let t = db
+        .tables
+        .get(table)
+        .ok_or_else(|| QueryError::NotFound(format!("no table named {table:?}")))?;
+    Ok(Source {
+        schema: t.schema.clone(),
+        binding: table.to_string(),
+        offset: 0,
+    })
+}
+
+fn compile(
+    db: &Db,
+    source: &Source,
+    op: PolicyCommand,
+    check: bool,
+) -> Result<RowRule, QueryError> {
+    let mut planner = Planner::new(db);
+    let (expr, policies) = planner.policy_filter(source, op, check)?;
+    Ok(RowRule {
+        expr,
+        policies,
+        claims: planner.params.claims,
+    })
+}
