@@ -419,6 +419,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(torn) = &r.torn_tail {
             tracing::warn!("truncated a torn log tail: {torn}");
         }
+        let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -431,7 +432,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
         let closing = core.clone();
         let shutdown = async move {
-            shutdown_signal().await;
+            signalled.await;
             tracing::info!("shutting down: ending live streams and WebSockets");
             closing.begin_shutdown();
             let _ = signalled_tx.send(());
@@ -488,14 +489,19 @@ fn base_url(scheme: &str, addr: SocketAddr) -> String {
     format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install a SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
-    }
+/// SIGINT or SIGTERM. The handlers are installed when this is called (not when the
+/// future is first polled), so a signal that arrives as soon as the port is open is not
+/// taken by the default action (which would kill the process without a final snapshot).
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn check(data: &std::path::Path) -> anyhow::Result<ExitCode> {
