@@ -751,13 +751,17 @@ fn bearer(req: &Request) -> Result<String, AuthError> {
         let text = value
             .to_str()
             .map_err(|_| AuthError::new("malformed", "the Authorization header is not text"))?;
-        let token = text.strip_prefix("Bearer ").ok_or_else(|| {
-            AuthError::new(
-                "malformed",
-                "the Authorization header must be `Bearer <token>`",
-            )
-        })?;
-        return Ok(token.trim().to_string());
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let token = match text.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => {
+                return Err(AuthError::new(
+                    "malformed",
+                    "the Authorization header must be `Bearer <token>`",
+                ))
+            }
+        };
+        return Ok(token.to_string());
     }
     if takes_query_token(req.uri().path()) {
         let query = axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(
