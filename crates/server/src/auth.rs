@@ -71,8 +71,8 @@ impl Caller {
 }
 
 /// How tokens are checked (`--admin-token`, `--jwt-*`) and how many streams one client
-/// subject may hold (`--max-connections-per-subject`).
-#[derive(Clone, Debug)]
+/// subject may hold (`--max-connections-per-subject`). Its `Debug` hides the secrets.
+#[derive(Clone)]
 pub struct AuthConfig {
     /// The admin token; `None`: read `<data-dir>/admin-token`, generating it on first start.
     pub admin_token: Option<String>,
@@ -87,6 +87,26 @@ pub struct AuthConfig {
     /// Open WebSockets and SSE streams one client `sub` may hold
     /// (`--max-connections-per-subject`); the admin token is not limited.
     pub max_connections_per_subject: usize,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |set: bool| if set { Some("<hidden>") } else { None };
+        f.debug_struct("AuthConfig")
+            .field("admin_token", &hidden(self.admin_token.is_some()))
+            .field("jwt_secret", &hidden(self.jwt_secret.is_some()))
+            .field(
+                "jwt_public_key_pem",
+                &self.jwt_public_key_pem.as_ref().map(|pem| pem.len()),
+            )
+            .field("jwt_audience", &self.jwt_audience)
+            .field("jwt_issuer", &self.jwt_issuer)
+            .field(
+                "max_connections_per_subject",
+                &self.max_connections_per_subject,
+            )
+            .finish()
+    }
 }
 
 impl Default for AuthConfig {
@@ -877,6 +897,13 @@ mod tests {
     #[test]
     fn the_admin_token_is_the_admin() {
         assert!(auth(&config()).verify(ADMIN).unwrap().is_admin());
+    }
+
+    #[test]
+    fn the_configuration_does_not_print_its_secrets() {
+        let text = format!("{:?}", config());
+        assert!(!text.contains(ADMIN) && !text.contains(SECRET), "{text}");
+        assert!(text.contains("<hidden>"), "{text}");
     }
 
     #[test]
