@@ -57,6 +57,10 @@ pub(crate) async fn upgrade(
     axum::Extension(caller): axum::Extension<Caller>,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let guard = match core.authenticator().connect(&caller) {
+        Ok(guard) => guard,
+        Err(e) => return axum::response::IntoResponse::into_response(e),
+    };
     // Frames above the body limit get a structured error; far above it, the frame is a
     // protocol violation and the connection is closed with a reason.
     let hard_max = core.config().body_bytes_max.saturating_mul(2).max(1 << 20);
@@ -68,7 +72,11 @@ pub(crate) async fn upgrade(
         Some(p) if p.as_bytes() == MSGPACK_PROTOCOL.as_bytes() => Encoding::Msgpack,
         _ => Encoding::Json,
     };
-    ws.on_upgrade(move |socket| connection(core, socket, encoding, caller))
+    ws.on_upgrade(move |socket| async move {
+        // The guard counts this connection against the caller's while it is open.
+        connection(core, socket, encoding, caller).await;
+        drop(guard);
+    })
 }
 
 fn encode(encoding: Encoding, value: &Value) -> Message {
@@ -295,7 +303,12 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                             let core = core.clone();
                             Box::pin(async move { pending.finish(&core, &id).await })
                         }
-                        Err(e) => ready(error_reply(&id, e)),
+                        Err(e) => {
+                            if e.code == "forbidden" {
+                                core.authenticator().note_forbidden();
+                            }
+                            ready(error_reply(&id, e))
+                        }
                     }
                 }
             }
@@ -746,7 +759,12 @@ impl Pending {
                 v["id"] = id.clone();
                 v
             }
-            Err(e) => error_reply(id, e.into()),
+            Err(e) => {
+                if matches!(e, CoreError::Forbidden { .. }) {
+                    core.authenticator().note_forbidden();
+                }
+                error_reply(id, e.into())
+            }
         }
     }
 }
