@@ -575,7 +575,6 @@ async fn sluice_token_prints_a_token_the_server_accepts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs Authenticator::connect called from the SSE and WebSocket handlers (the lead's part); run with --ignored"]
 async fn each_subject_may_hold_max_connections_per_subject_streams() {
     let dir = TempDir::new("tokens-limit");
     let server = Server::start(
@@ -628,6 +627,14 @@ async fn each_subject_may_hold_max_connections_per_subject_streams() {
             .contains("--max-connections-per-subject"),
         "{body}"
     );
+    // A WebSocket counts against the same limit.
+    let ws = format!("ws://{}/v1/ws?access_token={alice}", server.addr);
+    match tokio_tungstenite::connect_async(ws.as_str()).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 429)
+        }
+        other => panic!("a third stream of alice's was not refused: {other:?}"),
+    }
     // Another subject, and the admin, are not affected.
     let b1 = open(bob).await;
     assert_eq!(b1.status().as_u16(), 200);
@@ -642,7 +649,7 @@ async fn each_subject_may_hold_max_connections_per_subject_streams() {
         admin
             .metric("sluice_limit_refusals_total{limit=\"max-connections-per-subject\"}")
             .await
-            >= 1.0
+            >= 2.0
     );
     // Closing one of alice's streams frees its slot (once the server notices: bounded).
     drop(a1);
