@@ -192,11 +192,20 @@ impl From<sluice_functions::FunctionError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let limit = (self.code == "limit")
+            .then(|| crate::auth::limit_flag(&self.message))
+            .flatten();
         let mut body = Map::new();
         body.insert("code".into(), Value::from(self.code));
         body.insert("message".into(), Value::from(self.message));
         body.extend(self.details);
-        (self.status, Json(json!({ "error": body }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": body }))).into_response();
+        if let Some(flag) = limit {
+            response
+                .extensions_mut()
+                .insert(crate::auth::LimitRefusal(flag));
+        }
+        response
     }
 }
 

@@ -147,6 +147,15 @@ const LIMIT_FLAGS: [&str; 8] = [
     "--function-memory-bytes",
 ];
 
+/// The counted limit flag a `limit` error's message names, if any.
+pub(crate) fn limit_flag(message: &str) -> Option<&'static str> {
+    LIMIT_FLAGS.iter().copied().find(|f| message.contains(f))
+}
+
+/// Left on a response by a `limit` error, for the middleware to count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LimitRefusal(pub &'static str);
+
 /// Counters for `/metrics`.
 struct AuthStats {
     /// 401s by reason, indexed as [`FAILURE_REASONS`].
@@ -814,6 +823,9 @@ pub(crate) async fn authenticate(
             let response = next.run(req).await;
             if response.status() == axum::http::StatusCode::FORBIDDEN {
                 auth.note_forbidden();
+            }
+            if let Some(LimitRefusal(flag)) = response.extensions().get::<LimitRefusal>() {
+                auth.note_limit(flag);
             }
             response
         }

@@ -275,6 +275,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         watches.unwatch(&qid).map(Some)
                     };
                     // `watching` follows as an event
+                    if let Err(e) = &outcome {
+                        note_refusal(&core, e);
+                    }
                     match qid_reply(outcome, id, qid) {
                         Some(reply) => ready(reply),
                         None => continue,
@@ -289,6 +292,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         subs.unsubscribe(&qid).map(Some)
                     };
                     // the snapshot follows as an event
+                    if let Err(e) = &outcome {
+                        note_refusal(&core, e);
+                    }
                     match qid_reply(outcome, id, qid) {
                         Some(reply) => ready(reply),
                         None => continue,
@@ -304,9 +310,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                             Box::pin(async move { pending.finish(&core, &id).await })
                         }
                         Err(e) => {
-                            if e.code == "forbidden" {
-                                core.authenticator().note_forbidden();
-                            }
+                            note_refusal(&core, &e);
                             ready(error_reply(&id, e))
                         }
                     }
@@ -328,6 +332,19 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
+}
+
+/// Counts a refusal in `/metrics` as the HTTP middleware does for responses.
+fn note_refusal(core: &Core, e: &ApiError) {
+    match e.code {
+        "forbidden" => core.authenticator().note_forbidden(),
+        "limit" => {
+            if let Some(flag) = crate::auth::limit_flag(&e.message) {
+                core.authenticator().note_limit(flag);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The reply to a (un)subscribe or (un)watch: none when its first event is the answer, else
@@ -760,10 +777,9 @@ impl Pending {
                 v
             }
             Err(e) => {
-                if matches!(e, CoreError::Forbidden { .. }) {
-                    core.authenticator().note_forbidden();
-                }
-                error_reply(id, e.into())
+                let e = ApiError::from(e);
+                note_refusal(core, &e);
+                error_reply(id, e)
             }
         }
     }
