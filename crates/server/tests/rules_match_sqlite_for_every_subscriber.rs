@@ -20,16 +20,16 @@
 //!   SQLite on the row the event carries, for every query whose rows are table rows);
 //! - `POST /v1/query` with its token equals the oracle.
 //!
-//! (When a policy changes, docs/security.md ends the subscriptions reading the table with
-//! `rules_changed`; this test also accepts a `reset` snapshot under the new rules there — the
-//! rows are what it checks — and prints a note; `policies_survive_restart` checks the
-//! `rules_changed` end itself.)
+//! (When a policy changes, docs/security.md follows with a `reset` snapshot under the new
+//! rules, or ends the subscription with `rules_changed` when the new rules read other claims;
+//! this test accepts both — the rows are what it checks; `policies_survive_restart` checks
+//! which one comes.)
 //!
 //! Every few commits: row reads (`GET /v1/tables/t/rows/{id}`: the row iff readable, else 404)
 //! and paged scans equal the oracle; a subscriber disconnects and resumes with `since` (diffs
 //! or a `reset` snapshot, checked like the rest). Half-way, a policy is created (or dropped)
-//! on one table: every subscription reading that table ends with `rules_changed`, the others
-//! go on; they resume with `since` and read under the new rules. At the end `/v1/changes`
+//! on one table: every subscription reading that table gets a reset snapshot or ends with
+//! `rules_changed` (then resumes with `since`), the others go on; all read under the new rules. At the end `/v1/changes`
 //! paged with each client token is exactly the changes whose old or new image the client may
 //! read (a readable new image as usual, a readable old image whose new one is not as
 //! `delete`), and every policy entry appears.

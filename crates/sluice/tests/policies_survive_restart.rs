@@ -155,8 +155,9 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_forbidden(status, &body, "a client listing policies");
     assert_eq!(policies(&admin).await, list, "the refusals changed nothing");
 
-    // Subscriptions reading notes end with `rules_changed` when a policy on notes is created;
-    // one on another table goes on.
+    // A policy created on notes is followed at once by the subscriptions reading notes (a
+    // reset snapshot under the new rules); one that reads a claim the views did not bind ends
+    // them with `rules_changed`. A subscription to another table goes on.
     let mut sse = alice
         .sse("/v1/live", &[("sql", NOTES_BY_ID)])
         .await
@@ -178,6 +179,18 @@ async fn policies_are_logged_snapshotted_and_recovered() {
 
     admin
         .sql("CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')")
+        .await;
+    let (event, snap) = sse.event().await;
+    assert_eq!(event, "snapshot", "{snap}");
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
+    let snap = ws.next().await;
+    assert_eq!(snap["type"], "snapshot", "{snap}");
+    assert_eq!(snap["qid"], "n", "{snap}");
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
+    admin
+        .sql("CREATE POLICY by_nick ON notes FOR SELECT USING (owner = auth.nick)")
         .await;
     let (event, err) = sse.event().await;
     assert_eq!(event, "error", "{err}");
@@ -214,6 +227,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
         entry("create_policy", "other", "other_all"),
         entry("drop_policy", "notes", "tmp"),
         entry("create_policy", "notes", "extra"),
+        entry("create_policy", "notes", "by_nick"),
     ];
     let entries = policy_entries(&admin).await;
     assert_eq!(entries, want_entries, "policy entries in /v1/changes");
@@ -223,6 +237,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_eq!(
         names(&list),
         [
+            "notes.by_nick",
             "notes.extra",
             "notes.own_notes",
             "notes.team_read",
@@ -276,6 +291,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
         names(&list),
         [
             "notes.after_snap",
+            "notes.by_nick",
             "notes.extra",
             "notes.own_notes",
             "other.other_all"
