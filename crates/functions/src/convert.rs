@@ -1,6 +1,6 @@
 //! Values across the Rust/JavaScript boundary, converted natively (no JSON text).
 
-use rquickjs::{Array, Ctx, IntoJs, Object, Type, Value};
+use rquickjs::{Array, Ctx, Function, IntoJs, Object, Type, Value};
 use serde_json::Value as Json;
 use sluice_engine::Value as DbValue;
 
@@ -8,7 +8,25 @@ use sluice_engine::Value as DbValue;
 pub(crate) const DEPTH_MAX: usize = 64;
 
 pub(crate) fn json_to_js<'js>(ctx: &Ctx<'js>, json: &Json) -> rquickjs::Result<Value<'js>> {
-    Ok(match json {
+    build(ctx, json, None)
+}
+
+/// `json` as a JS value whose every object and array is frozen with `freeze`
+/// (`Object.freeze`): read-only at every depth.
+pub(crate) fn json_to_frozen_js<'js>(
+    ctx: &Ctx<'js>,
+    json: &Json,
+    freeze: &Function<'js>,
+) -> rquickjs::Result<Value<'js>> {
+    build(ctx, json, Some(freeze))
+}
+
+fn build<'js>(
+    ctx: &Ctx<'js>,
+    json: &Json,
+    freeze: Option<&Function<'js>>,
+) -> rquickjs::Result<Value<'js>> {
+    let value = match json {
         Json::Null => Value::new_null(ctx.clone()),
         Json::Bool(b) => Value::new_bool(ctx.clone(), *b),
         Json::Number(n) => match n.as_i64() {
@@ -19,18 +37,22 @@ pub(crate) fn json_to_js<'js>(ctx: &Ctx<'js>, json: &Json) -> rquickjs::Result<V
         Json::Array(items) => {
             let array = Array::new(ctx.clone())?;
             for (i, item) in items.iter().enumerate() {
-                array.set(i, json_to_js(ctx, item)?)?;
+                array.set(i, build(ctx, item, freeze)?)?;
             }
             array.into_value()
         }
         Json::Object(map) => {
             let object = Object::new(ctx.clone())?;
             for (k, v) in map {
-                object.set(k.as_str(), json_to_js(ctx, v)?)?;
+                object.set(k.as_str(), build(ctx, v, freeze)?)?;
             }
             object.into_value()
         }
-    })
+    };
+    match freeze {
+        Some(freeze) if value.is_object() => freeze.call((value,)),
+        _ => Ok(value),
+    }
 }
 
 /// An engine value as a JS value (INTEGER and TIMESTAMP as numbers; BLOB as base64 text,

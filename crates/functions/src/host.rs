@@ -5,10 +5,14 @@ use sluice_engine::db::key_from_json;
 use sluice_engine::TxError;
 
 use crate::convert::{db_to_js, js_to_json};
-use crate::Slot;
+use crate::{AuthSlot, Slot};
 
-/// Global name of the `tx` object (created once per module load, reused by every call).
-pub(crate) const TX_GLOBAL: &str = "__sluice_tx";
+/// Makes `tx.auth` a getter that cannot be redefined, then freezes `tx`: nothing a function
+/// does to `tx` reaches a later call. Runs before the module, with the realm's own `Object`.
+const SEAL_TX: &str = r#"(tx, auth) => {
+  Object.defineProperty(tx, "auth", { get: auth, enumerable: true, configurable: false });
+  return Object.freeze(tx);
+}"#;
 
 fn throw(ctx: &Ctx<'_>, code: &str, message: &str) -> rquickjs::Error {
     match Exception::from_message(ctx.clone(), &format!("{code}: {message}")) {
@@ -61,13 +65,17 @@ fn with_access<'js, T>(
     }
 }
 
+/// Builds the `tx` object (created once per module load, reused by every call).
+///
 /// `rng` is the state of `tx.random()`; the caller resets it to 0 before every call, and the
-/// first draw seeds it from the transaction.
+/// first draw seeds it from the transaction. `auth` holds the caller of the call in progress
+/// (`tx.auth`; `null` when it holds nothing: the admin).
 pub(crate) fn install<'js>(
     ctx: &Ctx<'js>,
     slot: Slot,
+    auth: AuthSlot,
     rng: std::rc::Rc<std::cell::Cell<u64>>,
-) -> rquickjs::Result<()> {
+) -> rquickjs::Result<Object<'js>> {
     let tx = Object::new(ctx.clone())?;
 
     let s = slot.clone();
@@ -216,6 +224,15 @@ pub(crate) fn install<'js>(
         })?,
     )?;
 
-    ctx.globals().set(TX_GLOBAL, tx)?;
-    Ok(())
+    let auth = Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>| -> rquickjs::Result<Value<'js>> {
+            match auth.borrow().as_ref() {
+                Some(caller) => caller.clone().restore(&ctx),
+                None => Ok(Value::new_null(ctx)),
+            }
+        },
+    )?;
+    let seal: Function = ctx.eval(SEAL_TX)?;
+    seal.call((tx, auth))
 }

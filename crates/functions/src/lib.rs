@@ -6,6 +6,17 @@
 //! values between Rust and JS as native values (never JSON text), determinism (no clock or
 //! randomness except `tx.now()` / `tx.random()`), and the time and memory limits.
 //!
+//! # Callers
+//! Every call names its caller: `None` for the admin token, else the client's
+//! `{"sub", "claims"}`, which the function reads as `tx.auth` (`null` for the admin). The
+//! object is deep-frozen and rebuilt for every call, and `tx` itself is frozen, so nothing a
+//! function does changes what a later call sees. An export named `allow` is the module's
+//! rule for clients: `allow(auth, name, args)` runs before a client's call (within the same
+//! time and memory limits, without `tx`) and anything but `true` refuses it
+//! ([`FunctionError::Forbidden`]). `allow` itself is not callable; a module without it lets
+//! clients call nothing; the admin skips it. To a client, an unknown name is refused like a
+//! disallowed one, so clients cannot probe which functions exist.
+//!
 //! It is *not* responsible for threads or locks. QuickJS is not `Send`, so a [`Functions`]
 //! lives on one thread — in the server, the writer thread, which is also the only thread
 //! that mutates the database, so a function is simply one more serial transaction. The
@@ -20,16 +31,18 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rquickjs::{CatchResultExt, CaughtError, Context, Function, Module, Object, Runtime};
+use rquickjs::{
+    CatchResultExt, CaughtError, Context, Function, IntoJs, Module, Object, Persistent, Runtime,
+};
 use sluice_engine::TxRef;
 
 mod convert;
 mod host;
 
-/// Name under which the loaded module's namespace is kept in the JS global object.
-const EXPORTS_GLOBAL: &str = "__sluice_exports";
 /// Name the module is compiled under (appears in stack traces and compile errors).
 pub const MODULE_NAME: &str = "app.js";
+/// The export that decides which client may call which function; never callable itself.
+pub const ALLOW_EXPORT: &str = "allow";
 
 /// What a function call may use of the world: the transaction, and the deterministic
 /// stand-ins for the clock and randomness.
@@ -68,6 +81,11 @@ pub enum FunctionError {
     Compile { message: String, line: Option<u32> },
     #[error("no function named {0:?} is exported")]
     NotFound(String),
+    /// A client may not call this function: the module has no `allow` export, `allow`
+    /// returned something other than `true` or threw, or (for a client) no such function
+    /// exists. The message names the function and, if `allow` threw, what it threw.
+    #[error("{0}")]
+    Forbidden(String),
     /// The function threw (or a `tx` op it did not catch failed): rolled back.
     #[error("{0}")]
     Thrown(String),
@@ -81,16 +99,35 @@ pub enum FunctionError {
 }
 
 type Slot = Rc<RefCell<Option<Box<dyn TxAccess>>>>;
+/// The caller of the call in progress as `tx.auth` returns it (`None`: the admin, `null`).
+type AuthSlot = Rc<RefCell<Option<Persistent<rquickjs::Value<'static>>>>>;
+
+/// What calls need of a loaded module, resolved once at load (nothing is looked up by name
+/// in the mutable global object per call).
+struct Loaded {
+    /// The module namespace (immutable: exports cannot be replaced from JS).
+    namespace: Persistent<Object<'static>>,
+    /// The `tx` object (frozen).
+    tx: Persistent<Object<'static>>,
+    /// The `allow` export, if the module has one.
+    allow: Option<Persistent<Function<'static>>>,
+    /// The realm's own `Object.freeze`, taken before the module ran.
+    freeze: Persistent<Function<'static>>,
+    /// Declared last: dropped after the values above that live in it.
+    context: Context,
+}
 
 /// A loaded module and the engine that runs it. Not `Send`: keep it on one thread.
 pub struct Functions {
-    runtime: Runtime,
-    context: Option<Context>,
+    /// Declared before `runtime`: no value may outlive the runtime.
+    loaded: Option<Loaded>,
     exports: Vec<String>,
     slot: Slot,
+    auth: AuthSlot,
     deadline: Rc<Cell<Option<Instant>>>,
     rng: Rc<Cell<u64>>,
     limits: FunctionLimits,
+    runtime: Runtime,
 }
 
 /// Makes the global environment deterministic: no clock, no randomness but `tx`'s.
@@ -122,19 +159,25 @@ impl Functions {
             handler_deadline.get().is_some_and(|d| Instant::now() >= d)
         })));
         Ok(Functions {
-            runtime,
-            context: None,
+            loaded: None,
             exports: Vec::new(),
             slot: Rc::new(RefCell::new(None)),
+            auth: Rc::new(RefCell::new(None)),
             deadline,
             rng: Rc::new(Cell::new(0)),
             limits,
+            runtime,
         })
     }
 
-    /// Names of the exported functions of the loaded module.
+    /// Names of the callable exported functions of the loaded module (not `allow`).
     pub fn exports(&self) -> &[String] {
         &self.exports
+    }
+
+    /// Whether the loaded module exports an `allow` function (else clients call nothing).
+    pub fn has_allow(&self) -> bool {
+        self.loaded.as_ref().is_some_and(|l| l.allow.is_some())
     }
 
     /// Compiles and evaluates `source` as an ES module in a fresh context and, if that
@@ -145,12 +188,19 @@ impl Functions {
         self.deadline
             .set(Some(Instant::now() + self.limits.time_max));
         let slot = self.slot.clone();
+        let auth = self.auth.clone();
         let rng = self.rng.clone();
-        let loaded = context.with(|ctx| -> Result<Vec<String>, FunctionError> {
+        let loaded = context.with(|ctx| {
             ctx.eval::<(), _>(PRELUDE)
                 .catch(&ctx)
                 .map_err(|e| compile_error(e))?;
-            host::install(&ctx, slot, rng).map_err(|e| FunctionError::Value(e.to_string()))?;
+            let freeze: Function = ctx
+                .globals()
+                .get::<_, Object>("Object")
+                .and_then(|o| o.get("freeze"))
+                .map_err(|e| FunctionError::Value(e.to_string()))?;
+            let tx = host::install(&ctx, slot, auth, rng)
+                .map_err(|e| FunctionError::Value(e.to_string()))?;
             let (module, promise) = Module::declare(ctx.clone(), MODULE_NAME, source)
                 .catch(&ctx)
                 .map_err(compile_error)?
@@ -160,66 +210,134 @@ impl Functions {
             promise.finish::<()>().catch(&ctx).map_err(compile_error)?;
             let namespace: Object = module.namespace().catch(&ctx).map_err(compile_error)?;
             let mut names = Vec::new();
+            let mut allow = None;
             for key in namespace.keys::<String>() {
                 let key = key.map_err(|e| FunctionError::Value(e.to_string()))?;
                 let value: rquickjs::Value = namespace
                     .get(key.as_str())
                     .map_err(|e| FunctionError::Value(e.to_string()))?;
-                if value.is_function() {
-                    names.push(key);
+                if let Some(function) = value.as_function() {
+                    if key == ALLOW_EXPORT {
+                        allow = Some(Persistent::save(&ctx, function.clone()));
+                    } else {
+                        names.push(key);
+                    }
                 }
             }
-            ctx.globals()
-                .set(EXPORTS_GLOBAL, namespace)
-                .map_err(|e| FunctionError::Value(e.to_string()))?;
             names.sort();
-            Ok(names)
+            let persisted = (
+                Persistent::save(&ctx, namespace),
+                Persistent::save(&ctx, tx),
+                allow,
+                Persistent::save(&ctx, freeze),
+            );
+            Ok::<_, FunctionError>((names, persisted))
         });
         self.deadline.set(None);
-        let names = loaded?;
-        self.context = Some(context);
+        let (names, (namespace, tx, allow, freeze)) = loaded?;
+        self.loaded = Some(Loaded {
+            namespace,
+            tx,
+            allow,
+            freeze,
+            context,
+        });
         self.exports = names;
         Ok(&self.exports)
     }
 
-    /// Calls export `name` with `args`, lending it `access` for the call. Returns `access`
-    /// back (the caller commits on `Ok`, rolls back on `Err`) and the function's result.
+    /// Calls export `name` with `args` for `auth`, lending it `access` for the call. Returns
+    /// `access` back (the caller commits on `Ok`, rolls back on `Err`) and the function's result.
+    ///
+    /// `auth` is `None` for the admin token, else the client as `{"sub", "claims"}`: the
+    /// function sees it as `tx.auth`, and a client's call runs only if the module's `allow`
+    /// returns `true` for it (else [`FunctionError::Forbidden`], and `access` is untouched).
     pub fn call<A: TxAccess>(
         &mut self,
         name: &str,
         args: &serde_json::Value,
+        auth: Option<&serde_json::Value>,
         access: A,
     ) -> (A, Result<serde_json::Value, FunctionError>) {
-        let Some(context) = &self.context else {
-            return (access, Err(FunctionError::NotFound(name.to_string())));
+        let known = self.exports.iter().any(|e| e == name);
+        let Some(loaded) = &self.loaded else {
+            return (access, Err(refusal(name, auth.is_some(), false)));
         };
-        if !self.exports.iter().any(|e| e == name) {
-            return (access, Err(FunctionError::NotFound(name.to_string())));
+        if auth.is_some() && loaded.allow.is_none() {
+            return (access, Err(refusal(name, true, false)));
         }
-        *self.slot.borrow_mut() = Some(Box::new(access));
+        if !known {
+            return (access, Err(refusal(name, auth.is_some(), true)));
+        }
         self.rng.set(0);
         let started = Instant::now();
         self.deadline.set(Some(started + self.limits.time_max));
         let limits = self.limits;
-        let result = context.with(|ctx| -> Result<serde_json::Value, FunctionError> {
-            let exports: Object = ctx
-                .globals()
-                .get(EXPORTS_GLOBAL)
-                .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let function: Function = exports
-                .get(name)
-                .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let tx: Object = ctx
-                .globals()
-                .get(host::TX_GLOBAL)
-                .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let js_args = convert::json_to_js(&ctx, args)
-                .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
-            let out: rquickjs::Value = function
-                .call((tx, js_args))
-                .catch(&ctx)
-                .map_err(|e| call_error(e, started, limits))?;
-            convert::js_to_json(&out, 0).map_err(|e| FunctionError::Value(format!("result: {e}")))
+        let auth_slot = &self.auth;
+        let context = &loaded.context;
+
+        if let Some(auth) = auth {
+            // The caller as `tx.auth` and `allow`'s first argument: one deep-frozen object.
+            let allowed = context.with(|ctx| -> Result<(), FunctionError> {
+                let freeze = restore(&ctx, &loaded.freeze)?;
+                let auth_js = convert::json_to_frozen_js(&ctx, auth, &freeze)
+                    .map_err(|e| FunctionError::Value(format!("auth: {e}")))?;
+                *auth_slot.borrow_mut() = Some(Persistent::save(&ctx, auth_js.clone()));
+                let allow = match &loaded.allow {
+                    Some(allow) => restore(&ctx, allow)?,
+                    None => return Err(refusal(name, true, false)),
+                };
+                // `allow` gets its own copy of the arguments: it cannot change the function's.
+                let allow_args = convert::json_to_js(&ctx, args)
+                    .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
+                let name_js = name
+                    .into_js(&ctx)
+                    .map_err(|e| FunctionError::Value(e.to_string()))?;
+                let verdict: rquickjs::Value = allow
+                    .call((auth_js, name_js, allow_args))
+                    .catch(&ctx)
+                    .map_err(|e| match call_error(e, started, limits) {
+                        FunctionError::Thrown(thrown) => FunctionError::Forbidden(format!(
+                            "clients may not call {name:?}: allow threw: {thrown}"
+                        )),
+                        other => other,
+                    })?;
+                match verdict.as_bool() {
+                    Some(true) => Ok(()),
+                    _ => Err(refusal(name, true, true)),
+                }
+            });
+            if let Err(e) = allowed {
+                self.deadline.set(None);
+                context.with(|_| auth_slot.borrow_mut().take());
+                if !matches!(e, FunctionError::Forbidden(_)) {
+                    // Reclaim what a failed (e.g. out-of-memory) `allow` left behind; a plain
+                    // refusal does not pay for a collection.
+                    self.runtime.run_gc();
+                }
+                return (access, Err(e));
+            }
+        }
+
+        *self.slot.borrow_mut() = Some(Box::new(access));
+        let result = context.with(|ctx| {
+            let result = (|| -> Result<serde_json::Value, FunctionError> {
+                let function: Function = restore(&ctx, &loaded.namespace)?
+                    .get(name)
+                    .map_err(|e| FunctionError::Value(e.to_string()))?;
+                let tx = restore(&ctx, &loaded.tx)?;
+                let js_args = convert::json_to_js(&ctx, args)
+                    .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
+                let out: rquickjs::Value = function
+                    .call((tx, js_args))
+                    .catch(&ctx)
+                    .map_err(|e| call_error(e, started, limits))?;
+                convert::js_to_json(&out, 0)
+                    .map_err(|e| FunctionError::Value(format!("result: {e}")))
+            })();
+            // The caller is this call's only: a later call (or a stashed `tx`) sees its own.
+            auth_slot.borrow_mut().take();
+            result
         });
         self.deadline.set(None);
         let lent: Box<dyn std::any::Any> = self
@@ -235,6 +353,37 @@ impl Functions {
             self.runtime.run_gc();
         }
         (access, result)
+    }
+}
+
+/// A persisted value of the loaded module, in this call's context.
+fn restore<'js, T>(
+    ctx: &rquickjs::Ctx<'js>,
+    value: &Persistent<T>,
+) -> Result<T::Changed<'js>, FunctionError>
+where
+    T: Clone + rquickjs::JsLifetime<'static>,
+{
+    value
+        .clone()
+        .restore(ctx)
+        .map_err(|e| FunctionError::Value(e.to_string()))
+}
+
+/// Why `name` was not called: for the admin, only an unknown name (`NotFound`); for a client
+/// the same `Forbidden` whether the name is unknown or `allow` refused it, so a client
+/// cannot tell which functions exist.
+fn refusal(name: &str, client: bool, has_allow: bool) -> FunctionError {
+    if !client {
+        FunctionError::NotFound(name.to_string())
+    } else if has_allow {
+        FunctionError::Forbidden(format!(
+            "clients may not call {name:?}: allow(auth, name, args) did not return true"
+        ))
+    } else {
+        FunctionError::Forbidden(format!(
+            "clients may not call {name:?}: the module exports no allow function, so clients may call none"
+        ))
     }
 }
 

@@ -75,7 +75,7 @@ fn call(
     args: serde_json::Value,
 ) -> (Db, Result<serde_json::Value, FunctionError>) {
     let st = db.begin();
-    let (mut owned, result) = f.call(name, &args, Owned { db, st, seed: 42 });
+    let (mut owned, result) = f.call(name, &args, None, Owned { db, st, seed: 42 });
     if result.is_ok() {
         owned.db.commit_state(&mut owned.st);
     } else {

@@ -1,9 +1,9 @@
 //! Fuzz targets for function module source and call arguments: `Functions::load` must answer
 //! any text with exports or `Compile`, and a call must return a result or a typed error with
-//! any JSON arguments — never panic, never leave the transaction half-open. Each call's
-//! effects are committed or rolled back as the server does, and the database must take a
-//! write afterwards. `SLUICE_FUZZ_EXECS` / `SLUICE_FUZZ_SEED` run a long mode;
-//! `--nocapture` shows executions and panics per target.
+//! any JSON arguments and any caller (the admin, or a client through `allow`) — never panic,
+//! never leave the transaction half-open. Each call's effects are committed or rolled back as
+//! the server does, and the database must take a write afterwards. `SLUICE_FUZZ_EXECS` /
+//! `SLUICE_FUZZ_SEED` run a long mode; `--nocapture` shows executions and panics per target.
 
 use std::time::Duration;
 
@@ -57,9 +57,15 @@ fn functions() -> Functions {
 }
 
 /// Calls `name` with `args` as the writer does: commit on `Ok`, roll back on `Err`.
-fn call(functions: &mut Functions, db: Db, name: &str, args: &Json) -> (Db, String) {
+fn call(
+    functions: &mut Functions,
+    db: Db,
+    name: &str,
+    args: &Json,
+    auth: Option<&Json>,
+) -> (Db, String) {
     let st = db.begin();
-    let (mut owned, result) = functions.call(name, args, Owned { db, st });
+    let (mut owned, result) = functions.call(name, args, auth, Owned { db, st });
     let outcome = match &result {
         Ok(_) => {
             owned.db.commit_state(&mut owned.st);
@@ -77,6 +83,7 @@ fn error_kind(e: &FunctionError) -> String {
     match e {
         FunctionError::Compile { line, .. } => format!("compile {}", line.is_some()),
         FunctionError::NotFound(_) => "not_found".into(),
+        FunctionError::Forbidden(_) => "forbidden".into(),
         FunctionError::Thrown(m) => format!("thrown {}", m.split(':').next().unwrap_or("")),
         FunctionError::Timeout(_) => "timeout".into(),
         FunctionError::OutOfMemory(_) => "memory".into(),
@@ -118,7 +125,7 @@ fn fuzz_function_module_source() {
             let mut outcome = format!("loaded {}", exports.len().min(3));
             for (i, name) in exports.iter().take(3).enumerate() {
                 let args: Json = serde_json::from_str(ARGS[i % ARGS.len()]).unwrap();
-                let (after, o) = call(&mut functions, db.take().unwrap(), name, &args);
+                let (after, o) = call(&mut functions, db.take().unwrap(), name, &args, None);
                 db = Some(after);
                 outcome.push(' ');
                 outcome.push_str(&o);
@@ -131,17 +138,39 @@ fn fuzz_function_module_source() {
 #[test]
 fn fuzz_function_call_args() {
     let mut functions = functions();
-    let module = [corpus::MODULES[0], corpus::MODULES[1], corpus::MODULES[2]].concat();
+    // Client calls (a request with an `"auth"`) go through this `allow`, which reads the
+    // caller and the arguments whatever their shape.
+    let allow = r#"
+export function allow(auth, name, args) {
+  return auth.claims.role === "teller" || (name === "now" && args !== null && auth.sub.length > 0);
+}
+"#;
+    let module = [
+        corpus::MODULES[0],
+        corpus::MODULES[1],
+        corpus::MODULES[2],
+        allow,
+    ]
+    .concat();
     let exports = functions
         .load(&module)
         .expect("the seed modules load")
         .to_vec();
     let mut db = Some(seeded_db());
-    let seeds = ARGS.iter().map(|a| {
+    let auths = [
+        json!({"sub": "alice", "claims": {"sub": "alice", "role": "teller", "exp": 1}}),
+        json!({"sub": "bob", "claims": {"sub": "bob", "exp": 1, "teams": [1, {"x": null}]}}),
+    ];
+    let seeds = ARGS.iter().enumerate().map(|(i, a)| {
         let args: Json = serde_json::from_str(a).unwrap();
-        json!({"name": exports[0], "args": args}).to_string()
+        match i % 3 {
+            0 => json!({"name": exports[0], "args": args}),
+            n => json!({"name": exports[i % exports.len()], "args": args, "auth": auths[n - 1]}),
+        }
+        .to_string()
     });
-    let words: Vec<&str> = exports.iter().map(String::as_str).collect();
+    let mut words: Vec<&str> = exports.iter().map(String::as_str).collect();
+    words.extend(["allow", "auth", "claims", "sub", "role", "teller"]);
     Fuzzer::new("functions_args", 10_000, Kind::Json)
         .seeds(seeds)
         .dictionary(&words)
@@ -150,7 +179,14 @@ fn fuzz_function_call_args() {
                 return "not json".into();
             };
             let name = request["name"].as_str().unwrap_or("transfer");
-            let (after, outcome) = call(&mut functions, db.take().unwrap(), name, &request["args"]);
+            let auth = request.get("auth");
+            let (after, outcome) = call(
+                &mut functions,
+                db.take().unwrap(),
+                name,
+                &request["args"],
+                auth,
+            );
             db = Some(after);
             assert_takes_a_write(db.as_mut().unwrap());
             outcome

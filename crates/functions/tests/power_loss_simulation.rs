@@ -215,7 +215,7 @@ fn run_transaction(rng: &mut Rng, functions: &mut Functions, db: Db) -> (Db, Opt
             }
         };
         let st = db.begin();
-        let (mut lent, result) = functions.call(name, &args, Lent { db, st });
+        let (mut lent, result) = functions.call(name, &args, None, Lent { db, st });
         let commit = match result {
             Ok(_) => lent.db.commit_state(&mut lent.st),
             Err(_) => {

@@ -141,7 +141,14 @@ pub fn prepare_as(sql: &str, db: &Db, client: bool) -> Result<Plan, QueryError> 
     planner.client = client;
     planner.params.claim_base = own;
     let select = planner.statement(statement)?;
-    debug_assert!(planner.params.positional.max(planner.params.names.len()) <= own);
+    // The claims' slots must come after every parameter of the query's own: never let a
+    // miscount alias a claim with a parameter.
+    let planned = planner.params.positional.max(planner.params.names.len());
+    if !planner.params.claims.is_empty() && planned > own {
+        return Err(QueryError::unsupported(
+            "this combination of parameters in a query read through row policies",
+        ));
+    }
     let mut text = statement.to_string();
     if client {
         // A client's view of a query is not the admin's: they must not share a view.
@@ -159,15 +166,28 @@ pub fn prepare_as(sql: &str, db: &Db, client: bool) -> Result<Plan, QueryError> 
 fn own_params(tokens: &[TokenWithSpan]) -> usize {
     let mut positional = 0usize;
     let mut names: Vec<&str> = Vec::new();
-    for t in tokens {
-        if let Token::Placeholder(p) = &t.token {
-            if let Some(n) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
-                positional = positional.max(n);
-            } else if let Some(name) = p.strip_prefix(':') {
-                if !names.contains(&name) {
-                    names.push(name);
+    let mut add = |name| {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    };
+    // `:name` is tokenized as `:` then a word (the parser joins them); counting a `:` before
+    // a word that is not a parameter only leaves a slot unused.
+    for (i, t) in tokens.iter().enumerate() {
+        match &t.token {
+            Token::Placeholder(p) => {
+                if let Some(n) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                    positional = positional.max(n);
+                } else if let Some(name) = p.strip_prefix(':') {
+                    add(name);
                 }
             }
+            Token::Colon => {
+                if let Some(Token::Word(w)) = tokens.get(i + 1).map(|t| &t.token) {
+                    add(w.value.as_str());
+                }
+            }
+            _ => {}
         }
     }
     positional.max(names.len())

@@ -182,6 +182,7 @@ impl From<sluice_functions::FunctionError> for ApiError {
                 }
             }
             F::NotFound(_) => ApiError::not_found(message),
+            F::Forbidden(_) => ApiError::forbidden(message),
             F::Thrown(_) => ApiError::new(StatusCode::BAD_REQUEST, "function_error", message),
             F::Timeout(_) | F::OutOfMemory(_) => ApiError::limit(message),
             F::Value(_) => ApiError::bad_request(message),
@@ -191,11 +192,20 @@ impl From<sluice_functions::FunctionError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let limit = (self.code == "limit")
+            .then(|| crate::auth::limit_flag(&self.message))
+            .flatten();
         let mut body = Map::new();
         body.insert("code".into(), Value::from(self.code));
         body.insert("message".into(), Value::from(self.message));
         body.extend(self.details);
-        (self.status, Json(json!({ "error": body }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": body }))).into_response();
+        if let Some(flag) = limit {
+            response
+                .extensions_mut()
+                .insert(crate::auth::LimitRefusal(flag));
+        }
+        response
     }
 }
 

@@ -71,8 +71,8 @@ impl Caller {
 }
 
 /// How tokens are checked (`--admin-token`, `--jwt-*`) and how many streams one client
-/// subject may hold (`--max-connections-per-subject`).
-#[derive(Clone, Debug)]
+/// subject may hold (`--max-connections-per-subject`). Its `Debug` hides the secrets.
+#[derive(Clone)]
 pub struct AuthConfig {
     /// The admin token; `None`: read `<data-dir>/admin-token`, generating it on first start.
     pub admin_token: Option<String>,
@@ -87,6 +87,26 @@ pub struct AuthConfig {
     /// Open WebSockets and SSE streams one client `sub` may hold
     /// (`--max-connections-per-subject`); the admin token is not limited.
     pub max_connections_per_subject: usize,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |set: bool| if set { Some("<hidden>") } else { None };
+        f.debug_struct("AuthConfig")
+            .field("admin_token", &hidden(self.admin_token.is_some()))
+            .field("jwt_secret", &hidden(self.jwt_secret.is_some()))
+            .field(
+                "jwt_public_key_pem",
+                &self.jwt_public_key_pem.as_ref().map(|pem| pem.len()),
+            )
+            .field("jwt_audience", &self.jwt_audience)
+            .field("jwt_issuer", &self.jwt_issuer)
+            .field(
+                "max_connections_per_subject",
+                &self.max_connections_per_subject,
+            )
+            .finish()
+    }
 }
 
 impl Default for AuthConfig {
@@ -126,6 +146,15 @@ const LIMIT_FLAGS: [&str; 8] = [
     "--function-time-ms",
     "--function-memory-bytes",
 ];
+
+/// The counted limit flag a `limit` error's message names, if any.
+pub(crate) fn limit_flag(message: &str) -> Option<&'static str> {
+    LIMIT_FLAGS.iter().copied().find(|f| message.contains(f))
+}
+
+/// Left on a response by a `limit` error, for the middleware to count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LimitRefusal(pub &'static str);
 
 /// Counters for `/metrics`.
 struct AuthStats {
@@ -751,13 +780,17 @@ fn bearer(req: &Request) -> Result<String, AuthError> {
         let text = value
             .to_str()
             .map_err(|_| AuthError::new("malformed", "the Authorization header is not text"))?;
-        let token = text.strip_prefix("Bearer ").ok_or_else(|| {
-            AuthError::new(
-                "malformed",
-                "the Authorization header must be `Bearer <token>`",
-            )
-        })?;
-        return Ok(token.trim().to_string());
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let token = match text.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => {
+                return Err(AuthError::new(
+                    "malformed",
+                    "the Authorization header must be `Bearer <token>`",
+                ))
+            }
+        };
+        return Ok(token.to_string());
     }
     if takes_query_token(req.uri().path()) {
         let query = axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(
@@ -790,6 +823,9 @@ pub(crate) async fn authenticate(
             let response = next.run(req).await;
             if response.status() == axum::http::StatusCode::FORBIDDEN {
                 auth.note_forbidden();
+            }
+            if let Some(LimitRefusal(flag)) = response.extensions().get::<LimitRefusal>() {
+                auth.note_limit(flag);
             }
             response
         }
@@ -873,6 +909,13 @@ mod tests {
     #[test]
     fn the_admin_token_is_the_admin() {
         assert!(auth(&config()).verify(ADMIN).unwrap().is_admin());
+    }
+
+    #[test]
+    fn the_configuration_does_not_print_its_secrets() {
+        let text = format!("{:?}", config());
+        assert!(!text.contains(ADMIN) && !text.contains(SECRET), "{text}");
+        assert!(text.contains("<hidden>"), "{text}");
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub(crate) async fn sse(
             .map(|s| parse_since(s, "since"))
             .transpose()?,
     };
+    let guard = core.authenticator().connect(&caller)?;
     let claims = caller.claims().map(|c| c.all.clone());
     let subscription = Subscription::open(
         &core,
@@ -127,7 +128,8 @@ pub(crate) async fn sse(
         },
     )
     .await?;
-    let stream = futures_util::stream::unfold(subscription, |mut s| async move {
+    // The guard counts this stream against the caller's connections while it is open.
+    let stream = futures_util::stream::unfold((subscription, guard), |(mut s, g)| async move {
         let event = s.next().await?;
         let mut sse = SseEvent::default()
             .event(event.kind.as_str())
@@ -135,7 +137,7 @@ pub(crate) async fn sse(
         if event.kind != EventKind::Error {
             sse = sse.id(event.seq.to_string());
         }
-        Some((Ok::<_, Infallible>(sse), s))
+        Some((Ok::<_, Infallible>(sse), (s, g)))
     });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(core.config().live_heartbeat))

@@ -390,6 +390,7 @@ async fn watch_sse(
         }
         None => p.from,
     };
+    let guard = core.authenticator().connect(&caller)?;
     let watch = core.watch_as(&caller, &name, from, p.filter).await?;
     let first = Bytes::from(format!(
         "event: watching\ndata: {}\n\n",
@@ -405,9 +406,10 @@ async fn watch_sse(
         first: Some(first),
         done: false,
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
+    // The guard counts this stream against the caller's connections while it is open.
+    let stream = futures_util::stream::unfold((state, guard), |(mut s, g)| async move {
         let chunk = s.step().await?;
-        Some((Ok::<_, std::convert::Infallible>(chunk), s))
+        Some((Ok::<_, std::convert::Infallible>(chunk), (s, g)))
     });
     Ok((
         [

@@ -382,12 +382,12 @@ impl Writer {
                     Request::Call {
                         name,
                         args,
-                        claims: _,
+                        claims,
                         durability,
                         reply,
                     } => {
                         let held = guard.take().expect("the writer holds the lock");
-                        let (held, outcome) = self.call(held, &name, &args);
+                        let (held, outcome) = self.call(held, &name, &args, claims.as_deref());
                         guard = Some(held);
                         match outcome {
                             Err(e) => {
@@ -527,11 +527,16 @@ impl Writer {
         db: DbGuard,
         name: &str,
         args: &serde_json::Value,
+        claims: Option<&crate::auth::Claims>,
     ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
         let now_us = now_us();
         let st = db.begin();
-        let (mut lent, result) = self.functions.call(name, args, Lent { db, st, now_us });
+        // `tx.auth`: `null` for the admin, `{sub, claims}` for a client.
+        let auth = claims.map(|c| serde_json::json!({"sub": c.sub, "claims": c.all}));
+        let (mut lent, result) =
+            self.functions
+                .call(name, args, auth.as_ref(), Lent { db, st, now_us });
         // A call that met the commit-size limit is refused even if it caught the error.
         let result = match lent.st.over_limit() {
             Some(e) => Err(CoreError::Tx(e.clone())),

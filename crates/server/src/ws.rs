@@ -57,6 +57,10 @@ pub(crate) async fn upgrade(
     axum::Extension(caller): axum::Extension<Caller>,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let guard = match core.authenticator().connect(&caller) {
+        Ok(guard) => guard,
+        Err(e) => return axum::response::IntoResponse::into_response(e),
+    };
     // Frames above the body limit get a structured error; far above it, the frame is a
     // protocol violation and the connection is closed with a reason.
     let hard_max = core.config().body_bytes_max.saturating_mul(2).max(1 << 20);
@@ -68,7 +72,11 @@ pub(crate) async fn upgrade(
         Some(p) if p.as_bytes() == MSGPACK_PROTOCOL.as_bytes() => Encoding::Msgpack,
         _ => Encoding::Json,
     };
-    ws.on_upgrade(move |socket| connection(core, socket, encoding, caller))
+    ws.on_upgrade(move |socket| async move {
+        // The guard counts this connection against the caller's while it is open.
+        connection(core, socket, encoding, caller).await;
+        drop(guard);
+    })
 }
 
 fn encode(encoding: Encoding, value: &Value) -> Message {
@@ -267,6 +275,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         watches.unwatch(&qid).map(Some)
                     };
                     // `watching` follows as an event
+                    if let Err(e) = &outcome {
+                        note_refusal(&core, e);
+                    }
                     match qid_reply(outcome, id, qid) {
                         Some(reply) => ready(reply),
                         None => continue,
@@ -281,6 +292,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         subs.unsubscribe(&qid).map(Some)
                     };
                     // the snapshot follows as an event
+                    if let Err(e) = &outcome {
+                        note_refusal(&core, e);
+                    }
                     match qid_reply(outcome, id, qid) {
                         Some(reply) => ready(reply),
                         None => continue,
@@ -295,7 +309,10 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                             let core = core.clone();
                             Box::pin(async move { pending.finish(&core, &id).await })
                         }
-                        Err(e) => ready(error_reply(&id, e)),
+                        Err(e) => {
+                            note_refusal(&core, &e);
+                            ready(error_reply(&id, e))
+                        }
                     }
                 }
             }
@@ -315,6 +332,19 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
     drop(events_tx);
     drop(pending_tx);
     let _ = sender.await;
+}
+
+/// Counts a refusal in `/metrics` as the HTTP middleware does for responses.
+fn note_refusal(core: &Core, e: &ApiError) {
+    match e.code {
+        "forbidden" => core.authenticator().note_forbidden(),
+        "limit" => {
+            if let Some(flag) = crate::auth::limit_flag(&e.message) {
+                core.authenticator().note_limit(flag);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The reply to a (un)subscribe or (un)watch: none when its first event is the answer, else
@@ -746,7 +776,11 @@ impl Pending {
                 v["id"] = id.clone();
                 v
             }
-            Err(e) => error_reply(id, e.into()),
+            Err(e) => {
+                let e = ApiError::from(e);
+                note_refusal(core, &e);
+                error_reply(id, e)
+            }
         }
     }
 }

@@ -20,18 +20,15 @@
 //!   SQLite on the row the event carries, for every query whose rows are table rows);
 //! - `POST /v1/query` with its token equals the oracle.
 //!
-//! (When a policy changes, docs/security.md ends the subscriptions reading the table with
-//! `rules_changed`; this test also accepts a `reset` snapshot under the new rules there — the
-//! rows are what it checks — and prints a note; `policies_survive_restart` checks the
-//! `rules_changed` end itself.)
-//!
 //! Every few commits: row reads (`GET /v1/tables/t/rows/{id}`: the row iff readable, else 404)
 //! and paged scans equal the oracle; a subscriber disconnects and resumes with `since` (diffs
 //! or a `reset` snapshot, checked like the rest). Twice, a policy is created (or dropped)
-//! on one table: every subscription reading that table ends with `rules_changed`, the others
-//! go on; they resume with `since` and read under the new rules. Before each policy change
-//! and at the end, `/v1/changes` since the previous change (a stretch of constant rules),
-//! paged with each client token, is exactly the changes whose old or new image the client may
+//! on one table: every subscription reading that table follows with a `reset` snapshot under
+//! the new rules when they read the claims the old ones read, and ends with `rules_changed`
+//! when they read one more (docs/security.md; with one fewer either is accepted) — then it
+//! resumes with `since`; the others go on. Before each policy change and at the end,
+//! `/v1/changes` since the previous change (a stretch of constant rules), paged with each
+//! client token, is exactly the changes whose old or new image the client may
 //! read (a readable new image as usual, a readable old image whose new one is not as
 //! `delete`), and every policy entry appears.
 //!
@@ -40,7 +37,7 @@
 //! `SLUICE_RULES_HARNESS_CHECK=1` checks the harness itself against a server without rules:
 //! no policies, every subscriber with the admin token, the oracle reading every row.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -185,6 +182,26 @@ enum Pred {
 }
 
 impl Pred {
+    /// The claims the predicate reads.
+    fn claims(&self, out: &mut BTreeSet<&'static str>) {
+        let atom = |a: &Atom, out: &mut BTreeSet<&'static str>| match a {
+            Atom::OwnerIsSub | Atom::SubIs(_) => {
+                out.insert("sub");
+            }
+            Atom::TeamIsTeam | Atom::ClaimTeamIs(_) => {
+                out.insert("team");
+            }
+            _ => {}
+        };
+        match self {
+            Pred::Atom(a) | Pred::Not(a) => atom(a, out),
+            Pred::And(a, b) | Pred::Or(a, b) => {
+                a.claims(out);
+                b.claims(out);
+            }
+        }
+    }
+
     fn random(rng: &mut Rng, depth: u32) -> Pred {
         if depth > 0 && rng.chance(40) {
             let a = Box::new(Pred::random(rng, depth - 1));
@@ -480,6 +497,17 @@ impl Oracle {
                     .unwrap();
             }
         }
+    }
+
+    /// The claims the read rules of the tables `q` reads read.
+    fn claims_read(&self, q: &Query) -> BTreeSet<&'static str> {
+        let mut out = BTreeSet::new();
+        for p in &self.policies {
+            if p.reads() && q.template.contains(&format!("{{T{}", p.table)) {
+                p.using.claims(&mut out);
+            }
+        }
+        out
     }
 
     /// The read predicate of table `i` for `claims`: its SELECT/ALL policies OR'ed.
@@ -1370,8 +1398,11 @@ async fn run(seed: u64, long: bool, commits: usize) {
             .await;
             let entries_before = policy_names.len();
             // Create a policy on one table (or drop one): every subscription reading that
-            // table ends with `rules_changed`; resumed, it reads under the new rules.
+            // table follows with a reset snapshot or ends with `rules_changed`; resumed, it
+            // reads under the new rules.
             let t = rng.below(tables);
+            let claims_before: Vec<BTreeSet<&'static str>> =
+                subs.iter().map(|s| oracle.claims_read(&s.query)).collect();
             let droppable: Vec<usize> = (0..oracle.policies.len())
                 .filter(|&i| oracle.policies[i].table == t)
                 .collect();
@@ -1395,15 +1426,28 @@ async fn run(seed: u64, long: bool, commits: usize) {
             eprintln!("rules oracle: step {step}: {sql}");
             let seq = http.admin_sql(&sql).await;
             window = (seq - 1, history.len(), entries_before);
-            for s in subs.iter_mut().filter(|s| s.reads(t)) {
+            for (k, s) in subs.iter_mut().enumerate().filter(|(_, s)| s.reads(t)) {
                 s.sync(&oracle, &[], &format!("{ctx}, after {sql}"), true)
                     .await;
-                if s.stream.is_some() {
-                    eprintln!(
-                        "rules oracle: NOTE: {} got a reset snapshot, not the `rules_changed` end docs/security.md describes",
+                // A reset snapshot when the rules read the claims they read before; the end
+                // with `rules_changed` when they read one more (fewer: either).
+                let after = oracle.claims_read(&s.query);
+                let before = &claims_before[k];
+                let ended = s.stream.is_none();
+                if after.is_subset(before) && before.is_subset(&after) {
+                    assert!(
+                        !ended,
+                        "{ctx}: {} ended with rules_changed after {sql}, yet its rules read the same claims {before:?}",
                         s.name
                     );
-                } else {
+                } else if !after.is_subset(before) {
+                    assert!(
+                        ended,
+                        "{ctx}: {} got a reset snapshot after {sql}, yet its rules now read {after:?}, not only {before:?}",
+                        s.name
+                    );
+                }
+                if ended {
                     let since = s.mat.as_ref().map(|m| m.seq);
                     s.subscribe(addr, since).await;
                 }

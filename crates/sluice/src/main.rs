@@ -10,6 +10,7 @@ use sluice_log::Durability;
 use sluice_server::{Config, Core};
 
 mod alloc;
+mod tls;
 
 /// mimalloc: the write path allocates on tokio threads and frees on the writer thread;
 /// glibc malloc's per-thread arenas handle that pattern poorly. Wrapped to count live heap
@@ -27,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Verify every snapshot and log segment of a data directory, offline.
     Check {
         #[arg(long, default_value = "./sluice-data")]
@@ -249,6 +250,13 @@ struct ServeArgs {
     /// When set, client tokens must carry this `iss`.
     #[arg(long)]
     jwt_issuer: Option<String>,
+    /// PEM certificate chain: serve HTTPS and `wss://` on the listen address (with
+    /// --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Open WebSockets and SSE streams one client token subject (`sub`) may hold; the
     /// admin token is not limited.
     #[arg(long, default_value_t = sluice_server::AuthConfig::default().max_connections_per_subject)]
@@ -365,7 +373,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Check { data } => check(&data),
         Command::Bench(args) => sluice_bench::run(args),
         Command::Token(args) => token(args),
@@ -380,7 +388,13 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    use std::future::IntoFuture;
     let config = args.config()?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::load(cert, key)?),
+        (None, None) => None,
+        _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+    };
     if args.count_allocations {
         alloc::enable_counting();
         sluice_server::add_metrics_hook(alloc::render_metrics);
@@ -405,28 +419,46 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(torn) = &r.torn_tail {
             tracing::warn!("truncated a torn log tail: {torn}");
         }
+        let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
-        // Replies are small and written in batches that are flushed explicitly; Nagle's
-        // algorithm would only hold them back (up to a delayed-ACK timeout).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on http://{addr}");
-        if let Some(notice) = core.tokens().admin_token_notice(&base_url("http", addr)) {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on {scheme}://{addr}");
+        if let Some(notice) = core.tokens().admin_token_notice(&base_url(scheme, addr)) {
             tracing::info!("{notice}");
         }
         let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
         let closing = core.clone();
-        let server = axum::serve(listener, sluice_server::api::router(core.clone()))
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                tracing::info!("shutting down: ending live streams and WebSockets");
-                closing.begin_shutdown();
-                let _ = signalled_tx.send(());
-            });
+        let shutdown = async move {
+            signalled.await;
+            tracing::info!("shutting down: ending live streams and WebSockets");
+            closing.begin_shutdown();
+            let _ = signalled_tx.send(());
+        };
+        let router = sluice_server::api::router(core.clone());
+        let server: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> =
+            match tls {
+                None => {
+                    // Replies are small and written in batches that are flushed explicitly;
+                    // Nagle's algorithm would only hold them back (up to a delayed-ACK
+                    // timeout).
+                    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
+                    Box::pin(
+                        axum::serve(listener, router)
+                            .with_graceful_shutdown(shutdown)
+                            .into_future(),
+                    )
+                }
+                Some(config) => Box::pin(
+                    axum::serve(tls::TlsListener::spawn(listener, config)?, router)
+                        .with_graceful_shutdown(shutdown)
+                        .into_future(),
+                ),
+            };
         let grace = std::time::Duration::from_millis(args.shutdown_grace_ms);
         tokio::select! {
             served = server => served?,
@@ -457,14 +489,19 @@ fn base_url(scheme: &str, addr: SocketAddr) -> String {
     format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install a SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
-    }
+/// SIGINT or SIGTERM. The handlers are installed when this is called (not when the
+/// future is first polled), so a signal that arrives as soon as the port is open is not
+/// taken by the default action (which would kill the process without a final snapshot).
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn check(data: &std::path::Path) -> anyhow::Result<ExitCode> {

@@ -4,7 +4,8 @@
 //! which every case took samples and verified its own numbers: each subscriber's recomputed
 //! checksum matched the server's on every event, and its final view matched a one-shot
 //! query (rows and checksum, or the row count). Memory per view is reported from RSS and
-//! from the server allocator's own counters.
+//! from the server allocator's own counters. The rules family runs too: users with their
+//! own client tokens under a row policy, none receiving a diff of another user's write.
 
 use std::process::Command;
 use std::time::Instant;
@@ -50,6 +51,8 @@ fn quick_live_bench_samples_and_verifies_every_case() {
     assert_eq!(count("size", "sluice"), 3, "view-size cases");
     assert_eq!(count("views", "sluice"), 2, "number-of-views cases");
     assert_eq!(count("shape", "sluice"), 7, "shape cases");
+    // --quick: one case of 20 users under the row policy.
+    assert_eq!(count("rules", "sluice"), 1, "rules cases");
     if with_postgres {
         assert_eq!(count("size", "postgres"), 2, "PostgreSQL view-size cases");
         assert_eq!(count("shape", "postgres"), 7, "PostgreSQL shape cases");
@@ -72,6 +75,26 @@ fn quick_live_bench_samples_and_verifies_every_case() {
                 "the subscriber's rows equal the one-shot query's: {c}"
             );
         }
+    }
+    for c in cases.iter().filter(|c| c["family"] == "rules") {
+        let r = &c["rules"];
+        assert_eq!(r["users"], 20, "{c}");
+        assert_eq!(
+            r["foreign_diffs"], 0,
+            "no user receives a diff of another user's write: {c}"
+        );
+        assert!(
+            r["own_diffs"].as_u64().unwrap_or(0) >= c["samples"].as_u64().unwrap_or(u64::MAX),
+            "every sampled write's diff reached its user: {c}"
+        );
+        assert_eq!(
+            r["memory"]["views_gauge"], 20.0,
+            "one view per user (their claims differ): {c}"
+        );
+        assert!(
+            r["memory"]["heap_bytes_per_user"].as_f64().unwrap_or(0.0) > 0.0,
+            "memory per user from the server allocator's counters: {c}"
+        );
     }
     for c in cases.iter().filter(|c| c["family"] == "views") {
         let m = &c["memory"];
@@ -101,6 +124,8 @@ fn quick_live_bench_samples_and_verifies_every_case() {
         "Latency by query shape",
         "write→diff p50",
         "ack→diff p50",
+        "Latency under a row policy",
+        "foreign diffs",
     ] {
         assert!(
             summary.contains(needle),

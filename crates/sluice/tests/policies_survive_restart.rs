@@ -2,11 +2,12 @@
 //! through `POST /v1/sql` with the admin token, listed by `GET /v1/policies`, shown in
 //! `/v1/changes` as `create_policy` / `drop_policy`, and recovered after `kill -9` from the
 //! log and from a snapshot (plus the log after it): a client reads the same rows before and
-//! after. A client token may not create, drop or list policies (403 `forbidden`). A client
-//! subscription reading a table ends with `rules_changed` when a policy on that table is
-//! created, over SSE and WebSocket, and resubscribing with `since` reads under the new rules
-//! (a reset snapshot); a subscription on another table goes on. `DROP TABLE` drops the
-//! table's policies.
+//! after. A client token may not create, drop or list policies (403 `forbidden`). When a
+//! policy on a table is created or dropped, client subscriptions reading it (SSE and
+//! WebSocket) follow with a reset snapshot under the new rules, or — when the new rules read
+//! a claim the views did not bind — end with `rules_changed`, and resubscribing with `since`
+//! reads under the new rules (a reset snapshot); a subscription on another table goes on.
+//! `DROP TABLE` drops the table's policies.
 
 mod common;
 mod sec;
@@ -163,6 +164,17 @@ async fn policies_are_logged_snapshotted_and_recovered() {
         [1, 2, 3, 4, 5],
         "own notes, team 2 or public"
     );
+    // A policy on a claim of the client's own choosing survives too.
+    admin
+        .sql("CREATE POLICY by_nick ON notes FOR SELECT USING (owner = auth.nick)")
+        .await;
+    let dave_token = token("dave", json!({"nick": "carol"}));
+    let dave = Client::new(&server, &dave_token);
+    assert_eq!(
+        ids(&dave).await,
+        [3, 4, 6],
+        "his own note, carol's by nick, and the public one"
+    );
 
     let want_entries = vec![
         entry("create_policy", "notes", "own_notes"),
@@ -171,6 +183,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
         entry("create_policy", "other", "other_all"),
         entry("drop_policy", "notes", "tmp"),
         entry("create_policy", "notes", "extra"),
+        entry("create_policy", "notes", "by_nick"),
     ];
     let entries = policy_entries(&admin).await;
     assert_eq!(entries, want_entries, "policy entries in /v1/changes");
@@ -180,6 +193,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     assert_eq!(
         names(&list),
         [
+            "notes.by_nick",
             "notes.extra",
             "notes.own_notes",
             "notes.team_read",
@@ -191,6 +205,11 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let admin = Client::admin(&server);
     let alice = Client::new(&server, &alice_token);
     assert_eq!(policies(&admin).await, list, "the policies after a restart");
+    assert_eq!(
+        ids(&Client::new(&server, &dave_token)).await,
+        [3, 4, 6],
+        "dave reads the same rows"
+    );
     assert_eq!(
         ids(&alice).await,
         [1, 2, 3, 4, 5],
@@ -233,6 +252,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
         names(&list),
         [
             "notes.after_snap",
+            "notes.by_nick",
             "notes.extra",
             "notes.own_notes",
             "other.other_all"
@@ -260,7 +280,7 @@ async fn policies_are_logged_snapshotted_and_recovered() {
 }
 
 #[tokio::test]
-async fn a_policy_change_ends_the_client_subscriptions_reading_its_table() {
+async fn a_policy_change_resets_or_ends_the_client_subscriptions_reading_its_table() {
     let dir = TempDir::new("policies-rules-changed");
     let server = sec::start(&dir.join("data"), dir.path(), &[]);
     let admin = Client::admin(&server);
@@ -280,10 +300,11 @@ async fn a_policy_change_ends_the_client_subscriptions_reading_its_table() {
     admin
         .sql("CREATE POLICY own_notes ON notes FOR SELECT USING (owner = auth.sub); CREATE POLICY team_read ON notes FOR SELECT USING (team = auth.team); CREATE POLICY other_all ON other FOR SELECT USING (1 = 1)")
         .await;
-    let alice = Client::new(&server, &token("alice", json!({"team": 2})));
+    let alice = Client::new(
+        &server,
+        &token("alice", json!({"team": 2, "nick": "carol"})),
+    );
 
-    // Subscriptions reading notes end with `rules_changed` when a policy on notes is created;
-    // one on another table goes on.
     let mut sse = alice
         .sse("/v1/live", &[("sql", NOTES_BY_ID)])
         .await
@@ -296,15 +317,38 @@ async fn a_policy_change_ends_the_client_subscriptions_reading_its_table() {
         .await;
     let snap = ws.next().await;
     assert_eq!(snap["type"], "snapshot", "{snap}");
-    let ws_seq = snap["seq"].as_u64().unwrap();
     ws.send(json!({"id": 2, "type": "subscribe", "qid": "o", "sql": "SELECT * FROM other"}))
         .await;
     let snap = ws.next().await;
     assert_eq!(snap["type"], "snapshot", "{snap}");
     assert_eq!(snap["qid"], "o", "{snap}");
 
+    // A policy that reads no claim the views did not bind: each subscription reading notes
+    // follows at once with a reset snapshot under the new rules — on create and on drop.
+    for (sql, keys) in [
+        (
+            "CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')",
+            json!([1, 2, 3, 4, 5]),
+        ),
+        ("DROP POLICY extra ON notes", json!([1, 2, 4, 5])),
+    ] {
+        admin.sql(sql).await;
+        let (event, snap) = sse.event().await;
+        assert_eq!(event, "snapshot", "SSE after {sql}: {snap}");
+        assert_eq!(snap["reset"], true, "SSE after {sql}: {snap}");
+        assert_eq!(snap["keys"], keys, "SSE after {sql}: {snap}");
+        let snap = ws.next().await;
+        assert_eq!(snap["type"], "snapshot", "WS after {sql}: {snap}");
+        assert_eq!(snap["qid"], "n", "WS after {sql}: {snap}");
+        assert_eq!(snap["reset"], true, "WS after {sql}: {snap}");
+        assert_eq!(snap["keys"], keys, "WS after {sql}: {snap}");
+    }
+    let ws_seq = admin.health_seq().await;
+
+    // A policy that reads a claim the views did not bind (`auth.nick`) ends them with
+    // `rules_changed`; the subscription to another table goes on.
     admin
-        .sql("CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')")
+        .sql("CREATE POLICY by_nick ON notes FOR SELECT USING (owner = auth.nick)")
         .await;
     let (event, err) = sse.event().await;
     assert_eq!(event, "error", "{err}");
@@ -317,37 +361,36 @@ async fn a_policy_change_ends_the_client_subscriptions_reading_its_table() {
     assert_eq!(err["type"], "error", "{err}");
     assert_eq!(err["qid"], "n", "{err}");
     assert_eq!(err["error"]["code"], "rules_changed", "{err}");
-    // The subscription to `other` goes on: a write reaches it as a diff.
     admin
         .mutate_ok(json!([{"op": "insert", "table": "other", "row": {"id": 2, "v": 2}}]))
         .await;
     let diff = ws.next().await;
     assert_eq!(diff["type"], "diff", "{diff}");
     assert_eq!(diff["qid"], "o", "{diff}");
-    // Resubscribing with `since` reads under the new rules, as a reset snapshot.
+    // Resubscribing with `since` reads under the new rules, as a reset snapshot; over SSE
+    // with `since` as well.
     ws.send(json!({"id": 3, "type": "subscribe", "qid": "n", "sql": NOTES_BY_ID, "since": ws_seq}))
         .await;
     let snap = ws.next().await;
     assert_eq!(snap["type"], "snapshot", "{snap}");
     assert_eq!(snap["reset"], true, "{snap}");
-    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
-    drop(sse);
-    drop(ws);
-
-    // Dropping a policy ends them too.
+    assert_eq!(snap["keys"], json!([1, 2, 4, 5]), "{snap}");
     let mut sse = alice
-        .sse("/v1/live", &[("sql", NOTES_BY_ID)])
+        .sse(
+            "/v1/live",
+            &[("sql", NOTES_BY_ID), ("since", &ws_seq.to_string())],
+        )
         .await
         .unwrap_or_else(|e| panic!("alice's live query: {e:?}"));
     let (event, snap) = sse.event().await;
     assert_eq!(event, "snapshot", "{snap}");
-    assert_eq!(snap["keys"], json!([1, 2, 3, 4, 5]), "{snap}");
-    admin.sql("DROP POLICY extra ON notes").await;
-    let (event, err) = sse.event().await;
-    assert_eq!(event, "error", "{err}");
-    assert_eq!(err["error"]["code"], "rules_changed", "{err}");
-    assert!(
-        sse.ends_within(sec::WAIT).await,
-        "the SSE stream ends after rules_changed"
-    );
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 4, 5]), "{snap}");
+    // And the new rule applies to new rows.
+    admin
+        .mutate_ok(json!([{"op": "insert", "table": "notes", "row": {"id": 6, "owner": "carol", "team": 1}}]))
+        .await;
+    let (event, diff) = sse.event().await;
+    assert_eq!(event, "diff", "{diff}");
+    assert_eq!(diff["changes"][0]["key"], 6, "{diff}");
 }

@@ -12,7 +12,12 @@
 //!    writes insert into a random subscribed room; server RSS before/after gives memory per
 //!    view;
 //! 3. **shape**: plain filter, top-k, 2-way join, `IN (SELECT …)` depth 1 and 3, and an
-//!    aggregate over the same tables, each alone; every write changes the view.
+//!    aggregate over the same tables, each alone; every write changes the view;
+//! 4. **rules**: N users (100 … 10 000), each with its own client token and WebSocket,
+//!    subscribed to the same `SELECT * FROM notes ORDER BY ts DESC LIMIT 20` under the row
+//!    policy `owner = auth.sub`; writes insert a note for one random user; besides latency
+//!    and memory per user it counts diffs at users a write was not for (`foreign_diffs`,
+//!    which must be 0). See [`rules`].
 //!
 //! Writes are sequential (one in flight), so a sample is latency, not queueing. The bench
 //! checks its own numbers: each subscriber recomputes the documented checksum after every
@@ -23,6 +28,7 @@
 //! # Layout
 //! - [`client`]: SSE and WebSocket subscribers, the writer, the client-side materialisation.
 //! - [`peer`]: the PostgreSQL trigger and listener.
+//! - [`rules`]: the rules family.
 //! - [`summary`]: tables, targets, charts and `samples.json`.
 
 use std::collections::BTreeSet;
@@ -44,6 +50,7 @@ use crate::CommonArgs;
 
 pub mod client;
 pub mod peer;
+pub mod rules;
 pub mod summary;
 
 use client::{result_checksum, rss_bytes, Api, Mat, Note, SseSub, WsConn, SSE_QID};
@@ -99,8 +106,15 @@ pub struct LiveArgs {
     /// Longest measured time of one PostgreSQL case, in seconds [default: 10; --quick: 2].
     #[arg(long)]
     pub peer_seconds: Option<f64>,
-    /// Families to run: size, views, shape.
-    #[arg(long, value_delimiter = ',', default_values_t = vec!["size".to_string(), "views".to_string(), "shape".to_string()])]
+    /// Users under a row policy, one case each (rules family) [default: 100,1000,10000;
+    /// --quick: 20].
+    #[arg(long, value_delimiter = ',')]
+    pub users: Option<Vec<usize>>,
+    /// Notes each user starts with (rules family).
+    #[arg(long, default_value_t = 3)]
+    pub notes_per_user: usize,
+    /// Families to run: size, views, shape, rules.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["size".to_string(), "views".to_string(), "shape".to_string(), "rules".to_string()])]
     pub families: Vec<String>,
     /// Skip the PostgreSQL peer (it is also skipped, with a note, when not installed).
     #[arg(long)]
@@ -116,6 +130,8 @@ pub struct LiveArgs {
 pub struct Params {
     pub sizes: Vec<usize>,
     pub views: Vec<usize>,
+    pub users: Vec<usize>,
+    pub notes_per_user: usize,
     pub samples: usize,
     pub warmup: usize,
     pub shape_rows: usize,
@@ -146,6 +162,8 @@ impl Params {
             &[1_000, 4_000],
         );
         let views = pick(&args.views, &[100, 1_000, 10_000, 100_000], &[10, 200]);
+        let users = pick(&args.users, &[100, 1_000, 10_000], &[20]);
+        anyhow::ensure!(users.iter().all(|&u| u >= 1), "--users must be at least 1");
         anyhow::ensure!(
             sizes.iter().all(|&s| (1..=1_000_000).contains(&s)),
             "--sizes must be between 1 and 1000000 (a view is built by one query, which reads at most joined_rows_max = 1000000 rows)"
@@ -153,8 +171,8 @@ impl Params {
         anyhow::ensure!(views.iter().all(|&v| v >= 1), "--views must be at least 1");
         for f in &args.families {
             anyhow::ensure!(
-                ["size", "views", "shape"].contains(&f.as_str()),
-                "unknown family {f:?}: expected size, views or shape"
+                ["size", "views", "shape", "rules"].contains(&f.as_str()),
+                "unknown family {f:?}: expected size, views, shape or rules"
             );
         }
         let ws_size = sizes
@@ -165,6 +183,8 @@ impl Params {
             ws_size,
             sizes,
             views,
+            users,
+            notes_per_user: args.notes_per_user,
             samples: args.samples.unwrap_or(if quick { 40 } else { 1_000 }),
             warmup: args.warmup.unwrap_or(if quick { 5 } else { 100 }),
             shape_rows: args
@@ -203,6 +223,7 @@ pub enum Family {
     Size,
     Views,
     Shape,
+    Rules,
 }
 
 /// Percentiles of one series of samples, in µs (may be negative for ack → diff).
@@ -299,6 +320,8 @@ pub struct Case {
     pub views: Option<usize>,
     /// Shape name (shape family).
     pub shape: Option<String>,
+    /// Users, each with its own token and subscription (rules family).
+    pub users: Option<usize>,
     pub sql: String,
     /// Sluice's operator for the view (by the rules of `crates/live/src/operator.rs`).
     pub operator: Option<&'static str>,
@@ -329,6 +352,8 @@ pub struct Case {
     /// All views subscribed: first subscribe sent → last snapshot received, in s.
     pub subscribe_s: Option<f64>,
     pub memory: Option<Memory>,
+    /// Foreign diffs, memory per user, … (rules family).
+    pub rules: Option<rules::RulesStats>,
     pub verify: Verify,
     /// Measured window, s.
     pub seconds: f64,
@@ -348,6 +373,7 @@ impl Case {
             size: None,
             views: None,
             shape: None,
+            users: None,
             sql: sql.to_string(),
             operator: None,
             view_rows: 0,
@@ -366,6 +392,7 @@ impl Case {
             query_ms: None,
             subscribe_s: None,
             memory: None,
+            rules: None,
             verify: Verify::default(),
             seconds: 0.0,
             error: None,
@@ -379,6 +406,7 @@ impl Case {
             Family::Size => format!("{} rows in the view", self.size.unwrap_or(0)),
             Family::Views => format!("{} views", self.views.unwrap_or(0)),
             Family::Shape => format!("shape {}", self.shape.as_deref().unwrap_or("?")),
+            Family::Rules => format!("{} users under a row policy", self.users.unwrap_or(0)),
         };
         format!(
             "{} {what} ({}, {})",
@@ -1603,10 +1631,11 @@ async fn run_cases(
         progress: Progress::new("live"),
     };
     ctx.progress.say(format!(
-        "sizes {:?}, views {:?}, shapes over {} rows; {} samples per case (≤ {}s), warm-up {}",
+        "sizes {:?}, views {:?}, shapes over {} rows, users {:?}; {} samples per case (≤ {}s), warm-up {}",
         params.sizes,
         params.views,
         params.shape_rows,
+        params.users,
         params.samples,
         params.case_seconds,
         params.warmup
@@ -1655,6 +1684,9 @@ async fn run_cases(
             cases.push(c);
         }
     }
+    if params.runs("rules") {
+        rules::rules_family(&ctx, &mut cases).await;
+    }
     if let Some(pg) = pg {
         ctx.progress
             .say(format!("stopping PostgreSQL (pid {})", pg.pid()));
@@ -1690,6 +1722,13 @@ pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
             "case {label} did not verify: {}",
             c["verify"]["detail"]
         );
+        if c["family"] == "rules" {
+            anyhow::ensure!(
+                c["rules"]["foreign_diffs"].as_u64() == Some(0),
+                "case {label}: users received diffs of writes to other users' rows: {}",
+                c["rules"]
+            );
+        }
     }
     Ok(())
 }

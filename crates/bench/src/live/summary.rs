@@ -17,6 +17,13 @@ const TARGET_VIEWS_P50_US: f64 = 1_000.0;
 const TARGET_VIEWS: usize = 100_000;
 /// Goal: server memory per idle view.
 const TARGET_BYTES_PER_VIEW: f64 = 2048.0;
+/// Goal (rules): p50 at the most users over p50 at the fewest.
+const TARGET_RULES_FLAT_RATIO: f64 = 1.5;
+/// Goal (rules): server memory per subscribed user, plus its rows.
+const TARGET_BYTES_PER_USER: f64 = 2048.0;
+/// What the rules memory goal allows per row in a user's view: the row's values, its
+/// result key and hash in the view's window and materialisation.
+const ROW_BYTES_ALLOWANCE: f64 = 256.0;
 
 fn ms(us: f64) -> f64 {
     us / 1e3
@@ -229,6 +236,7 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             });
         }
     }
+    rules_targets(report, cases);
     let ratios: Vec<String> = params
         .sizes
         .iter()
@@ -527,6 +535,8 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
         report.tables.push(t);
     }
 
+    rules_table(report, params, cases);
+
     // Charts (latencies in ms).
     let size_labels: Vec<String> = params.sizes.iter().map(|&s| fmt_rows(s)).collect();
     let size_series = |name: &str, f: &dyn Fn(usize) -> Option<f64>| BarSeries {
@@ -672,6 +682,8 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
         );
     }
 
+    rules_chart(report, cases);
+
     // Notes.
     report.notes.push(format!(
         "The machine has {} CPU(s), shared by the server, the bench's clients, PostgreSQL and \
@@ -722,4 +734,217 @@ pub fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
     }
     crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "live", "params": params, "cases": cases });
+}
+
+// ---------------------------------------------------------------------------------------
+// The rules family.
+
+fn rules_cases(cases: &[Case]) -> impl Iterator<Item = &Case> {
+    cases.iter().filter(|c| c.family == Family::Rules)
+}
+
+fn rules_targets(report: &mut Report, cases: &[Case]) {
+    let done: Vec<&Case> = rules_cases(cases).filter(|c| ok(c)).collect();
+    if done.is_empty() {
+        return;
+    }
+    let users = |c: &Case| c.users.unwrap_or(0);
+    report.targets.push(Target {
+        what: "write→diff p50 under a row policy (`owner = auth.sub`), one WebSocket and token \
+               per user (memory class)"
+            .into(),
+        goal: "< 0.5 ms at every user count".into(),
+        measured: done
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} users: {} (p99 {})",
+                    fmt_rows(users(c)),
+                    fmt_signed_us(c.write_to_diff.p50_us),
+                    fmt_signed_us(c.write_to_diff.p99_us)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        met: Some(done.iter().all(|c| c.write_to_diff.p50_us < TARGET_P50_US)),
+    });
+    let fewest = done.iter().min_by_key(|c| users(c)).copied();
+    let most = done.iter().max_by_key(|c| users(c)).copied();
+    if let (Some(a), Some(b)) = (fewest, most) {
+        let ratio = b.write_to_diff.p50_us / a.write_to_diff.p50_us.max(1e-9);
+        report.targets.push(Target {
+            what: format!(
+                "write→diff p50 flat from {} to {} users under the policy (p50 at the most / at \
+                 the fewest)",
+                fmt_rows(users(a)),
+                fmt_rows(users(b))
+            ),
+            goal: format!("within {TARGET_RULES_FLAT_RATIO}× (from 100 to 10 K users)"),
+            measured: format!(
+                "{} ({} → {})",
+                fmt_ratio(ratio),
+                fmt_signed_us(a.write_to_diff.p50_us),
+                fmt_signed_us(b.write_to_diff.p50_us)
+            ),
+            met: (done.len() >= 2).then_some(ratio <= TARGET_RULES_FLAT_RATIO),
+        });
+    }
+    if let Some(c) = most {
+        if let Some(r) = &c.rules {
+            let m = &r.memory;
+            let allowance = TARGET_BYTES_PER_USER + c.view_rows as f64 * ROW_BYTES_ALLOWANCE;
+            report.targets.push(Target {
+                what: format!(
+                    "server memory per subscribed user, {} users of {} rows each (live heap \
+                     with every user subscribed − with every user connected, / users)",
+                    fmt_rows(users(c)),
+                    c.view_rows
+                ),
+                goal: format!(
+                    "< 2 KiB plus its rows ({} B per row: < {allowance:.0} B here)",
+                    ROW_BYTES_ALLOWANCE
+                ),
+                measured: format!(
+                    "{}; RSS {:.0} B per user; the user's WebSocket connection itself {}",
+                    m.heap_bytes_per_user
+                        .map_or("heap not exposed".into(), |b| format!("{b:.0} B heap")),
+                    m.rss_bytes_per_user,
+                    m.connection_heap_bytes_per_user
+                        .map_or("?".into(), |b| format!("{b:.0} B heap"))
+                ),
+                met: m.heap_bytes_per_user.map(|b| b < allowance),
+            });
+        }
+    }
+    let foreign: u64 = done
+        .iter()
+        .filter_map(|c| c.rules.as_ref())
+        .map(|r| r.foreign_diffs)
+        .sum();
+    let writes: u64 = done
+        .iter()
+        .filter_map(|c| c.rules.as_ref())
+        .map(|r| r.writes)
+        .sum();
+    report.targets.push(Target {
+        what: "foreign diffs: diffs at a user for a write to another user's rows".into(),
+        goal: "0".into(),
+        measured: format!("{foreign} over {writes} writes"),
+        met: Some(foreign == 0),
+    });
+}
+
+fn rules_table(report: &mut Report, params: &Params, cases: &[Case]) {
+    let mut t = table(
+        &format!(
+            "Latency under a row policy (`CREATE POLICY own ON notes FOR SELECT USING (owner = \
+             auth.sub)`; every user subscribes to `{}` with its own token, {} notes each)",
+            super::rules::NOTES_VIEW,
+            params.notes_per_user
+        ),
+        &["users"],
+        &[
+            "connect all",
+            "subscribe all",
+            "heap B / user (subscription)",
+            "heap blocks / user",
+            "RSS B / user (subscription)",
+            "heap B / user (WebSocket)",
+            "live views",
+            "foreign diffs",
+            "verified",
+        ],
+    );
+    for c in rules_cases(cases) {
+        let mut row = vec![c.users.map_or("—".into(), fmt_rows)];
+        row.extend(latency_cells(c));
+        let r = c.rules.as_ref();
+        let m = r.map(|r| &r.memory);
+        let n = c.users.unwrap_or(0) as f64;
+        row.push(r.map_or("—".into(), |r| {
+            format!("{:.2} s ({:.0}/s)", r.connect_s, n / r.connect_s.max(1e-9))
+        }));
+        row.push(r.map_or("—".into(), |r| {
+            format!(
+                "{:.2} s ({:.0}/s)",
+                r.subscribe_s,
+                n / r.subscribe_s.max(1e-9)
+            )
+        }));
+        row.push(
+            m.and_then(|m| m.heap_bytes_per_user)
+                .map_or("—".into(), |b| format!("{b:.0}")),
+        );
+        row.push(
+            m.and_then(|m| m.heap_blocks_per_user)
+                .map_or("—".into(), |b| format!("{b:.1}")),
+        );
+        row.push(m.map_or("—".into(), |m| format!("{:.0}", m.rss_bytes_per_user)));
+        row.push(
+            m.and_then(|m| m.connection_heap_bytes_per_user)
+                .map_or("—".into(), |b| format!("{b:.0}")),
+        );
+        row.push(m.map_or("—".into(), |m| format!("{:.0}", m.views_gauge)));
+        row.push(r.map_or("—".into(), |r| {
+            format!("{} / {} writes", r.foreign_diffs, r.writes)
+        }));
+        row.push(verified(c));
+        t.row(row);
+    }
+    t.note = Some(format!(
+        "The server runs with `--jwt-secret`; each user has its own HS256 client token (`sub` = \
+         `user<i>`, minted with `sluice_server::auth::mint_hs256`) and its own WebSocket \
+         (JSON), opened {} at a time, and subscribes to the same SQL text; the policy makes it \
+         the user's own {TOP_K} newest notes. Each write (admin token, one at a time, after a \
+         warm-up) inserts a note with the newest `ts` for one random user; its diff is awaited \
+         at that user's subscription. Every diff any user receives is attributed to the write \
+         of its seq: foreign diffs are diffs at a user the write was not for (they must be 0; \
+         the bench also listens {} ms after the last write and compares each user's own count \
+         of diffs with the writes made for it). Memory: server RSS and live heap \
+         (`sluice_alloc_bytes`, `--count-allocations`) read 1 s after each step: before the \
+         users connect, with every WebSocket open, and with every user subscribed; \
+         subscription = (subscribed − connected) / users (the view under the rule, its \
+         materialisation, routing entry, subscription queue and forwarding task), WebSocket = \
+         (connected − before) / users (an open idle connection: its task and buffers), which a \
+         user pays once however many queries it subscribes. Verified: every user's view was \
+         materialised, every event checksum matched, no foreign diff, and the written users' \
+         views (and 50 others) equal both a one-shot `POST /v1/query` of the same SQL with the \
+         user's token and the admin's `{}` with the user's `sub`.",
+        super::rules::CONNECT_CONCURRENCY,
+        super::rules::LATE_DIFFS_WAIT.as_millis(),
+        super::rules::OWN_NOTES
+    ));
+    if !t.rows.is_empty() {
+        report.tables.push(t);
+    }
+}
+
+fn rules_chart(report: &mut Report, cases: &[Case]) {
+    let done: Vec<&Case> = rules_cases(cases).collect();
+    if !done.iter().any(|c| ok(c)) {
+        return;
+    }
+    let series = |name: &str, f: &dyn Fn(&Case) -> f64| BarSeries {
+        name: name.into(),
+        values: done.iter().map(|c| ok(c).then(|| f(c))).collect(),
+    };
+    let chart = BarChart {
+        title: "write→diff latency vs users under a row policy (one WebSocket per user)".into(),
+        x_label: "users subscribed, each to its own rows".into(),
+        y_label: "ms".into(),
+        categories: done
+            .iter()
+            .map(|c| fmt_rows(c.users.unwrap_or(0)))
+            .collect(),
+        series: vec![
+            series("p50", &|c| ms(c.write_to_diff.p50_us)),
+            series("p95", &|c| ms(c.write_to_diff.p95_us)),
+            series("p99", &|c| ms(c.write_to_diff.p99_us)),
+        ],
+    };
+    report.chart(
+        "rules_latency.svg",
+        "write→diff p50/p95/p99 by users under a row policy",
+        chart.render(),
+    );
 }
