@@ -11,6 +11,14 @@
 //! random query: filters, `ORDER BY … LIMIT`, `GROUP BY` counts, joins (`JOIN`, `LEFT JOIN`),
 //! `IN (SELECT …)`.
 //!
+//! A third of the writes are clients' own mutates (mostly of their own rows), under random
+//! `INSERT` / `UPDATE` (with or without `WITH CHECK`) / `DELETE` / `ALL` policies: SQLite
+//! predicts each op's verdict from docs/security.md "Writes" (insert: some INSERT/ALL
+//! `WITH CHECK`, else `USING`, on the new row; update: some UPDATE/ALL `USING` on the old row
+//! and `WITH CHECK` on the new; delete: some DELETE/ALL `USING` on the old row); a batch with
+//! a forbidden op must be refused with 403 `forbidden` naming the first such op, its command
+//! and table, the seq unmoved; an allowed one must commit.
+//!
 //! After every commit, for every subscriber:
 //! - its materialisation (snapshot, then diffs applied as docs/protocol.md says, checksums
 //!   verified) equals SQLite running the query with each table replaced by
@@ -267,9 +275,13 @@ impl Pred {
 struct Policy {
     name: String,
     table: usize,
-    /// `SELECT`, `ALL` or `INSERT` (which must not open reads).
+    /// `SELECT`, `INSERT`, `UPDATE`, `DELETE` or `ALL`; only `SELECT` and `ALL` open reads.
     command: &'static str,
+    /// `USING` (for `INSERT`: its `WITH CHECK`).
     using: Pred,
+    /// `WITH CHECK` of an `UPDATE` or `ALL` policy; without it, new rows are checked by
+    /// `using`.
+    check: Option<Pred>,
 }
 
 impl Policy {
@@ -279,15 +291,41 @@ impl Policy {
 
     fn create_sql(&self) -> String {
         let p = self.using.render(None);
+        let check = self
+            .check
+            .as_ref()
+            .map(|c| format!(" WITH CHECK ({})", c.render(None)))
+            .unwrap_or_default();
         match self.command {
             "INSERT" => format!(
                 "CREATE POLICY {} ON t{} FOR INSERT WITH CHECK ({p})",
                 self.name, self.table
             ),
             c => format!(
-                "CREATE POLICY {} ON t{} FOR {c} USING ({p})",
+                "CREATE POLICY {} ON t{} FOR {c} USING ({p}){check}",
                 self.name, self.table
             ),
+        }
+    }
+
+    /// The predicate new rows must pass under this policy (for `command`), if it applies.
+    fn new_row_pred(&self, command: &str) -> Option<&Pred> {
+        match (self.command, command) {
+            ("INSERT", "insert") => Some(&self.using),
+            ("ALL", "insert" | "update") | ("UPDATE", "update") => {
+                Some(self.check.as_ref().unwrap_or(&self.using))
+            }
+            _ => None,
+        }
+    }
+
+    /// The predicate old rows must pass under this policy (for `command`), if it applies.
+    fn old_row_pred(&self, command: &str) -> Option<&Pred> {
+        match (self.command, command) {
+            ("ALL", "update" | "delete") | ("UPDATE", "update") | ("DELETE", "delete") => {
+                Some(&self.using)
+            }
+            _ => None,
         }
     }
 }
@@ -559,6 +597,49 @@ impl Oracle {
 
     /// Whether `claims` may read `row` (a row image of table `i`), evaluated by SQLite.
     fn readable(&self, i: usize, row: &Value, claims: &Claims) -> bool {
+        self.holds(i, row, &self.read_pred(i, claims))
+    }
+
+    /// Whether `claims` may make the change `old` → `new` of a row of table `i`
+    /// (docs/security.md "Writes"): the command it is checked as, and the verdict.
+    fn write_allowed(
+        &self,
+        i: usize,
+        old: Option<&Value>,
+        new: Option<&Value>,
+        claims: &Claims,
+    ) -> (&'static str, bool) {
+        let any = |preds: Vec<&Pred>| -> String {
+            if preds.is_empty() {
+                "0".into()
+            } else {
+                preds
+                    .iter()
+                    .map(|p| format!("({})", p.render(Some(claims))))
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            }
+        };
+        let on_table = || self.policies.iter().filter(|p| p.table == i);
+        let command = match (old, new) {
+            (None, Some(_)) => "insert",
+            (Some(_), Some(_)) => "update",
+            (Some(_), None) => "delete",
+            (None, None) => unreachable!("an op changes a row"),
+        };
+        let old_ok = old.is_none_or(|o| {
+            let preds: Vec<&Pred> = on_table().filter_map(|p| p.old_row_pred(command)).collect();
+            self.holds(i, o, &any(preds))
+        });
+        let new_ok = new.is_none_or(|n| {
+            let preds: Vec<&Pred> = on_table().filter_map(|p| p.new_row_pred(command)).collect();
+            self.holds(i, n, &any(preds))
+        });
+        (command, old_ok && new_ok)
+    }
+
+    /// Whether the SQL predicate `pred` holds for `row` (a row image of table `i`).
+    fn holds(&self, i: usize, row: &Value, pred: &str) -> bool {
         self.conn
             .execute(&format!("DELETE FROM probe{i}"), [])
             .unwrap();
@@ -585,10 +666,7 @@ impl Oracle {
         let n: i64 = self
             .conn
             .query_row(
-                &format!(
-                    "SELECT COUNT(*) FROM probe{i} WHERE {}",
-                    self.read_pred(i, claims)
-                ),
+                &format!("SELECT COUNT(*) FROM probe{i} WHERE {pred}"),
                 [],
                 |r| r.get(0),
             )
@@ -725,6 +803,12 @@ impl Http {
         )
         .unwrap();
         self.send(self.client.get(url), token).await
+    }
+
+    async fn health_seq(&self) -> u64 {
+        let (status, body) = self.get(ADMIN, "/health", &[]).await;
+        assert_eq!(status, 200, "/health: {body}");
+        body["seq"].as_u64().expect("a seq")
     }
 
     async fn admin_sql(&self, sql: &str) -> u64 {
@@ -1096,17 +1180,29 @@ fn touched_by(ops: &[Value]) -> Vec<(usize, i64)> {
         .collect()
 }
 
-fn random_row(rng: &mut Rng, def: &TableDef) -> Row {
+/// A random row; with `bias` (a client writing), often its own `owner` and `team`.
+fn random_row(rng: &mut Rng, def: &TableDef, bias: Option<&Claims>) -> Row {
+    let own_team = bias.and_then(|c| match &c.team {
+        Team::Int(n) => Some(*n),
+        Team::Text(t) => t.parse().ok(),
+        _ => None,
+    });
     Row {
         owner: if def.owner_nullable && rng.chance(15) {
             None
         } else {
-            Some(rng.pick(&OWNERS).to_string())
+            match bias {
+                Some(c) if rng.chance(70) => Some(c.sub.clone()),
+                _ => Some(rng.pick(&OWNERS).to_string()),
+            }
         },
         team: if def.team_nullable && rng.chance(20) {
             None
         } else {
-            Some(rng.range(1, 3))
+            match own_team {
+                Some(n) if rng.chance(60) => Some(n),
+                _ => Some(rng.range(1, 3)),
+            }
         },
         score: rng.range(0, 100),
         link: if rng.chance(15) {
@@ -1127,16 +1223,33 @@ fn random_batch(
     defs: &[TableDef],
     state: &mut State,
     next_id: &mut [i64],
+    bias: Option<&Claims>,
 ) -> Vec<Value> {
     let mut ops = Vec::new();
     let mut touched = Vec::new();
-    for _ in 0..rng.range(1, 3) {
+    let n = if bias.is_some() && rng.chance(60) {
+        1
+    } else {
+        rng.range(1, 3)
+    };
+    for _ in 0..n {
         let t = rng.below(defs.len());
-        let existing: Vec<i64> = state[t]
+        let mut existing: Vec<i64> = state[t]
             .keys()
             .copied()
             .filter(|id| !touched.contains(&(t, *id)))
             .collect();
+        // A client mostly writes its own rows.
+        if let Some(c) = bias {
+            let own: Vec<i64> = existing
+                .iter()
+                .copied()
+                .filter(|id| state[t][id].owner.as_deref() == Some(c.sub.as_str()))
+                .collect();
+            if !own.is_empty() && rng.chance(70) {
+                existing = own;
+            }
+        }
         let kind = if existing.is_empty() || state[t].len() < 4 {
             0
         } else if state[t].len() > 14 {
@@ -1148,7 +1261,7 @@ fn random_batch(
             0 => {
                 let id = next_id[t];
                 next_id[t] += 1;
-                let row = random_row(rng, &defs[t]);
+                let row = random_row(rng, &defs[t], bias);
                 let mut j = row.json(id);
                 if rng.chance(30) {
                     ops.push(json!({"op": "upsert", "table": format!("t{t}"), "row": j}));
@@ -1163,7 +1276,7 @@ fn random_batch(
                 // Patch: move the row to another owner and/or team, or change its score.
                 let id = *rng.pick(&existing);
                 let mut row = state[t][&id].clone();
-                let fresh = random_row(rng, &defs[t]);
+                let fresh = random_row(rng, &defs[t], bias);
                 let mut set = Map::new();
                 if rng.chance(60) {
                     row.owner = fresh.owner.clone();
@@ -1183,7 +1296,7 @@ fn random_batch(
             }
             3 => {
                 let id = *rng.pick(&existing);
-                let row = random_row(rng, &defs[t]);
+                let row = random_row(rng, &defs[t], bias);
                 let mut j = row_set(&row);
                 j["id"] = json!(id);
                 ops.push(json!({"op": "upsert", "table": format!("t{t}"), "row": j}));
@@ -1268,11 +1381,13 @@ async fn run(seed: u64, long: bool, commits: usize) {
     for t in 0..tables {
         let n = *rng.pick(&[0, 1, 1, 1, 2, 2]);
         for _ in 0..n {
+            let all = rng.chance(25);
             let p = Policy {
                 name: format!("p{policy_no}"),
                 table: t,
-                command: if rng.chance(25) { "ALL" } else { "SELECT" },
+                command: if all { "ALL" } else { "SELECT" },
                 using: Pred::random(&mut rng, 2),
+                check: (all && rng.chance(50)).then(|| Pred::random(&mut rng, 1)),
             };
             policy_no += 1;
             if !harness_check() {
@@ -1281,12 +1396,18 @@ async fn run(seed: u64, long: bool, commits: usize) {
             }
             oracle.policies.push(p);
         }
-        if rng.chance(20) {
+        // Write policies: INSERT (which must not open reads), UPDATE with or without WITH
+        // CHECK, DELETE.
+        for (command, percent) in [("INSERT", 40), ("UPDATE", 50), ("DELETE", 40)] {
+            if !rng.chance(percent) {
+                continue;
+            }
             let p = Policy {
                 name: format!("p{policy_no}"),
                 table: t,
-                command: "INSERT",
+                command,
                 using: Pred::random(&mut rng, 1),
+                check: (command == "UPDATE" && rng.chance(60)).then(|| Pred::random(&mut rng, 1)),
             };
             policy_no += 1;
             if !harness_check() {
@@ -1305,7 +1426,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
     let mut history: Vec<Commit> = Vec::new();
     for _ in 0..4 {
         let before = state.clone();
-        let ops = random_batch(&mut rng, &defs, &mut state, &mut next_id);
+        let ops = random_batch(&mut rng, &defs, &mut state, &mut next_id, None);
         let (status, body) = http.post(ADMIN, "/v1/mutate", &json!({ "ops": ops })).await;
         assert_eq!(status, 200, "{ctx0}: {ops:?}: {body}");
         history.push(Commit {
@@ -1377,6 +1498,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
     // rules (since the seq before the last change: its history and its policy entries).
     let policy_changes = [commits / 3, 2 * commits / 3];
     let mut window = (0u64, 0usize, 0usize);
+    let (mut client_writes, mut refused_writes) = (0usize, 0usize);
     for step in 0..commits {
         let ctx = format!("{ctx0}, step {step}");
         if step % 25 == 0 {
@@ -1416,6 +1538,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
                     table: t,
                     command: "SELECT",
                     using: Pred::random(&mut rng, 1),
+                    check: None,
                 };
                 policy_no += 1;
                 let sql = p.create_sql();
@@ -1472,10 +1595,68 @@ async fn run(seed: u64, long: bool, commits: usize) {
             None
         };
 
+        // The writer: the admin, or (a third of the time) a client whose batch the oracle
+        // predicts to pass or to be refused at its first forbidden op.
         let before = state.clone();
-        let ops = random_batch(&mut rng, &defs, &mut state, &mut next_id);
-        let (status, body) = http.post(ADMIN, "/v1/mutate", &json!({ "ops": ops })).await;
-        assert_eq!(status, 200, "{ctx}: {ops:?}: {body}");
+        let mut next = state.clone();
+        let mut ids = next_id.clone();
+        let client = (!harness_check() && rng.chance(33)).then(|| rng.below(subs.len()));
+        let bias = client.map(|k| subs[k].claims.clone());
+        let ops = random_batch(&mut rng, &defs, &mut next, &mut ids, bias.as_ref());
+        let token = client.map_or(ADMIN.to_string(), |k| subs[k].token.clone());
+        let refusal = client.and_then(|k| {
+            touched_by(&ops)
+                .iter()
+                .enumerate()
+                .find_map(|(i, &(t, id))| {
+                    let old = before[t].get(&id).map(|r| r.json(id));
+                    let new = next[t].get(&id).map(|r| r.json(id));
+                    let (command, ok) =
+                        oracle.write_allowed(t, old.as_ref(), new.as_ref(), &subs[k].claims);
+                    (!ok).then_some((i, command, t))
+                })
+        });
+        let seq_before = http.health_seq().await;
+        let (status, body) = http
+            .post(&token, "/v1/mutate", &json!({ "ops": ops }))
+            .await;
+        let who = client.map_or("the admin".to_string(), |k| subs[k].name.clone());
+        if let Some((i, command, t)) = refusal {
+            assert_eq!(
+                status, 403,
+                "{ctx}: {who}: {ops:?} must be refused at op {i} ({command}): {body}"
+            );
+            let err = &body["error"];
+            assert_eq!(err["code"], "forbidden", "{ctx}: {who}: {ops:?}: {body}");
+            assert_eq!(
+                err["op"],
+                json!(i),
+                "{ctx}: {who}: {ops:?}: the first forbidden op: {body}"
+            );
+            assert_eq!(err["command"], command, "{ctx}: {who}: {ops:?}: {body}");
+            assert_eq!(
+                err["table"],
+                format!("t{t}"),
+                "{ctx}: {who}: {ops:?}: {body}"
+            );
+            assert_eq!(
+                http.health_seq().await,
+                seq_before,
+                "{ctx}: {who}: a refused mutate moved the seq"
+            );
+            refused_writes += 1;
+            if let Some(k) = away {
+                let since = subs[k].mat.as_ref().map(|m| m.seq);
+                subs[k].subscribe(addr, since).await;
+            }
+            continue;
+        }
+        assert_eq!(status, 200, "{ctx}: {who}: {ops:?}: {body}");
+        if client.is_some() {
+            client_writes += 1;
+        }
+        state = next;
+        next_id = ids;
         let seq = body["seq"].as_u64().unwrap();
         history.push(Commit {
             seq,
@@ -1525,6 +1706,11 @@ async fn run(seed: u64, long: bool, commits: usize) {
             check_row_reads(&http, &oracle, &subs, &state, &mut rng, &ctx).await;
         }
     }
+
+    eprintln!(
+        "rules oracle: {} commits, {client_writes} of them by clients; {refused_writes} client mutates refused as predicted",
+        history.len()
+    );
 
     // Catch-up with each client token over the last stretch.
     check_all_changes(
