@@ -7,7 +7,8 @@
 //! several users at once. An append with one record whose tag is not allowed (or an untagged
 //! record without `*`) is refused naming the record and the tag, and appends nothing. A `*`
 //! inside a claim is literal. Clients list only topics with a read rule, and see `append`
-//! entries in `/v1/changes` only for topics they may read entirely.
+//! entries in `/v1/changes` only for topics they may read entirely. Rules are checked when a
+//! read or watch starts: narrowed rules refuse new watches, an open watch keeps going.
 
 mod common;
 mod sec;
@@ -452,6 +453,41 @@ async fn watchers_and_readers_see_only_what_their_rules_allow() {
     assert_forbidden(status, &body, "a client creating a topic");
     let (status, body) = alice.delete("/v1/topics/chat").await;
     assert_forbidden(status, &body, "a client dropping a topic");
+
+    // Rules are checked when a read or watch starts: after the admin narrows the read rules,
+    // a new watch of user:alice is refused while the one already open keeps going.
+    let (status, body) = admin
+        .put(
+            "/v1/topics/chat",
+            &json!({"read": ["room:*"], "append": ["user:{auth.sub}", "room:{auth.room}"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    match alice
+        .sse("/v1/topics/chat/watch", &[("tag", "user:alice")])
+        .await
+    {
+        Ok(_) => panic!("a watch of user:alice after the rule was removed was not refused"),
+        Err((status, body)) => {
+            assert_forbidden(
+                status,
+                &body,
+                "alice watching user:alice under the new rules",
+            );
+        }
+    }
+    let (status, body) = alice
+        .post(
+            "/v1/topics/chat/records",
+            &json!({"records": [{"tags": ["user:alice"], "data": "still mine"}]}),
+        )
+        .await;
+    assert_eq!(
+        status, 200,
+        "the append rules still allow user:alice: {body}"
+    );
+    let (_, r) = alice_sse.event().await;
+    assert_eq!(r["data"], "still mine", "the open watch keeps going: {r}");
 }
 
 /// The `next` offset of a topic, as the admin reads it.
