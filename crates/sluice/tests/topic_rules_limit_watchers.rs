@@ -49,8 +49,8 @@ async fn collect_sse(sse: &mut Sse, n: usize, who: &str) -> Vec<Value> {
         assert_eq!(event, "record", "{who}: {data}");
         got.push(data);
     }
-    // Nothing more arrives (the last record appended was seen by someone, so a stray one
-    // would already be queued behind it).
+    // A stray record would show up as the next event read later in the test (the records
+    // each watcher gets next are checked one by one).
     got
 }
 
