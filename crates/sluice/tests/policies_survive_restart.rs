@@ -155,6 +155,17 @@ async fn policies_are_logged_snapshotted_and_recovered() {
     let (status, body) = alice.get("/v1/policies").await;
     assert_forbidden(status, &body, "a client listing policies");
     assert_eq!(policies(&admin).await, list, "the refusals changed nothing");
+    // Table names and schemas hold no data: a client reads them.
+    let (status, body) = alice.get("/v1/tables").await;
+    assert_eq!(status, 200, "a client listing tables: {body}");
+    let mut tables: Vec<&str> = body["tables"]
+        .as_array()
+        .expect("tables")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["notes", "other"], "{body}");
 
     admin
         .sql("CREATE POLICY extra ON notes FOR SELECT USING (body = 'public')")
