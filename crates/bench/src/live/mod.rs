@@ -1066,32 +1066,7 @@ async fn subscribe_rooms(
                 .map(|room| (room as u64, json!([room]))),
         )
     });
-    let notes_ref = &mut notes;
-    let progress = &ctx.progress;
-    let counting = async move {
-        let mut got = 0usize;
-        let mut last = Instant::now();
-        let mut said = Instant::now();
-        while got < v {
-            match tokio::time::timeout(Duration::from_secs(60), notes_ref.recv()).await {
-                Err(_) => anyhow::bail!("only {got} of {v} snapshots after 60s without progress"),
-                Ok(None) => anyhow::bail!("the WebSocket readers ended after {got} snapshots"),
-                Ok(Some(Note::Snapshot { at, .. })) => {
-                    got += 1;
-                    last = at;
-                }
-                Ok(Some(Note::Failed { qid, message })) => {
-                    anyhow::bail!("subscribe {qid:?} failed: {message}")
-                }
-                Ok(Some(Note::Diff { .. })) => {}
-            }
-            if said.elapsed() > Duration::from_secs(5) {
-                progress.say(format!("  {got} of {v} views subscribed"));
-                said = Instant::now();
-            }
-        }
-        Ok(last)
-    };
+    let counting = await_snapshots(&mut notes, v, "views", &ctx.progress);
     let (sent, last) = tokio::join!(futures_util::future::try_join_all(sends), counting);
     sent?;
     let secs = (last? - started).as_secs_f64();
@@ -1293,6 +1268,38 @@ async fn views_family(ctx: &Ctx<'_>, cases: &mut Vec<Case>) {
 
 // ---------------------------------------------------------------------------------------
 // Family 3: shapes.
+
+/// Waits for `n` snapshots on `notes` (saying how many every 5 s); the time the last came.
+/// Fails on a refused subscribe or 60 s without progress.
+pub(crate) async fn await_snapshots(
+    notes: &mut mpsc::UnboundedReceiver<Note>,
+    n: usize,
+    what: &str,
+    progress: &crate::progress::Progress,
+) -> anyhow::Result<Instant> {
+    let mut got = 0usize;
+    let mut last = Instant::now();
+    let mut said = Instant::now();
+    while got < n {
+        match tokio::time::timeout(Duration::from_secs(60), notes.recv()).await {
+            Err(_) => anyhow::bail!("only {got} of {n} snapshots after 60s without progress"),
+            Ok(None) => anyhow::bail!("the WebSocket readers ended after {got} snapshots"),
+            Ok(Some(Note::Snapshot { at, .. })) => {
+                got += 1;
+                last = at;
+            }
+            Ok(Some(Note::Failed { qid, message })) => {
+                anyhow::bail!("subscribe {qid:?} failed: {message}")
+            }
+            Ok(Some(Note::Diff { .. })) => {}
+        }
+        if said.elapsed() > Duration::from_secs(5) {
+            progress.say(format!("  {got} of {n} {what} subscribed"));
+            said = Instant::now();
+        }
+    }
+    Ok(last)
+}
 
 /// One query shape over `orgs`, `teams`, `users`, `msg`; every bench write (a `msg` row in
 /// a room below 50 by an even author, newest `ts`) changes its result.

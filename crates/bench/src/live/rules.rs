@@ -249,32 +249,7 @@ async fn rules_case(ctx: &Ctx<'_>, n: usize, case: &mut Case) -> anyhow::Result<
         .iter_mut()
         .enumerate()
         .map(|(i, conn)| conn.subscribe_many(NOTES_VIEW, std::iter::once((i as u64, json!([])))));
-    let notes_ref = &mut notes;
-    let progress = &ctx.progress;
-    let counting = async move {
-        let mut got = 0usize;
-        let mut last = Instant::now();
-        let mut said = Instant::now();
-        while got < n {
-            match tokio::time::timeout(Duration::from_secs(60), notes_ref.recv()).await {
-                Err(_) => anyhow::bail!("only {got} of {n} snapshots after 60s without progress"),
-                Ok(None) => anyhow::bail!("the WebSocket readers ended after {got} snapshots"),
-                Ok(Some(Note::Snapshot { at, .. })) => {
-                    got += 1;
-                    last = at;
-                }
-                Ok(Some(Note::Failed { qid, message })) => {
-                    anyhow::bail!("the subscribe of user {qid:?} failed: {message}")
-                }
-                Ok(Some(Note::Diff { .. })) => {}
-            }
-            if said.elapsed() > Duration::from_secs(5) {
-                progress.say(format!("  {got} of {n} users subscribed"));
-                said = Instant::now();
-            }
-        }
-        Ok(last)
-    };
+    let counting = super::await_snapshots(&mut notes, n, "users", &ctx.progress);
     let (sent, last) = tokio::join!(futures_util::future::try_join_all(sends), counting);
     sent?;
     let subscribe_s = (last? - subscribing).as_secs_f64();
