@@ -342,6 +342,12 @@ async fn a_policy_change_resets_or_ends_the_client_subscriptions_reading_its_tab
             json!([1, 2, 3, 4, 5]),
         ),
         ("DROP POLICY extra ON notes", json!([1, 2, 4, 5])),
+        // Claims the views already bind (`auth.team`, `auth.sub`), read once more.
+        (
+            "CREATE POLICY team_or_own ON notes FOR SELECT USING (team = auth.team OR owner = auth.sub)",
+            json!([1, 2, 4, 5]),
+        ),
+        ("DROP POLICY team_or_own ON notes", json!([1, 2, 4, 5])),
     ] {
         admin.sql(sql).await;
         let (event, snap) = sse.event().await;
@@ -404,4 +410,55 @@ async fn a_policy_change_resets_or_ends_the_client_subscriptions_reading_its_tab
     let (event, diff) = sse.event().await;
     assert_eq!(event, "diff", "{diff}");
     assert_eq!(diff["changes"][0]["key"], 6, "{diff}");
+}
+
+/// docs/security.md: a subscription ends with `rules_changed` only when the new rules read a
+/// claim the old ones did not. Here the query reads two tables; the new policy is on the
+/// second and reads `auth.team`, which the first table's rules already read: a reset snapshot.
+#[tokio::test]
+async fn a_new_policy_on_a_claim_the_query_already_reads_resets_its_subscriptions() {
+    let dir = TempDir::new("policies-same-claims");
+    let server = sec::start(&dir.join("data"), dir.path(), &[]);
+    let admin = Client::admin(&server);
+    admin
+        .sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, team INTEGER); CREATE TABLE tags (id INTEGER PRIMARY KEY, team INTEGER)")
+        .await;
+    admin
+        .mutate_ok(json!([
+            {"op": "insert", "table": "notes", "row": {"id": 1, "owner": "alice", "team": 1}},
+            {"op": "insert", "table": "notes", "row": {"id": 2, "owner": "bob", "team": 2}},
+            {"op": "insert", "table": "notes", "row": {"id": 3, "owner": "alice", "team": 2}},
+            {"op": "insert", "table": "tags", "row": {"id": 1, "team": 1}},
+            {"op": "insert", "table": "tags", "row": {"id": 2, "team": 2}},
+            {"op": "insert", "table": "tags", "row": {"id": 3, "team": 1}},
+        ]))
+        .await;
+    admin
+        .sql("CREATE POLICY own ON notes FOR SELECT USING (owner = auth.sub OR team = auth.team); CREATE POLICY all_tags ON tags FOR SELECT USING (1 = 1)")
+        .await;
+    let alice = Client::new(&server, &token("alice", json!({"team": 2})));
+    let sql = "SELECT id FROM notes WHERE id IN (SELECT id FROM tags) ORDER BY id";
+    let mut sse = alice
+        .sse("/v1/live", &[("sql", sql)])
+        .await
+        .unwrap_or_else(|e| panic!("alice's live query: {e:?}"));
+    let (event, snap) = sse.event().await;
+    assert_eq!(event, "snapshot", "{snap}");
+    assert_eq!(snap["keys"], json!([1, 2, 3]), "{snap}");
+
+    admin.sql("DROP POLICY all_tags ON tags").await;
+    let (event, snap) = sse.event().await;
+    assert_eq!(event, "snapshot", "after dropping all_tags: {snap}");
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([]), "{snap}");
+    admin
+        .sql("CREATE POLICY team_tags ON tags FOR SELECT USING (team = auth.team)")
+        .await;
+    let (event, snap) = sse.event().await;
+    assert_eq!(
+        event, "snapshot",
+        "a policy reading auth.team, which the query's rules already read: {snap}"
+    );
+    assert_eq!(snap["reset"], true, "{snap}");
+    assert_eq!(snap["keys"], json!([2]), "{snap}");
 }
