@@ -493,6 +493,9 @@ impl Query {
 struct Oracle {
     conn: rusqlite::Connection,
     policies: Vec<Policy>,
+    /// The seq of the last policy change and the policies before it: an event of an earlier
+    /// seq (one still queued when the policy changed) is checked against those.
+    before_change: Option<(u64, Vec<Policy>)>,
 }
 
 fn lite_to_json(v: Lite) -> Value {
@@ -519,6 +522,7 @@ impl Oracle {
         Oracle {
             conn,
             policies: Vec::new(),
+            before_change: None,
         }
     }
 
@@ -550,11 +554,22 @@ impl Oracle {
 
     /// The read predicate of table `i` for `claims`: its SELECT/ALL policies OR'ed.
     fn read_pred(&self, i: usize, claims: &Claims) -> String {
+        self.read_pred_in(&self.policies, i, claims)
+    }
+
+    /// The policies in force at `seq`.
+    fn policies_at(&self, seq: u64) -> &[Policy] {
+        match &self.before_change {
+            Some((change, old)) if seq < *change => old,
+            _ => &self.policies,
+        }
+    }
+
+    fn read_pred_in(&self, policies: &[Policy], i: usize, claims: &Claims) -> String {
         if harness_check() {
             return "1".into();
         }
-        let preds: Vec<String> = self
-            .policies
+        let preds: Vec<String> = policies
             .iter()
             .filter(|p| p.table == i && p.reads())
             .map(|p| format!("({})", p.using.render(Some(claims))))
@@ -674,18 +689,23 @@ impl Oracle {
         n == 1
     }
 
-    /// Every row an event carries is one `claims` may read.
+    /// Every row an event of `seq` carries is one `claims` may read under the rules in force
+    /// at `seq`.
     fn check_rows<'a>(
         &self,
+        seq: u64,
         shape: &Shape,
         claims: &Claims,
         rows: impl Iterator<Item = &'a Value>,
         context: &str,
     ) {
+        let readable = |t: usize, row: &Value| {
+            self.holds(t, row, &self.read_pred_in(self.policies_at(seq), t, claims))
+        };
         for row in rows {
             match shape {
                 Shape::Whole(t) => assert!(
-                    self.readable(*t, row, claims),
+                    readable(*t, row),
                     "{context}: LEAK: row {row} of t{t} is not readable by {claims:?}"
                 ),
                 Shape::Join(a, b) => {
@@ -699,7 +719,7 @@ impl Oracle {
                         }
                         let side = Value::Object(side);
                         assert!(
-                            self.readable(t, &side, claims),
+                            readable(t, &side),
                             "{context}: LEAK: joined row {side} of t{t} in {row} is not readable by {claims:?}"
                         );
                     }
@@ -1089,17 +1109,18 @@ impl Subscriber {
     }
 
     /// Reads events until the materialisation equals `expected`, checking every row every
-    /// event carries. `expect_rules_changed`: a policy on a table the query reads was just
-    /// created or dropped; reads until the subscription ends with `rules_changed` (the stream
-    /// is then gone) or — what the server does today when the rewritten query binds the same
-    /// claims, see the module docs — a `reset` snapshot arrives.
+    /// event carries. `policy_change`: the seq of a policy change on a table the query reads;
+    /// reads until the subscription ends with `rules_changed` (the stream is then gone) or a
+    /// `reset` snapshot of that seq or later arrives (earlier events, still queued from
+    /// before, are applied on the way).
     async fn sync(
         &mut self,
         oracle: &Oracle,
         expected: &[Value],
         context: &str,
-        expect_rules_changed: bool,
+        policy_change: Option<u64>,
     ) {
+        let expect_rules_changed = policy_change.is_some();
         let mut events: Vec<String> = Vec::new();
         loop {
             if !expect_rules_changed {
@@ -1124,9 +1145,11 @@ impl Subscriber {
                 self.name,
                 self.query.sql()
             );
+            let seq = event["seq"].as_u64().unwrap_or(u64::MAX);
+            let answers_change = policy_change.is_some_and(|c| seq >= c);
             match event["type"].as_str() {
                 Some("snapshot") => {
-                    if self.resuming || expect_rules_changed {
+                    if self.resuming || answers_change {
                         assert_eq!(
                             event["reset"], true,
                             "{ctx}: a snapshot after `since` is a reset"
@@ -1134,9 +1157,9 @@ impl Subscriber {
                     }
                     self.resuming = false;
                     let rows = event["rows"].as_array().expect("rows");
-                    oracle.check_rows(&self.query.shape, &self.claims, rows.iter(), &ctx);
+                    oracle.check_rows(seq, &self.query.shape, &self.claims, rows.iter(), &ctx);
                     self.mat = Some(Mat::snapshot(&event));
-                    if expect_rules_changed {
+                    if answers_change {
                         return;
                     }
                 }
@@ -1144,6 +1167,7 @@ impl Subscriber {
                     self.resuming = false;
                     let changes = event["changes"].as_array().expect("changes");
                     oracle.check_rows(
+                        seq,
                         &self.query.shape,
                         &self.claims,
                         changes.iter().filter_map(|c| c.get("row")),
@@ -1485,13 +1509,8 @@ async fn run(seed: u64, long: bool, commits: usize) {
     }
     for s in subs.iter_mut() {
         let expected = oracle.expected(&s.query, &s.claims);
-        s.sync(
-            &oracle,
-            &expected,
-            &format!("{ctx0}, first snapshot"),
-            false,
-        )
-        .await;
+        s.sync(&oracle, &expected, &format!("{ctx0}, first snapshot"), None)
+            .await;
     }
 
     // Policies change twice during the run. `/v1/changes` is checked per stretch of constant
@@ -1525,6 +1544,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
             let t = rng.below(tables);
             let claims_before: Vec<BTreeSet<&'static str>> =
                 subs.iter().map(|s| oracle.claims_read(&s.query)).collect();
+            let policies_before = oracle.policies.clone();
             let droppable: Vec<usize> = (0..oracle.policies.len())
                 .filter(|&i| oracle.policies[i].table == t)
                 .collect();
@@ -1548,9 +1568,10 @@ async fn run(seed: u64, long: bool, commits: usize) {
             };
             eprintln!("rules oracle: step {step}: {sql}");
             let seq = http.admin_sql(&sql).await;
+            oracle.before_change = Some((seq, policies_before));
             window = (seq - 1, history.len(), entries_before);
             for (k, s) in subs.iter_mut().enumerate().filter(|(_, s)| s.reads(t)) {
-                s.sync(&oracle, &[], &format!("{ctx}, after {sql}"), true)
+                s.sync(&oracle, &[], &format!("{ctx}, after {sql}"), Some(seq))
                     .await;
                 // A reset snapshot when the rules read the claims they read before; the end
                 // with `rules_changed` when they read one more (fewer: either).
@@ -1579,7 +1600,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
                     &oracle,
                     &expected,
                     &format!("{ctx}, resumed after {sql}"),
-                    false,
+                    None,
                 )
                 .await;
             }
@@ -1673,7 +1694,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
 
         for s in subs.iter_mut() {
             let expected = oracle.expected(&s.query, &s.claims);
-            s.sync(&oracle, &expected, &format!("{ctx}, after {ops:?}"), false)
+            s.sync(&oracle, &expected, &format!("{ctx}, after {ops:?}"), None)
                 .await;
             // One-shot query with the same token.
             let (status, body) = http
@@ -1683,6 +1704,7 @@ async fn run(seed: u64, long: bool, commits: usize) {
             assert!(body["seq"].as_u64().unwrap() >= seq, "{ctx}: {body}");
             let rows = body["rows"].as_array().expect("rows");
             oracle.check_rows(
+                u64::MAX,
                 &s.query.shape,
                 &s.claims,
                 rows.iter(),
