@@ -545,7 +545,10 @@ impl Live {
     fn drop_view(&mut self, id: ViewId) {
         if let Some(view) = self.views.remove(&id) {
             self.remove_routes(id, &view);
-            self.by_query.remove(&query_key(&view.shape, &view.params));
+            let key = query_key(&view.shape, &view.params);
+            if self.by_query.get(&key) == Some(&id) {
+                self.by_query.remove(&key);
+            }
             for s in &view.subs {
                 self.subs.remove(s);
             }
@@ -720,21 +723,26 @@ impl Live {
         let client = view.shape.client;
         let before = &view.shape.plan.params;
         let rebuilt = sluice_query::prepare_as(&sql, db, client).and_then(|plan| {
-            // The view's parameters hold the claims its old plan read; a plan that reads
-            // other claims (a new policy on `auth.team`, say) needs the subscriber's token.
-            if plan.params != *before {
-                return Err(QueryError::RulesChanged(
-                    "the row policies of a table this query reads changed and now read other claims; subscribe again".into(),
-                ));
-            }
+            let params = rebind(before, &view.params, &plan.params)?;
             let shape = Arc::new(Shape::new(sql.clone(), client, plan));
-            self.build(db, shape, view.params.clone())
+            self.build(db, shape, params)
         });
         match rebuilt {
             Err(e) => self.fail_view(id, &e),
             Ok(mut fresh) => {
                 let old = self.views.remove(&id).expect("present");
                 self.remove_routes(id, &old);
+                // Rebinding may reorder the claim values: the view's key follows.
+                let (old_key, new_key) = (
+                    query_key(&old.shape, &old.params),
+                    query_key(&fresh.shape, &fresh.params),
+                );
+                if old_key != new_key {
+                    if self.by_query.get(&old_key) == Some(&id) {
+                        self.by_query.remove(&old_key);
+                    }
+                    self.by_query.entry(new_key).or_insert(id);
+                }
                 fresh.subs = old.subs;
                 fresh.idle_since = old.idle_since;
                 self.add_routes(id, &fresh);
@@ -788,6 +796,40 @@ impl Live {
             .find(|v| v.shape.sql == sql)
             .map(|v| v.op.name())
     }
+}
+
+/// A view's parameter values (`values`, resolved for a plan with `old`) laid out for a new
+/// plan of the same text with `new`. The view keeps only the values of the claims its old
+/// plan read: a new plan that reads another claim (a new policy on `auth.team`, say) needs
+/// the subscriber's token again — `rules_changed`.
+fn rebind(
+    old: &sluice_query::plan::ParamSpec,
+    values: &[Value],
+    new: &sluice_query::plan::ParamSpec,
+) -> Result<Vec<Value>, QueryError> {
+    let changed = || {
+        QueryError::RulesChanged(
+            "the row policies of a table this query reads changed and now read other claims; subscribe again".into(),
+        )
+    };
+    if (old.positional, &old.names, old.claim_base) != (new.positional, &new.names, new.claim_base)
+    {
+        return Err(changed());
+    }
+    if new.claims.is_empty() {
+        return Ok(values[..values.len().min(old.claim_base)].to_vec());
+    }
+    let mut out = values[..values.len().min(old.claim_base)].to_vec();
+    out.resize(new.claim_base, Value::Null);
+    for claim in &new.claims {
+        let i = old
+            .claims
+            .iter()
+            .position(|c| c == claim)
+            .ok_or_else(changed)?;
+        out.push(values[old.claim_base + i].clone());
+    }
+    Ok(out)
 }
 
 fn query_key(shape: &Shape, params: &[Value]) -> (Arc<str>, Vec<u8>) {
