@@ -267,12 +267,7 @@ fn sqlite_is(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
 impl Plan {
     /// Runs the plan against `db` (which **must** not change during the call).
     pub fn execute(&self, db: &Db, params: &Params) -> Result<QueryResult, QueryError> {
-        let values = self.resolve(params)?;
-        let rows = exec::run(&self.select, db, &values)?;
-        Ok(QueryResult {
-            columns: self.select.columns.clone(),
-            rows,
-        })
+        self.execute_as(db, params, None)
     }
 
     /// [`Plan::execute`] for a caller with `claims` (a client), binding the claims its

@@ -614,8 +614,13 @@ async fn scan(
                 }
                 None => t.rows.range(..),
             };
+            // A client's read rule with its claims bound once for the whole page.
             let read = match caller.claims() {
-                Some(claims) => Some((core.rules(db, &table).map_err(core_to_tx)?, claims)),
+                Some(claims) => {
+                    let rules = core.rules(db, &table).map_err(core_to_tx)?;
+                    let bound = rules.read.bind(&claims.all);
+                    Some((rules, bound))
+                }
                 None => None,
             };
             let mut rows = Vec::with_capacity(limit.min(1024));
@@ -627,8 +632,8 @@ async fn scan(
                     break;
                 }
                 last = Some(key);
-                if let Some((rules, claims)) = &read {
-                    if !crate::rules::allows(&rules.read, &row.values, &claims.all) {
+                if let Some((rules, bound)) = &read {
+                    if !rules.read.allows(&row.values, bound) {
                         continue;
                     }
                 }
@@ -787,14 +792,21 @@ fn topic_of(change: &TopicChange) -> &str {
     }
 }
 
+/// A table's read rule and the client's claim values for it.
+type BoundRead = (
+    Arc<sluice_query::rules::TableRules>,
+    Vec<sluice_engine::Value>,
+);
+
 /// What a client may see of the changelog: rows its tables' read rules pass (under today's
 /// policies), topics it may read whole.
 struct Sight<'a> {
     core: &'a Core,
     db: &'a sluice_engine::Db,
     claims: &'a crate::auth::Claims,
-    /// Compiled read rules by table (`None`: the table is gone, nothing of it is readable).
-    tables: HashMap<String, Option<std::sync::Arc<sluice_query::rules::TableRules>>>,
+    /// Compiled read rules by table with the client's claims bound (`None`: the table is
+    /// gone, nothing of it is readable).
+    tables: HashMap<String, Option<BoundRead>>,
 }
 
 impl<'a> Sight<'a> {
@@ -809,12 +821,15 @@ impl<'a> Sight<'a> {
 
     /// Whether `row`, an image of change `c`'s row, is readable now.
     fn reads(&mut self, c: &sluice_engine::Change, row: &[sluice_engine::Value]) -> bool {
-        let (core, db) = (self.core, self.db);
-        let rules = self
-            .tables
-            .entry(c.table.name.clone())
-            .or_insert_with(|| core.rules(db, &c.table.name).ok());
-        let Some(rules) = rules else { return false };
+        let (core, db, claims) = (self.core, self.db, self.claims);
+        let rules = self.tables.entry(c.table.name.clone()).or_insert_with(|| {
+            let rules = core.rules(db, &c.table.name).ok()?;
+            let bound = rules.read.bind(&claims.all);
+            Some((rules, bound))
+        });
+        let Some((rules, bound)) = rules else {
+            return false;
+        };
         let Ok(t) = db.table(&c.table.name) else {
             return false;
         };
@@ -835,7 +850,7 @@ impl<'a> Sight<'a> {
         } else {
             row
         };
-        crate::rules::allows(&rules.read, row, &self.claims.all)
+        rules.read.allows(row, bound)
     }
 
     /// Whether the client may read every record of `topic` (its read rules cover `*`).

@@ -967,21 +967,12 @@ impl Core {
 
     /// Every topic, at one confirmed seq.
     pub async fn topics(&self) -> Result<(Vec<TopicInfo>, u64), CoreError> {
-        self.read(|db| Ok(db.topics.values().map(TopicInfo::of).collect()))
-            .await
+        self.topics_as(&Caller::Admin).await
     }
 
     /// One topic, at one confirmed seq.
     pub async fn topic(&self, name: &str) -> Result<TopicInfo, CoreError> {
-        let (info, _) = self
-            .read(|db| {
-                db.topics
-                    .get(name)
-                    .map(TopicInfo::of)
-                    .ok_or_else(|| no_topic(name))
-            })
-            .await?;
-        Ok(info)
+        self.topic_as(&Caller::Admin, name).await
     }
 
     /// Appends `records` to `topic` in one commit.
@@ -991,15 +982,8 @@ impl Core {
         records: Vec<NewRecord>,
         durability: Option<Durability>,
     ) -> Result<AppendOk, CoreError> {
-        let durability = durability.unwrap_or(self.config().durability);
-        self.call(|reply| Request::Append {
-            topic,
-            records,
-            claims: None,
-            durability,
-            reply,
-        })
-        .await
+        self.append_as(&Caller::Admin, topic, records, durability)
+            .await
     }
 
     /// Up to `limit` records of `topic` from `from` (default: the oldest kept) matching
