@@ -135,6 +135,23 @@ fn evaluate_from(
         })
         .collect::<Result<_, _>>()?;
 
+    if select.sources.is_empty() {
+        // SELECT without FROM: one row of constants, if the WHERE holds.
+        let env = cx.env(&[]);
+        let holds = [&select.base_filter, &select.filter]
+            .into_iter()
+            .all(|f| f.as_ref().is_none_or(|f| f.is_true(&env)));
+        if !holds {
+            return Ok(Vec::new());
+        }
+        let row: Vec<Value> = select.projection.iter().map(|e| e.eval(&env)).collect();
+        return Ok(vec![Keyed {
+            key: Vec::new(),
+            sort: Vec::new(),
+            row,
+        }]);
+    }
+
     // The first table, narrowed by its access path and its own WHERE conjuncts.
     let mut rows: Vec<Row> = Vec::new();
     let mut push_base = |values: &Arc<[Value]>| -> Result<(), QueryError> {

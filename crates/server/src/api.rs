@@ -96,6 +96,11 @@ impl From<CoreError> for ApiError {
             CoreError::Internal(message) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+            CoreError::Statement { statement, error } => {
+                let mut e = ApiError::from(*error).with("statement", statement);
+                e.message = format!("statement {statement}: {}", e.message);
+                e
+            }
             CoreError::Forbidden {
                 message,
                 op,
@@ -310,13 +315,97 @@ async fn metrics(State(core): St, Extension(caller): Extension<Caller>) -> Respo
         .into_response()
 }
 
+/// `POST /v1/sql`: schema statements (admin only) or a script of data statements, each as
+/// one transaction (docs/api.md, "SQL").
 async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
-    caller.require_admin("POST /v1/sql (schema and policies)")?;
     let body = json_body(&core, body).await?;
+    if let Some(extra) = body
+        .keys()
+        .find(|k| !["sql", "params", "durability", "as"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a SQL request"
+        )));
+    }
     let durability = durability_of(&body)?;
     let Some(Value::String(text)) = body.get("sql") else {
         return Err(ApiError::bad_request("expected {\"sql\": \"…\"}"));
     };
+    let caller = run_as(caller, body.get("as"))?;
+    let script = sluice_query::script::Script::parse(text)?;
+    if script.is_ddl() {
+        caller.require_admin("POST /v1/sql with schema statements (DDL and policies)")?;
+        return ddl(&core, text, script.kinds().len(), durability).await;
+    }
+    if let Some(i) = script.mixed_ddl() {
+        return Err(ApiError::from(sluice_query::QueryError::unsupported(
+            "schema statements and data statements in one request; send them separately",
+        ))
+        .with("statement", i));
+    }
+    let params = sluice_query::Params::from_json(body.get("params"))?;
+    let kinds = script.kinds().to_vec();
+    let ok = core
+        .sql_as(&caller, Arc::new(script), params, durability)
+        .await?;
+    let results: Vec<Value> = ok
+        .outcomes
+        .iter()
+        .zip(kinds)
+        .enumerate()
+        .map(|(i, (outcome, kind))| match outcome {
+            sluice_query::script::Outcome::Rows(result) => {
+                let mut r = query_json(result, ok.seq);
+                let object = r.as_object_mut().expect("a query reply is an object");
+                object.remove("seq");
+                let mut entry = Map::new();
+                entry.insert("statement".into(), i.into());
+                entry.insert("kind".into(), kind.as_str().into());
+                entry.extend(std::mem::take(object));
+                Value::Object(entry)
+            }
+            sluice_query::script::Outcome::Written { results, .. } => json!({
+                "statement": i,
+                "kind": kind.as_str(),
+                "count": results.len(),
+                "results": results_json(results),
+            }),
+        })
+        .collect();
+    Ok(Json(
+        json!({"seq": ok.seq, "changed": false, "results": results}),
+    ))
+}
+
+/// The caller a request runs as: the admin may name claims to act as a client holding them
+/// (`"as": {claims}`, the console's preview); a client may not.
+fn run_as(caller: Caller, claims: Option<&Value>) -> Result<Caller, ApiError> {
+    let Some(claims) = claims else {
+        return Ok(caller);
+    };
+    caller.require_admin("\"as\" (running a request as other claims)")?;
+    let Value::Object(all) = claims else {
+        return Err(ApiError::bad_request(
+            "\"as\" must be an object of claims, e.g. {\"sub\": \"alice\"}",
+        ));
+    };
+    let sub = match all.get("sub") {
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    Ok(Caller::Client(Arc::new(crate::auth::Claims {
+        sub,
+        all: all.clone(),
+    })))
+}
+
+/// Schema statements, as one transaction.
+async fn ddl(
+    core: &Core,
+    text: &str,
+    statements: usize,
+    durability: Option<Durability>,
+) -> ApiResult {
     let ddl = sluice_sql::parse_ddl(text)?;
     let sql_text = ddl
         .iter()
@@ -324,18 +413,24 @@ async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) 
         .collect::<Vec<_>>()
         .join("; ");
     let changes = ddl.into_iter().map(|d| d.change).collect();
-    match core.ddl(changes, sql_text, durability).await {
-        Ok(Some(seq)) => Ok(Json(json!({"seq": seq, "changed": true}))),
-        Ok(None) => Ok(Json(json!({"seq": core.confirmed_seq(), "changed": false}))),
+    let (seq, changed) = match core.ddl(changes, sql_text, durability).await {
+        Ok(Some(seq)) => (seq, true),
+        Ok(None) => (core.confirmed_seq(), false),
         Err(e) => {
             let mut e = ApiError::from(e);
             // For SQL, the failing op is a statement.
             if let Some(i) = e.details.remove("op") {
                 e.details.insert("statement".into(), i);
             }
-            Err(e)
+            return Err(e);
         }
-    }
+    };
+    let results: Vec<Value> = (0..statements)
+        .map(|i| json!({"statement": i, "kind": "ddl", "changed": changed}))
+        .collect();
+    Ok(Json(
+        json!({"seq": seq, "changed": changed, "results": results}),
+    ))
 }
 
 /// `POST /v1/query` `{"sql", "params"}`: one `SELECT` over one confirmed seq.
@@ -343,7 +438,7 @@ async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body
     let body = json_body(&core, body).await?;
     if let Some(extra) = body
         .keys()
-        .find(|k| !["sql", "params"].contains(&k.as_str()))
+        .find(|k| !["sql", "params", "as"].contains(&k.as_str()))
     {
         return Err(ApiError::bad_request(format!(
             "unknown field {extra:?} in a query"
@@ -352,12 +447,13 @@ async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body
     let Some(Value::String(sql)) = body.get("sql") else {
         return Err(ApiError::bad_request("expected {\"sql\": \"SELECT …\"}"));
     };
+    let caller = run_as(caller, body.get("as"))?;
     let params = sluice_query::Params::from_json(body.get("params"))?;
     let (result, seq) = core.query_as(&caller, sql, &params).await?;
     Ok(Json(query_json(&result, seq)))
 }
 
-/// The reply to a one-shot query: `{"seq", "columns", "rows": [{…}, …]}`.
+/// The reply to a one-shot query: `{"seq", "columns", "types", "rows": [{…}, …]}`.
 pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value {
     let rows: Vec<Value> = result
         .rows
@@ -370,7 +466,12 @@ pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value 
             Value::Object(object)
         })
         .collect();
-    json!({"seq": seq, "columns": result.columns, "rows": rows})
+    json!({
+        "seq": seq,
+        "columns": result.columns,
+        "types": sluice_query::plan::types_json(&result.types),
+        "rows": rows,
+    })
 }
 
 /// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.
@@ -485,12 +586,14 @@ async fn mutate(State(core): St, Extension(caller): Extension<Caller>, body: Bod
     }
     let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
     let ok = core.mutate_as(&caller, ops, durability).await?;
-    Ok(Json(json!({"seq": ok.seq, "results": results_json(&ok)})))
+    Ok(Json(
+        json!({"seq": ok.seq, "results": results_json(&ok.results)}),
+    ))
 }
 
 /// The `results` of a committed mutate, as HTTP and WebSocket replies carry them.
-pub(crate) fn results_json(ok: &crate::core::MutateOk) -> Vec<Value> {
-    ok.results
+pub(crate) fn results_json(results: &[sluice_engine::WriteResult]) -> Vec<Value> {
+    results
         .iter()
         .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
         .collect()
