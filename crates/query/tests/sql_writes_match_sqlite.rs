@@ -9,7 +9,8 @@ use sluice_engine::{Changelog, Db, Limits, Retention, TxError, Value};
 use sluice_query::script::{Outcome, Script};
 use sluice_query::{Params, QueryError};
 
-const DDL: &str = "CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c INTEGER NOT NULL DEFAULT 0);
+const DDL: &str =
+    "CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c INTEGER NOT NULL DEFAULT 0);
                    CREATE INDEX t_a ON t (a);";
 
 /// A small deterministic generator (xorshift), so a seed replays exactly.
@@ -83,14 +84,7 @@ fn statement(rng: &mut Rng) -> String {
     match rng.below(10) {
         0..=3 => {
             let rows: Vec<String> = (0..1 + rng.below(3))
-                .map(|_| {
-                    format!(
-                        "({}, {}, {})",
-                        rng.below(20),
-                        value_sql(rng),
-                        text_sql(rng)
-                    )
-                })
+                .map(|_| format!("({}, {}, {})", rng.below(20), value_sql(rng), text_sql(rng)))
                 .collect();
             let conflict = match rng.below(4) {
                 0 => String::new(),
@@ -153,11 +147,14 @@ fn lite_rows(
 ) -> Vec<Vec<Value>> {
     let mut stmt = lite.prepare(&sql.replace('$', "?")).unwrap();
     let n = stmt.column_count();
-    stmt.query_map(rusqlite::params_from_iter(&params[..stmt.parameter_count()]), |row| {
-        Ok((0..n)
-            .map(|i| from_lite(row.get::<_, rusqlite::types::Value>(i).unwrap()))
-            .collect())
-    })
+    stmt.query_map(
+        rusqlite::params_from_iter(&params[..stmt.parameter_count()]),
+        |row| {
+            Ok((0..n)
+                .map(|i| from_lite(row.get::<_, rusqlite::types::Value>(i).unwrap()))
+                .collect())
+        },
+    )
     .unwrap()
     .map(Result::unwrap)
     .collect()
@@ -284,17 +281,32 @@ fn random_write_scripts_leave_the_same_rows_as_sqlite() {
             }
             (None, None) => {
                 failed += 1;
-                assert_eq!(ours_rows(&db), before, "{context}: a failed script changed rows");
+                assert_eq!(
+                    ours_rows(&db),
+                    before,
+                    "{context}: a failed script changed rows"
+                );
             }
             _ => panic!(
                 "{context}: Sluice {} but SQLite {}",
-                if ours.is_some() { "committed" } else { "failed" },
-                if theirs.is_some() { "committed" } else { "failed" }
+                if ours.is_some() {
+                    "committed"
+                } else {
+                    "failed"
+                },
+                if theirs.is_some() {
+                    "committed"
+                } else {
+                    "failed"
+                }
             ),
         }
         let want = lite_rows(&lite, "SELECT id, a, b, c FROM t ORDER BY id", &[]);
         assert_eq!(ours_rows(&db), want, "{context}: the rows differ");
     }
     println!("{committed} scripts committed, {failed} failed on both sides");
-    assert!(committed > scripts / 4 && failed > 0, "the generator must exercise both outcomes");
+    assert!(
+        committed > scripts / 4 && failed > 0,
+        "the generator must exercise both outcomes"
+    );
 }
