@@ -71,8 +71,17 @@ pub fn subquery_values(
     db: &Db,
     params: &[Value],
 ) -> Result<Vec<SubqueryValues>, QueryError> {
-    let mut subqueries = Vec::with_capacity(select.subqueries.len());
-    for s in &select.subqueries {
+    subqueries_of(&select.subqueries, db, params)
+}
+
+/// The values of each of `selects` (one-column `IN (SELECT …)` subqueries).
+pub fn subqueries_of(
+    selects: &[Select],
+    db: &Db,
+    params: &[Value],
+) -> Result<Vec<SubqueryValues>, QueryError> {
+    let mut subqueries = Vec::with_capacity(selects.len());
+    for s in selects {
         let mut values = SubqueryValues::default();
         for mut row in run(s, db, params)? {
             let v = row.swap_remove(0);

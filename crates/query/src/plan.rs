@@ -329,11 +329,16 @@ impl<'a> Planner<'a> {
     /// The OR of the predicates of `source`'s policies for `op` — their `USING`, or with
     /// `check` their `WITH CHECK` (a policy without one uses its `USING`) — compiled against
     /// the joined row; FALSE when no policy applies (deny by default).
+    /// The OR of `source`'s policies for `op` (`WITH CHECK` when `check`), compiled in the
+    /// query being planned: their `IN (SELECT …)` subqueries (`FOR SELECT` policies only)
+    /// join `subs`, the subqueries of the select being planned, at nesting `depth`.
     pub(crate) fn policy_filter(
         &mut self,
         source: &Source,
         op: sluice_engine::PolicyCommand,
         check: bool,
+        subs: &mut Vec<Select>,
+        depth: usize,
     ) -> Result<(Expr, Vec<String>), QueryError> {
         let table = self.db.tables.get(&source.schema.name).ok_or_else(|| {
             QueryError::NotFound(format!("no table named {:?}", source.schema.name))
@@ -348,7 +353,7 @@ impl<'a> Planner<'a> {
                 p.using.as_ref()
             };
             let Some(text) = text else { continue };
-            let e = self.policy_expr(text, source).map_err(|e| {
+            let e = self.policy_expr(text, source, subs, depth).map_err(|e| {
                 QueryError::Schema(format!(
                     "policy {:?} on {:?}: {e}",
                     p.name, source.schema.name
@@ -363,8 +368,16 @@ impl<'a> Planner<'a> {
     }
 
     /// One policy predicate over `source`'s columns (named bare or by the table's name,
-    /// whatever the query's alias) and the caller's claims; no subqueries, no outer names.
-    pub(crate) fn policy_expr(&mut self, text: &str, source: &Source) -> Result<Expr, QueryError> {
+    /// whatever the query's alias) and the caller's claims; no outer names. Its uncorrelated
+    /// `IN (SELECT …)` subqueries are pushed onto `subs` (planned for the same caller, so
+    /// they read through their own tables' policies).
+    pub(crate) fn policy_expr(
+        &mut self,
+        text: &str,
+        source: &Source,
+        subs: &mut Vec<Select>,
+        depth: usize,
+    ) -> Result<Expr, QueryError> {
         let dialect = sqlparser::dialect::GenericDialect {};
         let ast = sqlparser::parser::Parser::new(&dialect)
             .try_with_sql(text)
@@ -379,18 +392,12 @@ impl<'a> Planner<'a> {
         let outer = std::mem::take(&mut self.outer);
         let aliases = std::mem::take(&mut self.aliases);
         let saw = self.saw_aggregate;
-        self.in_policy = true;
-        let mut subs = Vec::new();
-        let compiled = self.expr(&ast, &scope, &mut Mode::Rows, &mut subs, SUBQUERY_DEPTH_MAX);
-        self.in_policy = false;
+        let in_policy = std::mem::replace(&mut self.in_policy, true);
+        let compiled = self.expr(&ast, &scope, &mut Mode::Rows, subs, depth);
+        self.in_policy = in_policy;
         self.outer = outer;
         self.aliases = aliases;
         self.saw_aggregate = saw;
-        if !subs.is_empty() {
-            return Err(QueryError::unsupported(
-                "subqueries in a policy (a rule reads its own row and the caller's claims)",
-            ));
-        }
         compiled
     }
 
@@ -501,6 +508,9 @@ impl<'a> Planner<'a> {
             self.add_source(&mut scope, &from.relation)?;
         }
         let mut joins = Vec::new();
+        // Uncorrelated `IN (SELECT …)` subqueries: of WHERE, the select list, and the
+        // policies folded in for a client.
+        let mut subqueries = Vec::new();
         for j in from.map_or(&[][..], |f| &f.joins) {
             if j.global {
                 return Err(QueryError::unsupported("GLOBAL JOIN"));
@@ -540,6 +550,8 @@ impl<'a> Planner<'a> {
                     &scope.sources[source],
                     sluice_engine::PolicyCommand::Select,
                     false,
+                    &mut subqueries,
+                    depth,
                 )?;
                 join.residual = conjoin(join.residual.into_iter().chain([rule]).collect());
             }
@@ -580,14 +592,18 @@ impl<'a> Planner<'a> {
         }
 
         // WHERE.
-        let mut subqueries = Vec::new();
         let mut filter = match &s.selection {
             Some(e) => Some(self.expr(e, &scope, &mut Mode::Rows, &mut subqueries, depth)?),
             None => None,
         };
         if let (true, Some(first)) = (self.client, scope.sources.first()) {
-            let (rule, _) =
-                self.policy_filter(first, sluice_engine::PolicyCommand::Select, false)?;
+            let (rule, _) = self.policy_filter(
+                first,
+                sluice_engine::PolicyCommand::Select,
+                false,
+                &mut subqueries,
+                depth,
+            )?;
             filter = conjoin(filter.into_iter().chain([rule]).collect());
         }
 

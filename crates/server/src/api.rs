@@ -656,7 +656,7 @@ async fn get_row(
                 // Not readable reads as absent: a client learns nothing of rows it may not see.
                 let readable = core
                     .rules(db, &table)
-                    .is_ok_and(|r| crate::rules::allows(&r.read, &row.values, &claims.all));
+                    .is_ok_and(|r| crate::rules::allows(&r.read, db, &row.values, &claims.all));
                 if !readable {
                     return Err(absent());
                 }
@@ -721,7 +721,10 @@ async fn scan(
             let read = match caller.claims() {
                 Some(claims) => {
                     let rules = core.rules(db, &table).map_err(core_to_tx)?;
-                    let bound = rules.read.bind(&claims.all);
+                    let bound = rules
+                        .read
+                        .bind(db, &claims.all)
+                        .map_err(|e| core_to_tx(e.into()))?;
                     Some((rules, bound))
                 }
                 None => None,
@@ -895,10 +898,10 @@ fn topic_of(change: &TopicChange) -> &str {
     }
 }
 
-/// A table's read rule and the client's claim values for it.
+/// A table's read rule, bound to the client (claim values, subquery results).
 type BoundRead = (
     Arc<sluice_query::rules::TableRules>,
-    Vec<sluice_engine::Value>,
+    sluice_query::rules::Bound,
 );
 
 /// What a client may see of the changelog: rows its tables' read rules pass (under today's
@@ -927,7 +930,8 @@ impl<'a> Sight<'a> {
         let (core, db, claims) = (self.core, self.db, self.claims);
         let rules = self.tables.entry(c.table.name.clone()).or_insert_with(|| {
             let rules = core.rules(db, &c.table.name).ok()?;
-            let bound = rules.read.bind(&claims.all);
+            // A rule whose subqueries cannot be evaluated shows nothing (fails closed).
+            let bound = rules.read.bind(db, &claims.all).ok()?;
             Some((rules, bound))
         });
         let Some((rules, bound)) = rules else {

@@ -752,7 +752,7 @@ fn run_script(
             return Ok(());
         };
         let table_rules = rules.get(db, &change.table.name)?;
-        crate::rules::check_change(&table_rules, change, &claims.all, None)
+        crate::rules::check_change(db, &table_rules, change, &claims.all, None)
     };
     let outcomes = script
         .run::<CoreError>(
@@ -815,7 +815,7 @@ fn apply_ops(
         if let Some(claims) = claims {
             for change in &tx.changes()[before..] {
                 let table_rules = rules.get(tx.db(), &change.table.name)?;
-                crate::rules::check_change(&table_rules, change, &claims.all, Some(i))?;
+                crate::rules::check_change(tx.db(), &table_rules, change, &claims.all, Some(i))?;
             }
         }
     }
