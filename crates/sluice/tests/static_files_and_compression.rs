@@ -4,7 +4,9 @@
 //! single-page-app fallback; content types; ETag and 304; a missing `--public` directory stops
 //! the server with a clear error; gzip and zstd replies decode to the identity reply; an SSE
 //! stream compressed with gzip or zstd delivers its snapshot while the stream stays open,
-//! then a diff after a write; the WebSocket upgrade is never compressed.
+//! then a diff after a write (a topic watch too); the WebSocket upgrade is never compressed;
+//! `sluice bench live --families compression` measures every encoding and verifies each
+//! snapshot.
 
 mod common;
 
@@ -518,8 +520,7 @@ async fn sse_streams_compressed_with_gzip_or_zstd_deliver_each_event_while_open(
         .await;
     // No overall timeout: the stream stays open; every read is bounded instead.
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let mut next_id = 100;
-    for coding in ["gzip", "zstd"] {
+    for (next_id, coding) in [(100, "gzip"), (101, "zstd")] {
         let mut r = http
             .get(format!(
                 "{}/v1/live?sql=SELECT%20*%20FROM%20items",
@@ -542,7 +543,6 @@ async fn sse_streams_compressed_with_gzip_or_zstd_deliver_each_event_while_open(
             .await;
         let text = read_until(&mut r, &mut decoder, "event: diff").await;
         assert!(text.contains(&format!("new {coding}")), "{text}");
-        next_id += 1;
     }
 
     // A topic watch is an event stream too: `event: watching` first, then each record.
@@ -574,4 +574,50 @@ async fn sse_streams_compressed_with_gzip_or_zstd_deliver_each_event_while_open(
     assert!(status < 300, "{status} {body}");
     let text = read_until(&mut r, &mut decoder, "event: record").await;
     assert!(text.contains("hello compressed"), "{text}");
+}
+
+#[test]
+fn the_compression_bench_measures_and_verifies_every_encoding() {
+    let out = TempDir::new("web-bench-compression");
+    let status = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "live",
+            "--families",
+            "compression",
+            "--quick",
+            "--compression-rows",
+            "2000",
+            "--out",
+        ])
+        .arg(out.path())
+        .env("SLUICE_BIN", common::BIN)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run sluice bench live");
+    assert!(
+        status.success(),
+        "sluice bench live --families compression: {status}"
+    );
+    let samples: Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("live-compression/samples.json")).expect("samples.json"),
+    )
+    .expect("samples.json is JSON");
+    let cases = samples["cases"].as_array().expect("cases");
+    let bytes = |transport: &str, encoding: &str| {
+        let case = cases
+            .iter()
+            .find(|c| c["transport"] == transport && c["encoding"] == encoding)
+            .unwrap_or_else(|| panic!("no {transport} {encoding} case: {samples}"));
+        assert!(case["error"].is_null(), "{case}");
+        assert_eq!(case["verified"], true, "{case}");
+        assert_eq!(case["rows"], 2000, "{case}");
+        case["bytes_p50"].as_u64().expect("bytes")
+    };
+    let identity = bytes("sse", "identity");
+    assert!(bytes("sse", "gzip") < identity);
+    assert!(bytes("sse", "zstd") < identity);
+    assert!(bytes("ws", "json") > 0);
+    assert!(bytes("ws", "msgpack") < bytes("ws", "json"));
+    assert!(out.path().join("live-compression/summary.md").is_file());
 }
