@@ -219,6 +219,10 @@ type ApiResult = Result<Json<Value>, ApiError>;
 /// The whole HTTP API over `core`.
 pub fn router(core: Core) -> Router {
     let router = Router::new()
+        .route("/", get(crate::static_files::root))
+        .route("/console", get(crate::static_files::console_redirect))
+        .route("/console/", get(crate::static_files::console_index))
+        .route("/console/{*path}", get(crate::static_files::console_asset))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/sql", post(sql))
@@ -236,12 +240,16 @@ pub fn router(core: Core) -> Router {
         .route("/v1/policies", get(policies));
     let core = Arc::new(core);
     crate::topics_api::routes(router)
-        .fallback(fallback)
+        .fallback(crate::static_files::fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             core.clone(),
             crate::auth::authenticate,
         ))
+        .layer(axum::middleware::from_fn(
+            crate::static_files::compress_event_streams,
+        ))
+        .layer(crate::static_files::compression())
         .with_state(core)
 }
 
@@ -255,7 +263,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-async fn fallback(method: Method, uri: Uri) -> ApiError {
+pub(crate) async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
