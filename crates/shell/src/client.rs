@@ -87,6 +87,8 @@ impl Client {
     pub fn new(base: Url, token: Option<String>) -> Result<Client, Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            // A write whose fate is unknown must stay unknown: never send it twice.
+            .retry(reqwest::retry::never())
             .build()
             .map_err(|e| Error::Transport(e.to_string()))?;
         Ok(Client { http, base, token })

@@ -94,7 +94,10 @@ pub fn choose_token(flag: Option<String>, url: &Url) -> (Option<String>, TokenSo
         if let Ok(text) = std::fs::read_to_string(path) {
             let token = text.trim();
             if !token.is_empty() {
-                return (Some(token.to_string()), TokenSource::File(path.to_path_buf()));
+                return (
+                    Some(token.to_string()),
+                    TokenSource::File(path.to_path_buf()),
+                );
             }
         }
     }
@@ -198,7 +201,9 @@ async fn connect(client: &Client, source: &TokenSource) -> Result<u64, ()> {
             reason,
             ..
         }) if code == "unauthorized" => {
-            let reason = reason.map(|r| format!(" (reason: {r})")).unwrap_or_default();
+            let reason = reason
+                .map(|r| format!(" (reason: {r})"))
+                .unwrap_or_default();
             eprintln!("ERROR (unauthorized): {message}{reason}");
             eprintln!(
                 "hint: {source} was refused. Pass the admin token or a client token with --token \

@@ -230,7 +230,15 @@ mod tests {
     #[test]
     fn long_values_are_cut_to_the_width() {
         let rows = vec![json!({"id": 1, "body": "x".repeat(100)})];
-        let out = table(&cols(&["id", "body"]), &rows, Style { width: Some(30), color: false }, "");
+        let out = table(
+            &cols(&["id", "body"]),
+            &rows,
+            Style {
+                width: Some(30),
+                color: false,
+            },
+            "",
+        );
         for line in out.lines() {
             assert!(line.width() <= 30, "{line:?} is wider than 30");
         }
@@ -241,7 +249,12 @@ mod tests {
     fn values_stay_on_one_line() {
         assert_eq!(value_text(&json!("a\nb")), "a\\nb");
         assert_eq!(value_text(&json!({"k": [1, 2]})), "{\"k\":[1,2]}");
-        let out = table(&cols(&["n"]), &[json!({"n": 1})], Style::default(), ", seq 3");
+        let out = table(
+            &cols(&["n"]),
+            &[json!({"n": 1})],
+            Style::default(),
+            ", seq 3",
+        );
         assert!(out.ends_with("(1 row, seq 3)\n"));
     }
 }

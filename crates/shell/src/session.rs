@@ -207,7 +207,10 @@ impl Session {
         let table = reply
             .get("tables")
             .and_then(Value::as_array)
-            .and_then(|ts| ts.iter().find(|t| t["name"].as_str() == Some(wanted.as_str())))
+            .and_then(|ts| {
+                ts.iter()
+                    .find(|t| t["name"].as_str() == Some(wanted.as_str()))
+            })
             .cloned()
             .ok_or_else(|| Error::api("not_found", format!("no table named {wanted:?}")))?;
         let rows: Vec<Value> = table["columns"]
@@ -299,8 +302,15 @@ impl Session {
             .cloned()
             .unwrap_or_default();
         let columns = strings(Some(&json!([
-            "name", "records", "bytes", "first", "last", "next", "retain_records",
-            "retain_bytes", "retain_secs"
+            "name",
+            "records",
+            "bytes",
+            "first",
+            "last",
+            "next",
+            "retain_records",
+            "retain_bytes",
+            "retain_secs"
         ])));
         print("List of topics\n");
         print(&render::table(&columns, &topics, self.style, ""));
@@ -313,55 +323,55 @@ impl Session {
             return Err(Error::api("bad_request", "usage: \\live SELECT …"));
         }
         let url = self.client.url("/v1/live", &[("sql", sql)])?;
-        let stream = async {
-            let mut events = self.client.events(url).await?;
-            let mut columns: Vec<String> = Vec::new();
-            while let Some(event) = events.next().await? {
-                let data: Value = serde_json::from_str(&event.data).map_err(|e| {
-                    Error::Protocol(format!("bad {} event: {e}", event.event))
-                })?;
-                match event.event.as_str() {
-                    "snapshot" => {
-                        columns = strings(data.get("columns"));
-                        let seq = data["seq"].as_u64().unwrap_or(0);
-                        let reset = if data["reset"].as_bool() == Some(true) {
-                            " (reset)"
-                        } else {
-                            ""
-                        };
-                        print(&self.select(
-                            &data,
-                            &format!(", seq {seq}{reset}; live, Ctrl-C to stop"),
-                        ));
-                    }
-                    "diff" => {
-                        let seq = data["seq"].as_u64().unwrap_or(0);
-                        let mut out = String::new();
-                        for change in data["changes"].as_array().into_iter().flatten() {
-                            let line = match change["op"].as_str() {
-                                Some("add") => format!(
-                                    "+ {}",
-                                    render::row_line(&columns, &change["row"], self.style)
-                                ),
-                                Some("change") => format!(
-                                    "~ {}",
-                                    render::row_line(&columns, &change["row"], self.style)
-                                ),
-                                Some("remove") => {
-                                    format!("- key {}", render::value_text(&change["key"]))
-                                }
-                                _ => format!("? {change}"),
+        let stream =
+            async {
+                let mut events = self.client.events(url).await?;
+                let mut columns: Vec<String> = Vec::new();
+                while let Some(event) = events.next().await? {
+                    let data: Value = serde_json::from_str(&event.data)
+                        .map_err(|e| Error::Protocol(format!("bad {} event: {e}", event.event)))?;
+                    match event.event.as_str() {
+                        "snapshot" => {
+                            columns = strings(data.get("columns"));
+                            let seq = data["seq"].as_u64().unwrap_or(0);
+                            let reset = if data["reset"].as_bool() == Some(true) {
+                                " (reset)"
+                            } else {
+                                ""
                             };
-                            out.push_str(&format!("seq {seq}  {line}\n"));
+                            print(&self.select(
+                                &data,
+                                &format!(", seq {seq}{reset}; live, Ctrl-C to stop"),
+                            ));
                         }
-                        print(&out);
+                        "diff" => {
+                            let seq = data["seq"].as_u64().unwrap_or(0);
+                            let mut out = String::new();
+                            for change in data["changes"].as_array().into_iter().flatten() {
+                                let line = match change["op"].as_str() {
+                                    Some("add") => format!(
+                                        "+ {}",
+                                        render::row_line(&columns, &change["row"], self.style)
+                                    ),
+                                    Some("change") => format!(
+                                        "~ {}",
+                                        render::row_line(&columns, &change["row"], self.style)
+                                    ),
+                                    Some("remove") => {
+                                        format!("- key {}", render::value_text(&change["key"]))
+                                    }
+                                    _ => format!("? {change}"),
+                                };
+                                out.push_str(&format!("seq {seq}  {line}\n"));
+                            }
+                            print(&out);
+                        }
+                        "error" => return Err(event_error(&data)),
+                        _ => {}
                     }
-                    "error" => return Err(event_error(&data)),
-                    _ => {}
                 }
-            }
-            Err(Error::Transport("the server ended the live query".into()))
-        };
+                Err(Error::Transport("the server ended the live query".into()))
+            };
         until_ctrl_c(stream).await
     }
 
@@ -373,9 +383,8 @@ impl Session {
         let stream = async {
             let mut events = self.client.events(url).await?;
             while let Some(event) = events.next().await? {
-                let data: Value = serde_json::from_str(&event.data).map_err(|e| {
-                    Error::Protocol(format!("bad {} event: {e}", event.event))
-                })?;
+                let data: Value = serde_json::from_str(&event.data)
+                    .map_err(|e| Error::Protocol(format!("bad {} event: {e}", event.event)))?;
                 match event.event.as_str() {
                     "watching" => print(&format!(
                         "watching {} from offset {}{}; Ctrl-C to stop\n",
@@ -404,7 +413,9 @@ impl Session {
 }
 
 /// Runs a stream until it fails or Ctrl-C (which is its normal end: `Ok`).
-async fn until_ctrl_c(stream: impl std::future::Future<Output = Result<(), Error>>) -> Result<(), Error> {
+async fn until_ctrl_c(
+    stream: impl std::future::Future<Output = Result<(), Error>>,
+) -> Result<(), Error> {
     tokio::select! {
         r = stream => r,
         _ = tokio::signal::ctrl_c() => {
