@@ -172,6 +172,14 @@ fn fit(widths: &mut [usize], width_max: usize) {
     }
 }
 
+/// A line cut to the terminal's width (when there is one), ending in `…` when cut.
+pub fn fit_line(text: &str, style: Style) -> String {
+    match style.width {
+        Some(width) => cut(text, width.max(COLUMN_WIDTH_MIN)),
+        None => text.to_string(),
+    }
+}
+
 /// `text` cut to `width` display columns, ending in `…` when cut.
 fn cut(text: &str, width: usize) -> String {
     if text.width() <= width {

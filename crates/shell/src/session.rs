@@ -1,6 +1,6 @@
 //! Running one statement or meta-command against the server and printing what it returns.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use serde_json::{json, Value};
 
@@ -347,22 +347,29 @@ impl Session {
                         "diff" => {
                             let seq = data["seq"].as_u64().unwrap_or(0);
                             let mut out = String::new();
+                            // Plain (no dimmed NULL) so that a line can be cut to the width.
+                            let plain = Style {
+                                color: false,
+                                ..self.style
+                            };
                             for change in data["changes"].as_array().into_iter().flatten() {
                                 let line = match change["op"].as_str() {
                                     Some("add") => format!(
                                         "+ {}",
-                                        render::row_line(&columns, &change["row"], self.style)
+                                        render::row_line(&columns, &change["row"], plain)
                                     ),
                                     Some("change") => format!(
                                         "~ {}",
-                                        render::row_line(&columns, &change["row"], self.style)
+                                        render::row_line(&columns, &change["row"], plain)
                                     ),
                                     Some("remove") => {
                                         format!("- key {}", render::value_text(&change["key"]))
                                     }
                                     _ => format!("? {change}"),
                                 };
-                                out.push_str(&format!("seq {seq}  {line}\n"));
+                                let line = format!("seq {seq}  {line}");
+                                out.push_str(&render::fit_line(&line, plain));
+                                out.push('\n');
                             }
                             print(&out);
                         }
@@ -419,7 +426,9 @@ async fn until_ctrl_c(
     tokio::select! {
         r = stream => r,
         _ = tokio::signal::ctrl_c() => {
-            print("(stopped)\n");
+            // On a terminal the `^C` echo ends the line's text, not the line.
+            let newline = if std::io::stdout().is_terminal() { "\n" } else { "" };
+            print(&format!("{newline}(stopped)\n"));
             Ok(())
         }
     }

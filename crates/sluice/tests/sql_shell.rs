@@ -377,12 +377,11 @@ fn in_a_terminal_multi_line_statements_history_and_live_queries_work() {
     });
     tmux.wait_text("+ 2 | from-http");
     runtime().block_on(async {
-        let (status, body) = server
-            .api()
-            .post("/v1/sql", &json!({"sql": "DELETE FROM msgs WHERE id = 1"}))
-            .await;
+        let sql = "UPDATE msgs SET body = 'edited' WHERE id = 2; DELETE FROM msgs WHERE id = 1";
+        let (status, body) = server.api().post("/v1/sql", &json!({ "sql": sql })).await;
         assert_eq!(status, 200, "{body}");
     });
+    tmux.wait_text("~ 2 | edited");
     tmux.wait_text("- key 1");
 
     // Ctrl-C ends the stream and returns to the prompt; the shell keeps working.
