@@ -61,18 +61,19 @@ impl Error {
 }
 
 fn transport(base: &Url, e: reqwest::Error) -> Error {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
+    // The innermost cause says what happened ("Connection refused (os error 111)").
+    let mut root: &dyn std::error::Error = &e;
+    while let Some(s) = root.source() {
+        root = s;
     }
     if e.is_connect() {
         Error::Transport(format!(
-            "cannot reach {base} ({text}); is `sluice serve` running there? (--url or SLUICE_URL)"
+            "cannot reach {base}: {root}; is `sluice serve` running there? (--url or SLUICE_URL)"
         ))
+    } else if e.is_timeout() {
+        Error::Transport(format!("{base}: timed out: {root}"))
     } else {
-        Error::Transport(text)
+        Error::Transport(format!("{e}: {root}"))
     }
 }
 

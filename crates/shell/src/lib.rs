@@ -222,7 +222,7 @@ async fn connect(client: &Client, source: &TokenSource) -> Result<u64, ()> {
 /// statement's number in the script (from 1) when there is one.
 fn report(error: &Error, statement: Option<usize>) {
     if matches!(error, Error::Cancelled) {
-        eprintln!("cancelled");
+        eprintln!("cancelled (a write the server had already received may still apply)");
         return;
     }
     match statement {

@@ -13,14 +13,14 @@ pub const HELP: &str = "\
 SQL (ends at `;`; several lines are one statement until then; sent to POST /v1/sql):
   SELECT … | INSERT … | UPDATE … | DELETE … | CREATE/DROP/ALTER …
 Meta-commands (one line, no `;` needed):
-  \\d                 list tables
-  \\d TABLE           columns, types, primary key, indexes and policies of TABLE
-  \\live SELECT …     the result, then every change to it as it happens (Ctrl-C stops)
-  \\topics            list topics
-  \\watch TOPIC [TAG…] records appended to TOPIC (tags filter; `room:*` matches a prefix;
-                     Ctrl-C stops)
-  \\?                 this help
-  \\q                 quit (also Ctrl-D)
+  \\d                   list tables
+  \\d TABLE             columns, types, primary key, indexes and policies of TABLE
+  \\live SELECT …       the result, then every change to it as it happens (Ctrl-C stops)
+  \\topics              list topics
+  \\watch TOPIC [TAG…]  records appended to TOPIC, only those matching a TAG when given
+                       (`room:*` matches a prefix); Ctrl-C stops
+  \\?                   this help
+  \\q                   quit (also Ctrl-D)
 ";
 
 /// What a meta-command asks of the loop around it.
