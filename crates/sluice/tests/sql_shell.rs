@@ -85,6 +85,8 @@ INSERT INTO msgs VALUES (1, 'lobby', 'hello'),
 -- a comment; not a statement
 UPDATE msgs SET body = 'semi;colon' WHERE id = 2;
 SELECT id, room, body FROM msgs ORDER BY id;
+CREATE INDEX msgs_room ON msgs (room);
+CREATE POLICY lobby_only ON msgs FOR SELECT USING (room = 'lobby');
 \\d msgs
 SELECT 1 + 2 AS three";
     let out = shell(&server, dir.path(), &[], Some(ADMIN_TOKEN), script);
@@ -106,6 +108,8 @@ SELECT 1 + 2 AS three";
         " room   | TEXT    | not null |",
         " body   | TEXT    |",
         "Primary key: id",
+        "Indexes:\n    \"msgs_room\" (room)\n",
+        "Policies:\n    \"lobby_only\" FOR SELECT USING (",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }
@@ -361,6 +365,15 @@ fn in_a_terminal_multi_line_statements_history_and_live_queries_work() {
     tmux.wait_count("SELECT body FROM msgs WHERE id = 1;", 2);
     tmux.keys(&["Enter"]);
     tmux.wait_count("(1 row)", 2);
+
+    // A value wider than the terminal (200 columns) is cut with `…` to fit.
+    tmux.line(&format!("SELECT '{}' AS wide;", "w".repeat(300)));
+    let screen = tmux.wait_count("(1 row)", 3);
+    let cut = screen
+        .lines()
+        .find(|l| l.starts_with(" www"))
+        .unwrap_or_else(|| panic!("no row of w's in\n{screen}"));
+    assert!(cut.ends_with('…') && cut.chars().count() <= 200, "{cut:?}");
 
     // \live: the snapshot, then a row written over HTTP by this test appears.
     tmux.line("\\live SELECT id, body FROM msgs ORDER BY id");
