@@ -8,7 +8,8 @@
 //! (2 rows)
 //! ```
 //!
-//! Numbers are right-aligned, everything else left-aligned. NULL is the bare word `NULL`
+//! Numbers are right-aligned, everything else left-aligned; `timestamp` columns show as UTC
+//! times. NULL is the bare word `NULL`
 //! (dimmed on a colour terminal, so it stands apart from the text `'NULL'`). A value is
 //! shown on one line: control characters are escaped (`\n`, `\t`, `\u{1b}`), JSON objects
 //! and arrays are compact JSON. When a width is given (the terminal's), the widest columns
@@ -52,6 +53,60 @@ pub fn value_text(value: &Value) -> String {
         Value::Object(_) | Value::Array(_) => escape(&value.to_string()),
         other => other.to_string(),
     }
+}
+
+/// Replaces, in each row, the integer values of the columns whose type is `timestamp` (µs
+/// since the epoch) with their UTC time as text (`2026-11-24 01:59:48.776193`), as psql
+/// shows timestamps. `types` is the reply's `types` (one per column, `null` when unknown).
+pub fn format_timestamps(columns: &[String], types: &[Value], rows: &mut [Value]) {
+    let stamped: Vec<&String> = columns
+        .iter()
+        .zip(types)
+        .filter(|(_, t)| t.as_str() == Some("timestamp"))
+        .map(|(c, _)| c)
+        .collect();
+    if stamped.is_empty() {
+        return;
+    }
+    for row in rows {
+        if let Value::Object(map) = row {
+            for column in &stamped {
+                if let Some(v) = map.get_mut(column.as_str()) {
+                    if let Some(us) = v.as_i64() {
+                        *v = Value::String(timestamp_text(us));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// µs since 1970-01-01 UTC as `YYYY-MM-DD HH:MM:SS[.ffffff]`.
+pub fn timestamp_text(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let day_secs = secs.rem_euclid(86_400);
+    // Days to a civil date (H. Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut text = format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        day_secs / 3600,
+        day_secs / 60 % 60,
+        day_secs % 60
+    );
+    if micros != 0 {
+        text.push_str(&format!(".{micros:06}"));
+    }
+    text
 }
 
 /// Control characters as escapes, so that a value stays on its line.
@@ -251,6 +306,24 @@ mod tests {
             assert!(line.width() <= 30, "{line:?} is wider than 30");
         }
         assert!(out.contains('…'));
+    }
+
+    #[test]
+    fn timestamps_show_as_utc_times() {
+        assert_eq!(timestamp_text(0), "1970-01-01 00:00:00");
+        assert_eq!(timestamp_text(1_732_400_000_000_000), "2024-11-23 22:13:20");
+        assert_eq!(
+            timestamp_text(951_782_400_000_001),
+            "2000-02-29 00:00:00.000001"
+        );
+        assert_eq!(timestamp_text(-1), "1969-12-31 23:59:59.999999");
+        let mut rows = vec![json!({"ts": 0, "n": 0})];
+        format_timestamps(
+            &cols(&["ts", "n"]),
+            &[json!("timestamp"), json!(null)],
+            &mut rows,
+        );
+        assert_eq!(rows[0], json!({"ts": "1970-01-01 00:00:00", "n": 0}));
     }
 
     #[test]

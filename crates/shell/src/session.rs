@@ -127,11 +127,17 @@ impl Session {
     /// A `SELECT`'s columns and rows as a table.
     fn select(&self, result: &Value, footer_extra: &str) -> String {
         let columns = strings(result.get("columns"));
-        let rows = result
+        let mut rows = result
             .get("rows")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
+        let types = result
+            .get("types")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        render::format_timestamps(&columns, &types, &mut rows);
         render::table(&columns, &rows, self.style, footer_extra)
     }
 
@@ -327,12 +333,14 @@ impl Session {
             async {
                 let mut events = self.client.events(url).await?;
                 let mut columns: Vec<String> = Vec::new();
+                let mut types: Vec<Value> = Vec::new();
                 while let Some(event) = events.next().await? {
                     let data: Value = serde_json::from_str(&event.data)
                         .map_err(|e| Error::Protocol(format!("bad {} event: {e}", event.event)))?;
                     match event.event.as_str() {
                         "snapshot" => {
                             columns = strings(data.get("columns"));
+                            types = data["types"].as_array().cloned().unwrap_or_default();
                             let seq = data["seq"].as_u64().unwrap_or(0);
                             let reset = if data["reset"].as_bool() == Some(true) {
                                 " (reset)"
@@ -353,15 +361,15 @@ impl Session {
                                 ..self.style
                             };
                             for change in data["changes"].as_array().into_iter().flatten() {
+                                let mut row = [change["row"].clone()];
+                                render::format_timestamps(&columns, &types, &mut row);
                                 let line = match change["op"].as_str() {
-                                    Some("add") => format!(
-                                        "+ {}",
-                                        render::row_line(&columns, &change["row"], plain)
-                                    ),
-                                    Some("change") => format!(
-                                        "~ {}",
-                                        render::row_line(&columns, &change["row"], plain)
-                                    ),
+                                    Some("add") => {
+                                        format!("+ {}", render::row_line(&columns, &row[0], plain))
+                                    }
+                                    Some("change") => {
+                                        format!("~ {}", render::row_line(&columns, &row[0], plain))
+                                    }
                                     Some("remove") => {
                                         format!("- key {}", render::value_text(&change["key"]))
                                     }

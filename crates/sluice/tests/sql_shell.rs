@@ -88,6 +88,9 @@ SELECT id, room, body FROM msgs ORDER BY id;
 CREATE INDEX msgs_room ON msgs (room);
 CREATE POLICY lobby_only ON msgs FOR SELECT USING (room = 'lobby');
 \\d msgs
+CREATE TABLE events (id INTEGER PRIMARY KEY, at TIMESTAMP);
+INSERT INTO events VALUES (1, 1732400000000000);
+SELECT at, at + 0 AS raw FROM events;
 SELECT 1 + 2 AS three";
     let out = shell(&server, dir.path(), &[], Some(ADMIN_TOKEN), script);
     assert!(out.status.success(), "{}", describe(&out));
@@ -113,6 +116,11 @@ SELECT 1 + 2 AS three";
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }
+    // A TIMESTAMP column shows as a UTC time; an expression over it (no type) as it is.
+    assert!(
+        text.contains(" 2024-11-23 22:13:20 | 1732400000000000\n"),
+        "{text}"
+    );
     // The last statement had no `;`: it ran at the end of input.
     assert!(
         text.contains(" three\n-------\n     3\n(1 row)\n"),
