@@ -238,6 +238,17 @@ struct Feeder {
     /// Statements and meta-commands run so far (the number in error messages).
     count: usize,
     failed: bool,
+    /// Between `BEGIN` and `COMMIT`: the statements kept for the transaction, with their
+    /// numbers.
+    transaction: Option<Vec<(usize, String)>>,
+}
+
+/// `BEGIN`, `COMMIT`, `ROLLBACK` and their synonyms.
+#[derive(Clone, Copy)]
+enum Control {
+    Begin,
+    Commit,
+    Rollback,
 }
 
 /// What one line did.
@@ -254,6 +265,7 @@ impl Feeder {
             buffer: String::new(),
             count: 0,
             failed: false,
+            transaction: None,
         }
     }
 
@@ -310,17 +322,119 @@ impl Feeder {
 
     async fn run(&mut self, session: &mut Session, sql: &str, number: bool) {
         self.count += 1;
-        if let Err(e) = session.statement(sql).await {
-            self.failed = true;
-            report(&e, number.then_some(self.count));
+        let words: Vec<String> = sql
+            .split_whitespace()
+            .take(3)
+            .map(str::to_ascii_uppercase)
+            .collect();
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        let control = match words.as_slice() {
+            ["BEGIN"] | ["BEGIN", "TRANSACTION" | "WORK"] | ["START", "TRANSACTION"] => {
+                Some(Control::Begin)
+            }
+            ["COMMIT" | "END"] | ["COMMIT" | "END", "TRANSACTION" | "WORK"] => {
+                Some(Control::Commit)
+            }
+            ["ROLLBACK" | "ABORT"] | ["ROLLBACK" | "ABORT", "TRANSACTION" | "WORK"] => {
+                Some(Control::Rollback)
+            }
+            _ => None,
+        };
+        let n = number.then_some(self.count);
+        match (control, self.transaction.take()) {
+            (Some(Control::Begin), None) => {
+                self.transaction = Some(Vec::new());
+                print("BEGIN\n");
+            }
+            (Some(Control::Begin), Some(kept)) => {
+                self.transaction = Some(kept);
+                self.failed = true;
+                report(
+                    &Error::api("bad_request", "a transaction is already in progress"),
+                    n,
+                );
+            }
+            (Some(Control::Commit), Some(kept)) => self.commit(session, kept, number).await,
+            (Some(Control::Rollback), Some(kept)) => {
+                print(&format!("ROLLBACK ({} statements dropped)\n", kept.len()));
+            }
+            (Some(_), None) => {
+                self.failed = true;
+                report(
+                    &Error::api(
+                        "bad_request",
+                        "no transaction is in progress (BEGIN starts one)",
+                    ),
+                    n,
+                );
+            }
+            (None, Some(mut kept)) => {
+                kept.push((self.count, sql.to_string()));
+                self.transaction = Some(kept);
+            }
+            (None, None) => {
+                if let Err(e) = session.statement(sql).await {
+                    self.failed = true;
+                    report(&e, n);
+                }
+            }
         }
     }
 
-    /// At the end of input: a last statement without its `;` runs too.
+    /// `COMMIT`: the kept statements as one request.
+    async fn commit(&mut self, session: &mut Session, kept: Vec<(usize, String)>, number: bool) {
+        if kept.is_empty() {
+            print("COMMIT\n");
+            return;
+        }
+        let sqls: Vec<&str> = kept.iter().map(|(_, sql)| sql.as_str()).collect();
+        match session.transaction(&sqls).await {
+            Ok(()) => print("COMMIT\n"),
+            Err(e) => {
+                self.failed = true;
+                let failing = match &e {
+                    Error::Api {
+                        statement: Some(i), ..
+                    } => kept.get(*i as usize),
+                    _ => None,
+                };
+                match failing {
+                    Some((n, sql)) => {
+                        report(&e, number.then_some(*n));
+                        eprintln!("  in: {}", sql.lines().next().unwrap_or(""));
+                    }
+                    None => report(&e, None),
+                }
+                eprintln!("ROLLBACK (nothing of the transaction was applied)");
+            }
+        }
+    }
+
+    /// Whether a `BEGIN` is waiting for its `COMMIT` (the prompt shows `*`).
+    fn in_transaction(&self) -> bool {
+        self.transaction.is_some()
+    }
+
+    /// At the end of input: a last statement without its `;` runs too; a transaction left
+    /// open is dropped (nothing of it was sent), which is a failure.
     async fn finish(&mut self, session: &mut Session, number: bool) {
         let rest = std::mem::take(&mut self.buffer);
         if statements::has_code(&rest) {
             self.run(session, rest.trim(), number).await;
+        }
+        if let Some(kept) = self.transaction.take() {
+            self.failed = true;
+            report(
+                &Error::api(
+                    "bad_request",
+                    format!(
+                        "the input ended inside a transaction: its {} statements were not \
+                         sent (COMMIT sends them)",
+                        kept.len()
+                    ),
+                ),
+                None,
+            );
         }
     }
 }
@@ -406,10 +520,15 @@ fn interactive_loop(runtime: &tokio::runtime::Runtime, session: &mut Session) ->
         if let Some((cols, _)) = editor.dimensions() {
             session.style.width = Some(usize::from(cols));
         }
-        let prompt = if statements::has_code(&feeder.buffer) {
-            "sluice-> "
-        } else {
-            "sluice=> "
+        // As psql: `-` continues a statement, `*` is inside a transaction.
+        let prompt = match (
+            statements::has_code(&feeder.buffer),
+            feeder.in_transaction(),
+        ) {
+            (false, false) => "sluice=> ",
+            (true, false) => "sluice-> ",
+            (false, true) => "sluice*=> ",
+            (true, true) => "sluice*-> ",
         };
         match editor.readline(prompt) {
             Ok(line) => {
@@ -442,6 +561,12 @@ fn interactive_loop(runtime: &tokio::runtime::Runtime, session: &mut Session) ->
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Some(kept) = &feeder.transaction {
+        eprintln!(
+            "WARNING: the transaction was not committed; its {} statements were not sent",
+            kept.len()
+        );
     }
     ExitCode::SUCCESS
 }

@@ -12,6 +12,9 @@ use crate::statements;
 pub const HELP: &str = "\
 SQL (ends at `;`; several lines are one statement until then; sent to POST /v1/sql):
   SELECT … | INSERT … | UPDATE … | DELETE … | CREATE/DROP/ALTER …
+  Each statement is its own transaction. Between BEGIN and COMMIT, statements are kept
+  and sent at COMMIT as one transaction (all or nothing; their results print then);
+  ROLLBACK drops them. DDL and data statements cannot share a transaction.
 Meta-commands (one line, no `;` needed):
   \\d                   list tables
   \\d TABLE             columns, types, primary key, indexes and policies of TABLE
@@ -92,19 +95,40 @@ impl Session {
             }
             other => other?,
         };
+        self.print_reply(&[sql], &reply);
+        Ok(())
+    }
+
+    /// Runs `statements` as one request: one transaction, all or nothing (`BEGIN` …
+    /// `COMMIT` in the shell). An error's `statement` is the index in `statements`.
+    pub async fn transaction(&mut self, statements: &[&str]) -> Result<(), Error> {
+        let sql = statements.join(";\n");
+        let reply = self
+            .cancellable(self.client.post("/v1/sql", &json!({ "sql": sql })))
+            .await?;
+        self.print_reply(statements, &reply);
+        Ok(())
+    }
+
+    /// Prints a `/v1/sql` reply; `statements` are the request's, for the command tags.
+    fn print_reply(&mut self, statements: &[&str], reply: &Value) {
         let seq = reply.get("seq").and_then(Value::as_u64);
         let mut out = String::new();
         match reply.get("results").and_then(Value::as_array) {
             Some(results) => {
-                for result in results {
+                for (i, result) in results.iter().enumerate() {
+                    let index = result
+                        .get("statement")
+                        .and_then(Value::as_u64)
+                        .map_or(i, |n| n as usize);
+                    let sql = statements.get(index).copied().unwrap_or("");
                     out.push_str(&self.result(sql, result, seq));
                 }
             }
             // Servers before SQL writes: `{"seq", "changed"}` for DDL.
-            None => out.push_str(&ddl_line(sql, &reply, seq)),
+            None => out.push_str(&ddl_line(statements.join("; ").as_str(), reply, seq)),
         }
         print(&out);
-        Ok(())
     }
 
     /// One entry of a `/v1/sql` reply.

@@ -182,6 +182,57 @@ fn a_failing_statement_is_named_with_its_code_and_the_exit_status_is_not_zero() 
 }
 
 #[test]
+fn begin_and_commit_send_their_statements_as_one_transaction() {
+    let dir = TempDir::new("shell-transaction");
+    let server = Server::start(&dir.join("data"), dir.path(), &[]);
+    let script = "CREATE TABLE acct (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);\n\
+                  INSERT INTO acct VALUES (1, 100);\n\
+                  BEGIN;\n\
+                  INSERT INTO acct VALUES (2, 5);\n\
+                  INSERT INTO acct VALUES (1, 7);\n\
+                  COMMIT;\n\
+                  SELECT count(*) AS n FROM acct;\n\
+                  BEGIN;\n\
+                  UPDATE acct SET balance = balance - 30 WHERE id = 1;\n\
+                  INSERT INTO acct VALUES (2, 30);\n\
+                  SELECT id, balance FROM acct ORDER BY id;\n\
+                  COMMIT;\n\
+                  BEGIN;\n\
+                  DELETE FROM acct;\n\
+                  ROLLBACK;\n\
+                  SELECT sum(balance) AS total FROM acct;\n";
+    let out = shell(&server, dir.path(), &[], Some(ADMIN_TOKEN), script);
+    // The first transaction fails as a whole, naming its failing statement.
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("ERROR (already_exists): ") && err.contains("(statement 5)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("ROLLBACK (nothing of the transaction was applied)"),
+        "{err}"
+    );
+    let text = stdout(&out);
+    // Nothing of it was applied: still one row.
+    assert!(text.contains(" n\n---\n 1\n(1 row)\n"), "{text}");
+    // The second commits: its results print at COMMIT, the SELECT sees the writes before it.
+    assert!(text.contains("UPDATE 1 (seq "), "{text}");
+    assert!(
+        text.contains(
+            " id | balance\n----+---------\n  1 |      70\n  2 |      30\n(2 rows)\nCOMMIT\n"
+        ),
+        "{text}"
+    );
+    // ROLLBACK sends nothing.
+    assert!(text.contains("ROLLBACK (1 statements dropped)"), "{text}");
+    assert!(
+        text.contains(" total\n-------\n   100\n(1 row)\n"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_refused_token_prints_the_reason_and_a_hint() {
     let dir = TempDir::new("shell-token");
     let server = Server::start(&dir.join("data"), dir.path(), &[]);
