@@ -509,6 +509,11 @@ fn in_a_terminal_watch_shows_appended_records_until_ctrl_c() {
     tmux.wait_text("(stopped)");
     tmux.line("\\d");
     tmux.wait_text("List of tables");
+    // Inside BEGIN the prompt says so (`*`), as psql's does.
+    tmux.line("BEGIN;");
+    tmux.wait_text("sluice*=> ");
+    tmux.line("ROLLBACK;");
+    tmux.wait_text("ROLLBACK (0 statements dropped)");
     tmux.line("\\q");
     tmux.wait_text("SHELL-EXITED-0");
 }
