@@ -355,6 +355,15 @@ export class SluiceClient implements Client {
     return new TopicWatchImpl<Data>(this, topic, options ?? {});
   }
 
+  /** @internal For tests: drops the socket as a network failure would (the client reconnects). */
+  dropConnection(): void {
+    const ws = this.ws;
+    if (!ws) return;
+    ws.onclose?.({ code: 1006, reason: "dropped by the test hook" });
+    ws.onclose = ws.onmessage = ws.onopen = null;
+    ws.close();
+  }
+
   close(): void {
     if (this.closed) return;
     this.closed = true;
@@ -377,6 +386,9 @@ function keyText(k: unknown): string {
   return JSON.stringify(plain(k), (_k, v) => (typeof v === "bigint" ? v.toString() : v));
 }
 
+/** Fresh snapshots tried after a checksum mismatch before the query ends with `checksum`. */
+const MAX_RESYNCS = 2;
+
 /** Codes after which the SDK subscribes again by itself instead of ending the subscription. */
 const RESUBSCRIBE = new Set(["rules_changed", "slow_subscriber", "shutting_down"]);
 
@@ -398,6 +410,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   private qid: string | null = null;
   private closed = false;
   private fresh = false;
+  /** Consecutive events that failed to apply or verify. */
+  private failures = 0;
   private readonly listeners = new Set<() => void>();
 
   constructor(
@@ -458,10 +472,16 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       else this.applyDiff(m);
     } catch (e) {
       const err = e instanceof SluiceError ? e : new SluiceError("protocol", String(e));
+      // A fresh snapshot that does not add up either will not after another try: stop there.
+      if (++this.failures > MAX_RESYNCS) {
+        console.warn(`sluice-client: live query ${JSON.stringify(this.sql)}: ${err.message}; giving up after ${MAX_RESYNCS} fresh snapshots`);
+        return this.onError(err);
+      }
       console.warn(`sluice-client: live query ${JSON.stringify(this.sql)}: ${err.message}; subscribing again`);
       this.resync();
       return;
     }
+    this.failures = 0;
     const seq = m.get("seq") as number;
     this.seq = seq;
     if (this.appliedSeqs.length < 100_000) this.appliedSeqs.push(seq);
@@ -472,7 +492,10 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   }
 
   private onError(err: SluiceError) {
-    if (this.qid) this.client.streams.delete(this.qid);
+    if (this.qid) {
+      if (err.code === "checksum" || err.code === "protocol") this.client.sendIfOpen({ type: "unsubscribe", qid: this.qid });
+      this.client.streams.delete(this.qid);
+    }
     this.qid = null;
     if (RESUBSCRIBE.has(err.code)) {
       if (err.code !== "shutting_down") this.start(this.seq > 0 ? this.seq : null);
@@ -512,7 +535,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
 
   private applySnapshot(m: Wire) {
     this.columns = field(m, "columns") as string[];
-    const types = field(m, "types") as (string | null)[] | undefined;
+    const types =
+      (field(m, "types") as (string | null)[] | undefined) ?? this.client.hooks?.assumeTypes?.(this.sql, this.columns);
     this.types = types ?? null;
     this.verify = !!types && typeof m.get("checksum") === "string";
     const wireRows = (m.get("rows") as unknown[]) ?? [];

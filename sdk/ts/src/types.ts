@@ -20,8 +20,15 @@ export interface ConnectOptions {
   fetch?: typeof fetch;
   /** How long a request sent while disconnected waits for the connection (default 10 000 ms). */
   requestTimeoutMs?: number;
-  /** @internal Test hooks: `beforeApply` sees every live event (decoded wire form) before it is applied. */
-  testHooks?: { beforeApply?: (event: unknown) => void };
+  /**
+   * @internal Test hooks. `beforeApply` sees every live event (decoded wire form) before it is
+   * applied; `assumeTypes` supplies column types for snapshots that carry none (servers before
+   * column types), so the checksum can be verified against them.
+   */
+  testHooks?: {
+    beforeApply?: (event: unknown) => void;
+    assumeTypes?: (sql: string, columns: string[]) => (string | null)[] | undefined;
+  };
 }
 
 export type ClientStatus = "connecting" | "open" | "reconnecting" | "closed";
