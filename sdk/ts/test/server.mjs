@@ -14,7 +14,8 @@ export const BIN = process.env.SLUICE_BIN ? resolve(process.env.SLUICE_BIN) : re
 export const ADMIN = "admin-token-for-sdk-tests";
 
 export class Server {
-  constructor({ jwtSecret, extraArgs = [] } = {}) {
+  constructor({ jwtSecret, extraArgs = [], durability = "memory" } = {}) {
+    this.durability = durability;
     this.dir = mkdtempSync(join(tmpdir(), "sluice-sdk-"));
     this.jwtSecret = jwtSecret;
     this.extraArgs = extraArgs;
@@ -23,7 +24,7 @@ export class Server {
   }
 
   async start() {
-    const args = ["serve", "--data", join(this.dir, "data"), "--listen", `127.0.0.1:${this.port}`, "--admin-token", ADMIN, "--durability", "memory", ...this.extraArgs];
+    const args = ["serve", "--data", join(this.dir, "data"), "--listen", `127.0.0.1:${this.port}`, "--admin-token", ADMIN, "--durability", this.durability, ...this.extraArgs];
     if (this.jwtSecret) args.push("--jwt-secret", this.jwtSecret);
     const proc = spawn(BIN, args, { stdio: ["ignore", "ignore", "pipe"] });
     this.proc = proc;
@@ -86,6 +87,17 @@ export class Server {
 
   client(opts = {}) {
     return connect({ url: this.url, token: ADMIN, WebSocket, reconnect: { initialDelayMs: 50, maxDelayMs: 500 }, ...opts });
+  }
+
+  async http(method, path, body, token = ADMIN) {
+    const res = await fetch(`${this.url}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${token}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text}`);
+    return text ? JSON.parse(text) : null;
   }
 
   async sql(sql, params, token = ADMIN) {
