@@ -143,8 +143,10 @@ export class SluiceClient implements Client {
     }
     ws.binaryType = "arraybuffer";
     this.ws = ws;
+    let opened = false;
     ws.onopen = () => {
       if (this.ws !== ws) return;
+      opened = true;
       this.attempt = 0;
       this.setStatus("open");
       for (const s of [...this.live_]) s.onOpen();
@@ -178,7 +180,25 @@ export class SluiceClient implements Client {
       for (const p of inflight) p.reject(disconnected(why + " before the reply came"));
       for (const s of [...this.live_]) s.onDisconnected();
       this.scheduleReconnect();
+      if (!opened) this.diagnose();
     };
+  }
+
+  /**
+   * A WebSocket that never opened says nothing about why (a browser hides the HTTP status):
+   * ask over HTTP with the same token, and fail the waiting requests with a refusal
+   * (`unauthorized`, `forbidden`) instead of letting them time out as `disconnected`.
+   */
+  private diagnose() {
+    this.http("GET", "/v1/tables").then(
+      () => {},
+      (e: SluiceError) => {
+        if (e.code !== "unauthorized" && e.code !== "forbidden") return;
+        const waiting = this.waiting;
+        this.waiting = [];
+        for (const w of waiting) (clearTimeout(w.timer), w.pending.reject(e));
+      },
+    );
   }
 
   private scheduleReconnect() {
