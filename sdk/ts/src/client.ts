@@ -421,6 +421,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   types: (string | null)[] | null = null;
   /** Checksum mismatches seen (each one resubscribed). */
   checksumMismatches = 0;
+  /** Events whose checksum was verified. */
+  checksumsVerified = 0;
   /** Seqs of the events applied, in order (for tests and debugging; capped). */
   readonly appliedSeqs: number[] = [];
   private keys: string[] = [];
@@ -543,6 +545,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     if (!this.verify) return;
     const want = m.get("checksum");
     const got = render(this.sum);
+    this.checksumsVerified++;
     if (typeof want === "string" && want !== got) {
       this.checksumMismatches++;
       throw new SluiceError("checksum", `checksum mismatch at seq ${m.get("seq")}: the server says ${want}, the rows held hash to ${got}`, {

@@ -5,9 +5,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Server, until } from "./server.mjs";
-import { convergeTo, typesFor } from "./helpers.mjs";
+import { convergeTo } from "./helpers.mjs";
 
-const SCHEMA = { id: "integer", body: "text", n: "integer", owner: "text" };
 const SQL = "SELECT id, body, n FROM msgs ORDER BY id";
 
 /** Records every event a live query applies: [kind, seq]. */
@@ -35,7 +34,7 @@ function assertNoDuplicateNoGap(events, label) {
 for (const encoding of ["msgpack", "json"]) {
   test(`a killed and restarted server: the client keeps its rows while reconnecting, resumes, ends equal (${encoding})`, { timeout: 60_000 }, async () => {
     const server = await new Server({ durability: "disk" }).start();
-    const db = server.client({ encoding, testHooks: { assumeTypes: typesFor(SCHEMA) } });
+    const db = server.client({ encoding });
     const statuses = [];
     db.onStatus((s) => statuses.push(s));
     try {
