@@ -70,6 +70,7 @@ export class SluiceClient implements Client {
   private attempt = 0;
   private closed = false;
   private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  private heartbeat: ReturnType<typeof setTimeout> | null = null;
   private readonly inflight = new Map<number, Pending>();
   private waiting: Waiting[] = [];
   private readonly statusListeners = new Set<(s: ClientStatus) => void>();
@@ -148,6 +149,7 @@ export class SluiceClient implements Client {
       if (this.ws !== ws) return;
       opened = true;
       this.attempt = 0;
+      this.startHeartbeat(ws);
       this.setStatus("open");
       for (const s of [...this.live_]) s.onOpen();
       const waiting = this.waiting;
@@ -199,6 +201,32 @@ export class SluiceClient implements Client {
         for (const w of waiting) (clearTimeout(w.timer), w.pending.reject(e));
       },
     );
+  }
+
+  /**
+   * A connection can die without a close (a laptop sleeps, a NAT forgets): every
+   * `heartbeatMs` a ping; no reply within `heartbeatMs` more drops the socket and reconnects.
+   */
+  private startHeartbeat(ws: Socket) {
+    const every = this.opts.heartbeatMs ?? 20_000;
+    if (!(every > 0)) return;
+    const beat = () => {
+      if (this.ws !== ws) return;
+      let answered = false;
+      const deadline = setTimeout(() => {
+        if (!answered && this.ws === ws) this.dropConnection(`no pong within ${every} ms`);
+      }, every);
+      this.request({ type: "ping" }).then(
+        () => {
+          answered = true;
+          clearTimeout(deadline);
+          if (this.ws === ws) this.heartbeat = setTimeout(beat, every);
+        },
+        () => clearTimeout(deadline),
+      );
+    };
+    if (this.heartbeat) clearTimeout(this.heartbeat);
+    this.heartbeat = setTimeout(beat, every);
   }
 
   private scheduleReconnect() {
@@ -375,11 +403,11 @@ export class SluiceClient implements Client {
     return new TopicWatchImpl<Data>(this, topic, options ?? {});
   }
 
-  /** @internal For tests: drops the socket as a network failure would (the client reconnects). */
-  dropConnection(): void {
+  /** Drops the socket as a network failure would (the client reconnects); also a test hook. */
+  dropConnection(reason = "dropped by the client"): void {
     const ws = this.ws;
     if (!ws) return;
-    ws.onclose?.({ code: 1006, reason: "dropped by the test hook" });
+    ws.onclose?.({ code: 1006, reason });
     ws.onclose = ws.onmessage = ws.onopen = null;
     ws.close();
   }
@@ -388,6 +416,7 @@ export class SluiceClient implements Client {
     if (this.closed) return;
     this.closed = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    if (this.heartbeat) clearTimeout(this.heartbeat);
     const ws = this.ws;
     this.ws = null;
     ws?.close(1000, "client closed");
