@@ -123,6 +123,8 @@ export class SluiceClient implements Client {
     let token: string | undefined;
     try {
       await loadChecksum();
+      await this.opts.testHooks?.beforeConnect?.();
+      if (this.closed) return;
       token = await this.currentToken();
     } catch (e) {
       console.warn("sluice-client: could not get a token:", e);

@@ -30,6 +30,8 @@ export interface ConnectOptions {
   testHooks?: {
     beforeApply?: (event: unknown) => void;
     assumeTypes?: (sql: string, columns: string[]) => (string | null)[] | undefined;
+    /** Awaited before every connection attempt (a test holds the client offline with it). */
+    beforeConnect?: () => Promise<void> | void;
   };
 }
 
