@@ -80,9 +80,25 @@ export class SluiceClient implements Client {
   readonly watches = new Map<string, TopicWatchImpl<unknown>>();
   private readonly live_ = new Set<Stream>();
 
+  private readonly Socket: SocketCtor;
+
   constructor(options: ConnectOptions) {
     this.opts = options;
     this.token = options.token;
+    const Ctor = (options.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket) as SocketCtor | undefined;
+    if (typeof Ctor !== "function")
+      throw new SluiceError("bad_request", 'no WebSocket implementation: pass options.WebSocket (in Node 20, e.g. the "ws" package\'s default export)');
+    this.Socket = Ctor;
+    let base: URL;
+    try {
+      // In a browser a relative url ("" or "/") means the page's own server.
+      base = new URL(options.url || "/", (globalThis as { location?: { href: string } }).location?.href);
+    } catch {
+      throw new SluiceError("bad_request", `url must be http(s)://host:port, got ${JSON.stringify(options.url)}`);
+    }
+    if (base.protocol !== "http:" && base.protocol !== "https:")
+      throw new SluiceError("bad_request", `url must be http(s)://host:port, got ${JSON.stringify(options.url)}`);
+    this.baseUrl = base.origin + base.pathname.replace(/\/+$/, "");
     void this.open();
   }
 
@@ -114,8 +130,9 @@ export class SluiceClient implements Client {
     return typeof t === "function" ? await t() : t;
   }
 
+  private readonly baseUrl: string;
   private base(): string {
-    return this.opts.url.replace(/\/+$/, "");
+    return this.baseUrl;
   }
 
   private async open(): Promise<void> {
@@ -127,12 +144,11 @@ export class SluiceClient implements Client {
       if (this.closed) return;
       token = await this.currentToken();
     } catch (e) {
-      console.warn("sluice-client: could not get a token:", e);
+      console.warn("sluice-client: cannot connect (getting the token failed):", e);
       return this.scheduleReconnect();
     }
     if (this.closed) return;
-    const Ctor = (this.opts.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket) as SocketCtor | undefined;
-    if (!Ctor) throw new SluiceError("bad_request", "no WebSocket implementation: pass options.WebSocket (e.g. from the \"ws\" package)");
+    const Ctor = this.Socket;
     const url = new URL(this.base() + "/v1/ws");
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     if (token) url.searchParams.set("access_token", token);
