@@ -176,9 +176,20 @@ class Reader {
   }
   str(n: number) {
     this.need(n);
-    const s = utf8d.decode(this.b.subarray(this.pos, this.pos + n));
+    const b = this.b;
+    const start = this.pos;
     this.pos += n;
-    return s;
+    if (n < 64) {
+      // Short ASCII strings (most keys and values): faster than TextDecoder.
+      let s = "";
+      for (let i = start; i < start + n; i++) {
+        const c = b[i];
+        if (c >= 0x80) return utf8d.decode(b.subarray(start, start + n));
+        s += String.fromCharCode(c);
+      }
+      return s;
+    }
+    return utf8d.decode(b.subarray(start, start + n));
   }
   bin(n: number) {
     this.need(n);
