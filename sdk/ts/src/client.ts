@@ -48,6 +48,8 @@ interface Waiting {
 interface Stream {
   onOpen(): void;
   onDisconnected(): void;
+  /** The client was closed: end with `disconnected`. */
+  onClosed(err: SluiceError): void;
   onEvent(m: Wire): void;
 }
 
@@ -270,6 +272,11 @@ export class SluiceClient implements Client {
       if (w) w.onEvent(m);
       return;
     }
+    if (type === "watching" && qid !== undefined && qid !== null) {
+      // Handled at once, not in a promise callback: the records that follow may be dispatched
+      // from the same socket read, before any microtask runs.
+      this.streams.get(String(qid))?.onEvent(m);
+    }
     if (typeof id === "number" && this.inflight.has(id)) {
       const p = this.inflight.get(id)!;
       this.inflight.delete(id);
@@ -311,6 +318,10 @@ export class SluiceClient implements Client {
 
   get isOpen() {
     return !!this.ws && this.ws.readyState === 1;
+  }
+
+  get isClosed() {
+    return this.closed;
   }
 
   /** Sends a request and resolves with its reply; waits (bounded) for the connection. */
@@ -443,7 +454,7 @@ export class SluiceClient implements Client {
     this.inflight.clear();
     for (const w of this.waiting) (clearTimeout(w.timer), w.pending.reject(err));
     this.waiting = [];
-    for (const s of [...this.live_]) s.onDisconnected();
+    for (const s of [...this.live_]) s.onClosed(err);
     this.setStatus("closed");
   }
 }
@@ -488,6 +499,11 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     readonly sql: string,
     readonly params: Params | undefined,
   ) {
+    if (client.isClosed) {
+      this.status = "error";
+      this.error = disconnected("the client is closed");
+      return;
+    }
     client.addStream(this);
     if (client.isOpen) this.onOpen();
   }
@@ -499,6 +515,16 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
 
   private notify() {
     for (const l of [...this.listeners]) l();
+  }
+
+  onClosed(err: SluiceError) {
+    if (this.closed || this.status === "error") return;
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    this.status = "error";
+    this.error = err;
+    this.client.removeStream(this);
+    this.notify();
   }
 
   private start(since: number | null) {
@@ -694,6 +720,8 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
   status: LiveStatus = "loading";
   error: SluiceError | null = null;
   private known: boolean;
+  /** Whether the current watch's `watching` reply came: records before it belong to an older watch. */
+  private registered = false;
   private qid: string | null = null;
   private closed = false;
   private readonly keep: number;
@@ -709,6 +737,11 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
     this.known = options.from !== undefined;
     this.keep = options.keep ?? 1000;
     this.tags = options.tags;
+    if (client.isClosed) {
+      this.status = "error";
+      this.error = disconnected("the client is closed");
+      return;
+    }
     if (client.watches.has(topic)) {
       this.status = "error";
       this.error = new SluiceError("already_exists", `topic ${topic} is already watched on this connection (one watch per topic)`);
@@ -728,10 +761,22 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
     for (const l of [...this.listeners]) l(r);
   }
 
+  onClosed(err: SluiceError) {
+    if (this.closed || this.status === "error") return;
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    this.status = "error";
+    this.error = err;
+    this.client.watches.delete(this.topic);
+    this.client.removeStream(this);
+    this.notify();
+  }
+
   private start() {
     if (this.qid) this.client.streams.delete(this.qid);
     const qid = this.client.newQid("w");
     this.qid = qid;
+    this.registered = false;
     this.client.streams.set(qid, this);
     this.client
       .request({
@@ -742,14 +787,7 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
         ...(this.tags ? { tags: this.tags } : {}),
       })
       .then(
-        (m) => {
-          if (this.qid !== qid || this.closed) return;
-          const next = m.get("next") as number;
-          if (!this.known || next > this.next) this.next = next;
-          this.known = true;
-          this.status = "live";
-          this.notify();
-        },
+        () => {}, // the `watching` reply is handled in onEvent, synchronously
         (e: SluiceError) => {
           if (this.qid !== qid || this.closed) return;
           this.onError(e);
@@ -777,7 +815,17 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
       if (m.get("qid") !== this.qid) return;
       return this.onError(SluiceError.from(plain(m.get("error"))));
     }
-    if (type !== "record") return;
+    if (type === "watching") {
+      if (m.get("qid") !== this.qid) return;
+      this.registered = true;
+      const next = m.get("next") as number;
+      if (!this.known || next > this.next) this.next = next;
+      this.known = true;
+      this.status = "live";
+      this.notify();
+      return;
+    }
+    if (type !== "record" || !this.registered) return;
     const offset = m.get("offset") as number;
     if (this.known && offset < this.next) return; // already seen (never twice)
     const r = {

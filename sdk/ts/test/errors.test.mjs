@@ -89,3 +89,27 @@ for (const encoding of ["msgpack", "json"]) {
     }
   });
 }
+
+test("closing the client ends its live queries and watches with disconnected", { timeout: 30_000 }, async () => {
+  const server = await new Server().start();
+  const db = server.client();
+  try {
+    await db.sql("CREATE TABLE t (id INTEGER PRIMARY KEY)");
+    await server.http("PUT", "/v1/topics/tt", {});
+    const live = db.live("SELECT * FROM t");
+    const watch = db.watch("tt");
+    await until(() => live.status === "live" && watch.status === "live", "live and watching");
+    db.close();
+    assert.equal(db.status, "closed");
+    assert.equal(live.status, "error");
+    assert.equal(live.error.code, "disconnected");
+    assert.equal(watch.status, "error");
+    assert.equal(watch.error.code, "disconnected");
+    const late = db.live("SELECT * FROM t");
+    assert.equal(late.status, "error");
+    assert.equal(late.error.code, "disconnected");
+  } finally {
+    db.close();
+    await server.stop();
+  }
+});
