@@ -660,6 +660,21 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       throw new SluiceError("protocol", "a diff before any snapshot");
     const seq = m.get("seq") as number;
     if (seq <= this.seq) throw new SluiceError("protocol", `a diff at seq ${seq} after seq ${this.seq}`);
+    const changes = (m.get("changes") as OMap[]) ?? [];
+    const before = { rows: this.rows, keys: this.keys, hashes: this.hashes, sum: this.sum };
+    try {
+      if (changes.some((c) => typeof c.get("index") === "number")) this.applyOrdered(changes);
+      else this.applyUnordered(changes);
+      this.check(m);
+    } catch (e) {
+      // Keep showing the rows as they were before the event that did not add up.
+      Object.assign(this, before);
+      throw e;
+    }
+  }
+
+  /** An ordered view: apply the changes in order at their indexes. */
+  private applyOrdered(changes: OMap[]) {
     const rows = this.rows.slice() as Row[];
     const keys = this.keys.slice();
     const hashes = this.verify ? this.hashes.slice() : this.hashes;
@@ -670,7 +685,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       if (i < 0) throw new SluiceError("protocol", `a diff removes key ${k}, which is not held`);
       return i;
     };
-    for (const c of (m.get("changes") as OMap[]) ?? []) {
+    for (const c of changes) {
       const op = c.get("op");
       const k = keyText(c.get("key"));
       const index = c.get("index");
@@ -695,11 +710,72 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       } else if (op !== "remove") throw new SluiceError("protocol", `unknown change op ${String(op)}`);
     }
     this.sum = sum & MASK;
-    this.check(m);
     this.rows = rows;
     this.keys = keys;
     this.hashes = hashes;
   }
+
+  /**
+   * An unordered view is a set keyed by key: one pass over the held rows, O(rows + changes),
+   * keeping the order of the rows that stay; new rows go at the end, changed ones stay put.
+   */
+  private applyUnordered(changes: OMap[]) {
+    type Entry = { row: Row; hash: bigint };
+    const held = new Map<string, number>();
+    for (let i = 0; i < this.keys.length; i++) held.set(this.keys[i], i);
+    const overrides = new Map<string, Entry | null>(); // held key → new row, or null: removed
+    const added = new Map<string, Entry>(); // keys not held before, in order
+    const entry = (c: OMap): Entry => {
+      const wireRow = c.get("row");
+      return { row: plain(wireRow) as Row, hash: this.verify ? rowHash(wireRow, this.columns, this.types!) : 0n };
+    };
+    const isHeld = (k: string) => held.has(k) && overrides.get(k) !== null;
+    for (const c of changes) {
+      const op = c.get("op");
+      const k = keyText(c.get("key"));
+      if (op === "remove") {
+        if (added.has(k)) added.delete(k);
+        else if (isHeld(k)) overrides.set(k, null);
+        else throw new SluiceError("protocol", `a diff removes key ${k}, which is not held`);
+      } else if (op === "add") {
+        if (added.has(k) || isHeld(k)) throw new SluiceError("protocol", `a diff adds key ${k}, which is already held`);
+        added.set(k, entry(c)); // (a held key removed earlier in this diff stays removed: its override is null)
+      } else if (op === "change") {
+        if (added.has(k)) added.set(k, entry(c));
+        else if (isHeld(k)) overrides.set(k, entry(c));
+        else throw new SluiceError("protocol", `a diff changes key ${k}, which is not held`);
+      } else throw new SluiceError("protocol", `unknown change op ${String(op)}`);
+    }
+    const rows: Row[] = [];
+    const keys: string[] = [];
+    const hashes: bigint[] = [];
+    let sum = this.sum;
+    for (let i = 0; i < this.keys.length; i++) {
+      const k = this.keys[i];
+      const o = overrides.get(k);
+      if (o === undefined) {
+        rows.push(this.rows[i]);
+        keys.push(k);
+        if (this.verify) hashes.push(this.hashes[i]);
+        continue;
+      }
+      if (this.verify) sum -= this.hashes[i];
+      if (o === null) continue;
+      rows.push(o.row);
+      keys.push(k);
+      if (this.verify) (hashes.push(o.hash), (sum += o.hash));
+    }
+    for (const [k, e] of added) {
+      rows.push(e.row);
+      keys.push(k);
+      if (this.verify) (hashes.push(e.hash), (sum += e.hash));
+    }
+    this.sum = sum & MASK;
+    this.rows = rows;
+    this.keys = keys;
+    this.hashes = hashes;
+  }
+
 
   close(): void {
     if (this.closed) return;
