@@ -481,7 +481,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   checksumMismatches = 0;
   /** Events whose checksum was verified. */
   checksumsVerified = 0;
-  /** Seqs of the events applied, in order (for tests and debugging; capped). */
+  /** Seqs of the last 1000–2000 events applied, in order (for tests and debugging). */
   readonly appliedSeqs: number[] = [];
   private keys: string[] = [];
   private hashes: bigint[] = [];
@@ -579,7 +579,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     this.failures = 0;
     const seq = m.get("seq") as number;
     this.seq = seq;
-    if (this.appliedSeqs.length < 100_000) this.appliedSeqs.push(seq);
+    this.appliedSeqs.push(seq);
+    if (this.appliedSeqs.length > 2000) this.appliedSeqs.splice(0, 1000);
     this.fresh = false;
     this.status = "live";
     this.error = null;
