@@ -36,6 +36,8 @@ type SocketCtor = new (url: string, protocols?: string | string[]) => Socket;
 interface Pending {
   resolve: (m: Wire) => void;
   reject: (e: SluiceError) => void;
+  /** The frame sent, to find the request an unattributed `limit` error is about. */
+  frame?: string | Uint8Array;
 }
 
 interface Waiting {
@@ -57,6 +59,8 @@ interface Stream {
 export function connect(options: ConnectOptions): Client {
   return new SluiceClient(options);
 }
+
+const utf8 = new TextEncoder();
 
 function disconnected(why: string): SluiceError {
   return new SluiceError("disconnected", why);
@@ -289,7 +293,23 @@ export class SluiceClient implements Client {
       if (s) s.onEvent(m);
       return;
     }
-    if (type === "error") console.warn("sluice-client: error from the server:", plain(m.get("error")));
+    if (type === "error") {
+      const err = SluiceError.from(plain(m.get("error")));
+      // A frame over --max-body-bytes is refused before its id is read ("id": null); the
+      // message names the frame's size, which finds the request it was.
+      const size = /message of (\d+) bytes/.exec(err.message)?.[1];
+      if (err.code === "limit" && size) {
+        for (const [pid, p] of this.inflight) {
+          const f = p.frame;
+          const len = f === undefined ? -1 : typeof f === "string" ? utf8.encode(f).length : f.length;
+          if (len === Number(size)) {
+            this.inflight.delete(pid);
+            return p.reject(err);
+          }
+        }
+      }
+      console.warn("sluice-client: error from the server:", err.code, err.message);
+    }
   }
 
   private encodeMsg(msg: Record<string, unknown>): string | Uint8Array {
@@ -305,7 +325,10 @@ export class SluiceClient implements Client {
       pending?.reject(e instanceof SluiceError ? e : new SluiceError("bad_request", String(e)));
       return;
     }
-    if (pending) this.inflight.set(msg.id as number, pending);
+    if (pending) {
+      pending.frame = data;
+      this.inflight.set(msg.id as number, pending);
+    }
     ws.send(data);
   }
 
