@@ -2,9 +2,14 @@
 // sluice-client). `sluice serve --public examples/chat/dist` serves it.
 import { build } from "esbuild";
 import { copyFile, mkdir } from "node:fs/promises";
+import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url));
+if (!existsSync(here("./node_modules/sluice-client/dist/index.js"))) {
+  console.error("sluice-client is not built: run (cd ../../sdk/ts && npm ci && npm run build), then npm ci here");
+  process.exit(1);
+}
 await mkdir(here("./dist"), { recursive: true });
 await build({
   entryPoints: [here("./src/main.tsx")],
@@ -17,6 +22,9 @@ await build({
   sourcemap: "linked",
   define: { "process.env.NODE_ENV": '"production"' },
   logLevel: "warning",
+  // sluice-client is linked from ../../sdk/ts (a "file:" dependency): resolve its imports
+  // (react) from here, so the page bundles one React.
+  preserveSymlinks: true,
 });
 await copyFile(here("./src/index.html"), here("./dist/index.html"));
 console.log("built dist/index.html and dist/app.js");
