@@ -54,8 +54,13 @@ async function openAs(sub, forbidden) {
     new MutationObserver(check).observe(document, { subtree: true, childList: true, characterData: true, attributes: true });
   }, forbidden);
   const page = await context.newPage();
-  const state = { page, context, frameLeaks: [], errors: [] };
+  const state = { page, context, frameLeaks: [], errors: [], warnings: [] };
   page.on("pageerror", (e) => state.errors.push(String(e)));
+  // The SDK reports a checksum mismatch (and the page a failed presence append) with
+  // console.warn: none is expected.
+  page.on("console", (msg) => {
+    if (msg.type() === "warning" || msg.type() === "error") state.warnings.push(`${msg.type()}: ${msg.text()}`);
+  });
   // Every WebSocket frame the page receives, checked for forbidden text (MessagePack strings
   // are raw UTF-8, so a byte search finds them in binary frames too).
   page.on("websocket", (ws) => {
@@ -175,6 +180,8 @@ describe("chat example", { timeout: 90_000 }, () => {
     assert.deepEqual(bob.frameLeaks, [], fail("bob's WebSocket received secret text"));
     assert.deepEqual(alice.errors, [], fail("alice's page threw"));
     assert.deepEqual(bob.errors, [], fail("bob's page threw"));
+    assert.deepEqual(alice.warnings, [], fail("alice's console"));
+    assert.deepEqual(bob.warnings, [], fail("bob's console"));
     console.log(`alice's page: ${JSON.stringify(await alice.page.locator("[data-testid=messages]").innerText())}`);
     console.log(`bob's page: ${JSON.stringify(bobText)}`);
   });
