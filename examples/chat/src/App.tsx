@@ -1,4 +1,4 @@
-import { FormEvent, useEffect, useRef, useState, useSyncExternalStore } from "react";
+import { FormEvent, useCallback, useEffect, useRef, useState, useSyncExternalStore } from "react";
 import type { connect } from "sluice-client";
 import { useLiveQuery, useSluice, useTopic } from "sluice-client/react";
 import {
@@ -26,6 +26,8 @@ interface Message {
   ts: number; // µs since the epoch
 }
 
+/** The shortest time between two presence records of this page, but for `join` and `leave`. */
+const ANSWER_INTERVAL_MS = 1000;
 /** The most messages a room shows (the newest ones). */
 const MESSAGES_SHOWN_MAX = 200;
 
@@ -162,18 +164,23 @@ function Presence({ room, me }: { room: string; me: string }) {
   const newest = useRef<{ ts: number; seenAt: number } | null>(null);
   const answered = useRef(-1);
   const lastSent = useRef(0);
+  const answerTimer = useRef<ReturnType<typeof setTimeout> | null>(null);
 
   const live = topic.status === "live";
 
-  // Announce ourselves once the watch is live (so we see the answers), heartbeat, and leave.
-  useEffect(() => {
-    if (!live) return;
-    const announce = (state: PresenceState) => {
+  const announce = useCallback(
+    (state: PresenceState) => {
       lastSent.current = Date.now();
       db.append("presence", [{ tags: [roomTag(room), userTag(me)], data: { user: me, state } }], {
         durability: "memory",
       }).catch((err: unknown) => console.warn("presence:", err));
-    };
+    },
+    [db, room, me],
+  );
+
+  // Announce ourselves once the watch is live (so we see the answers), heartbeat, and leave.
+  useEffect(() => {
+    if (!live) return;
     announce("join");
     const heartbeat = setInterval(() => announce("here"), HEARTBEAT_MS);
     const redraw = setInterval(() => tick((n) => n + 1), HEARTBEAT_MS / 2);
@@ -182,24 +189,27 @@ function Presence({ room, me }: { room: string; me: string }) {
     return () => {
       clearInterval(heartbeat);
       clearInterval(redraw);
+      if (answerTimer.current !== null) clearTimeout(answerTimer.current);
+      answerTimer.current = null;
       removeEventListener("pagehide", leave);
       leave();
     };
-  }, [db, room, me, live]);
+  }, [announce, live]);
 
-  // Answer a newcomer's `join` with a `here`, at most once a second.
+  // Answer a newcomer's `join` with a `here` so it sees us at once — at most one record a
+  // second: joins that come faster share one (deferred) answer.
   useEffect(() => {
     for (const record of topic.records) {
       if (record.offset <= answered.current) continue;
       answered.current = record.offset;
-      if (live && authorOf(record) !== me && stateOf(record) === "join" && Date.now() - lastSent.current > 1000) {
-        lastSent.current = Date.now();
-        db.append("presence", [{ tags: [roomTag(room), userTag(me)], data: { user: me, state: "here" } }], {
-          durability: "memory",
-        }).catch((err: unknown) => console.warn("presence:", err));
-      }
+      if (!live || authorOf(record) === me || stateOf(record) !== "join" || answerTimer.current !== null) continue;
+      const wait = Math.max(0, lastSent.current + ANSWER_INTERVAL_MS - Date.now());
+      answerTimer.current = setTimeout(() => {
+        answerTimer.current = null;
+        announce("here");
+      }, wait);
     }
-  }, [topic.records, db, room, me, live]);
+  }, [topic.records, announce, live, me]);
 
   // The server's clock, estimated from the newest record seen and the local time since it
   // arrived: staleness does not depend on the two clocks agreeing.
