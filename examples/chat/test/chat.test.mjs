@@ -185,4 +185,26 @@ describe("chat example", { timeout: 90_000 }, () => {
     console.log(`alice's page: ${JSON.stringify(await alice.page.locator("[data-testid=messages]").innerText())}`);
     console.log(`bob's page: ${JSON.stringify(bobText)}`);
   });
+
+  test("membership is data: bob added to #secret sees it appear live, removed sees it go", async () => {
+    const bob = pages.bob;
+    assert.ok(bob, "needs the pages of the previous test");
+    // The rooms and messages policies read `members` through a subquery: a membership change
+    // alone changes what bob's open live queries hold.
+    await addRooms(server, { secret: ["bob"] });
+    await roomButton(bob.page, "secret").waitFor({ timeout: VISIBLE_MS_MAX });
+    await roomButton(bob.page, "secret").click();
+    await message(bob.page, text.secret).waitFor({ timeout: VISIBLE_MS_MAX });
+    await message(bob.page, text.secretLater).waitFor({ timeout: VISIBLE_MS_MAX });
+    const removed = await api(server, server.adminToken, "POST", "/v1/mutate", {
+      ops: [{ op: "delete", table: "members", id: "secret:bob" }],
+    });
+    assert.equal(removed.status, 200, JSON.stringify(removed.body));
+    await roomButton(bob.page, "secret").waitFor({ state: "detached", timeout: VISIBLE_MS_MAX });
+    await message(bob.page, text.secretLater).waitFor({ state: "detached", timeout: VISIBLE_MS_MAX });
+    await message(bob.page, text.afterSecret).waitFor({ timeout: VISIBLE_MS_MAX }); // back in general
+    assert.equal(await bob.page.evaluate(() => window.__mark), "not reloaded", fail("bob's page reloaded"));
+    assert.deepEqual(bob.warnings, [], fail("bob's console"));
+
+  });
 });
