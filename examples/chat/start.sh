@@ -23,7 +23,7 @@ if [ ! -d node_modules ]; then npm ci; fi
 if [ ! -f dist/index.html ]; then npm run build; fi
 
 # Development secrets, kept across runs so the printed URLs keep working after a restart.
-mkdir -p .run && chmod 700 .run
+umask 077; mkdir -p .run
 [ -f .run/jwt-secret ] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > .run/jwt-secret
 [ -f .run/admin-token ] || { printf 'sluice_admin_'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; } > .run/admin-token
 export SLUICE_JWT_SECRET="$(cat .run/jwt-secret)"
