@@ -31,14 +31,21 @@ const ANSWER_INTERVAL_MS = 1000;
 /** The most messages a room shows (the newest ones). */
 const MESSAGES_SHOWN_MAX = 200;
 
+/** The room named by the address's `#room`, if any. */
+function roomInHash(): string | null {
+  try {
+    return decodeURIComponent(location.hash.slice(1)) || null;
+  } catch {
+    return null; // a malformed escape: no room chosen
+  }
+}
+
 export function App({ client, me }: { client: Client; me: string | null }) {
-  const connection = useSyncExternalStore(
-    (onChange) => client.onStatus(onChange),
-    () => client.status,
-  );
+  const onStatus = useCallback((onChange: () => void) => client.onStatus(onChange), [client]);
+  const connection = useSyncExternalStore(onStatus, () => client.status);
   // Only the rooms this user belongs to: the `member_rooms` policy filters them on the server.
   const rooms = useLiveQuery<Room>("SELECT id, name FROM rooms ORDER BY name");
-  const [chosen, setChosen] = useState<string | null>(() => decodeURIComponent(location.hash.slice(1)) || null);
+  const [chosen, setChosen] = useState<string | null>(roomInHash);
   const room = rooms.rows.some((r) => r.id === chosen) ? chosen : (rooms.rows[0]?.id ?? null);
 
   function choose(id: string) {
