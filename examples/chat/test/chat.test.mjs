@@ -88,7 +88,6 @@ describe("chat example", { timeout: 90_000 }, () => {
   before(async () => {
     console.log(`chat test seed ${seed}`);
     server = await startServer();
-    if (!server.hasPublic) console.log("note: this sluice has no --public yet; the test serves dist/ itself");
     await applySetup(server);
     await addRooms(server, { general: ["alice", "bob"], secret: ["alice"] });
     await addMessage(server, { id: "m-general", room: "general", author: "alice", body: text.general });

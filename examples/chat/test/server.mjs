@@ -1,10 +1,9 @@
 // Starts a real `sluice serve` for the chat tests: fresh data dir, port chosen by the OS,
-// the chat's functions and (when the binary has the flag) `--public dist`.
+// the chat's functions and `--public dist` (the page is served by sluice itself).
 import { execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
-import { createServer } from "node:http";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -31,15 +30,11 @@ export async function startServer() {
     "--jwt-secret", jwtSecret,
     "--functions", join(exampleDir, "functions.js"),
     "--durability", "memory",
+    "--public", distDir,
   ];
-  // `--public` lands with the server's static files; until the binary has it, the test serves
-  // dist/ itself and points the page at the server with `?server=` (said in the test's output).
-  const { stdout: help } = await run(sluiceBin, ["serve", "--help"]);
-  const hasPublic = help.includes("--public");
-  if (hasPublic) args.push("--public", distDir);
   const child = spawn(sluiceBin, args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
-  const url = await new Promise((resolve, reject) => {
+  const listening = new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`sluice did not say "listening" within ${STARTUP_MS_MAX} ms; log:\n${log}`)), STARTUP_MS_MAX);
     child.stderr.setEncoding("utf8");
     child.stderr.on("data", (chunk) => {
@@ -55,12 +50,18 @@ export async function startServer() {
       reject(new Error(`sluice exited (${code ?? signal}) before listening; log:\n${log}`));
     });
   });
-  const standIn = hasPublic ? null : await serveDist();
+  let url;
+  try {
+    url = await listening;
+  } catch (e) {
+    child.kill("SIGKILL");
+    await rm(dataDir, { recursive: true, force: true });
+    throw e;
+  }
   return {
     url,
-    /** Where the browser opens the page (`?token=` is added by the caller). */
-    pageUrl: hasPublic ? `${url}/` : `${standIn.url}/?server=${encodeURIComponent(url)}`,
-    hasPublic,
+    /** Where the browser opens the page, served by sluice itself (`?token=` is added by the caller). */
+    pageUrl: `${url}/`,
     adminToken,
     jwtSecret,
     log: () => log,
@@ -75,28 +76,9 @@ export async function startServer() {
         child.kill("SIGKILL");
         await exited;
       }
-      if (standIn) await new Promise((resolve) => standIn.server.close(resolve));
       await rm(dataDir, { recursive: true, force: true });
     },
   };
-}
-
-/** dist/ over HTTP on a free loopback port: only for a binary without `--public`. */
-async function serveDist() {
-  const server = createServer(async (req, res) => {
-    const path = new URL(req.url, "http://x").pathname;
-    const file = path === "/" ? "index.html" : path.slice(1);
-    if (file.includes("..") || file.includes("/")) return res.writeHead(404).end();
-    try {
-      const body = await readFile(join(distDir, file));
-      const type = file.endsWith(".html") ? "text/html" : file.endsWith(".js") ? "text/javascript" : "application/octet-stream";
-      res.writeHead(200, { "content-type": type }).end(body);
-    } catch {
-      res.writeHead(404).end();
-    }
-  });
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return { server, url: `http://127.0.0.1:${server.address().port}` };
 }
 
 /** Calls the HTTP API as `token`; resolves to {status, body}. */
