@@ -3,9 +3,21 @@
 import { build } from "esbuild";
 import { copyFile, mkdir } from "node:fs/promises";
 import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url));
+const require = createRequire(import.meta.url);
+
+// sluice-client is linked from ../../sdk/ts (a "file:" dependency), whose own node_modules may
+// hold a React of its own (for its tests): two Reacts in one page break every hook. So `react`
+// and `react-dom` resolve from this package, wherever they are imported from.
+const oneReact = {
+  name: "one-react",
+  setup(b) {
+    b.onResolve({ filter: /^react(-dom)?(\/.*)?$/ }, (args) => ({ path: require.resolve(args.path) }));
+  },
+};
 if (!existsSync(here("./node_modules/sluice-client/dist/index.js"))) {
   console.error("sluice-client is not built: run (cd ../../sdk/ts && npm ci && npm run build), then npm ci here");
   process.exit(1);
@@ -22,9 +34,7 @@ await build({
   sourcemap: "linked",
   define: { "process.env.NODE_ENV": '"production"' },
   logLevel: "warning",
-  // sluice-client is linked from ../../sdk/ts (a "file:" dependency): resolve its imports
-  // (react) from here, so the page bundles one React.
-  preserveSymlinks: true,
+  plugins: [oneReact],
 });
 await copyFile(here("./src/index.html"), here("./dist/index.html"));
 console.log("built dist/index.html and dist/app.js");
