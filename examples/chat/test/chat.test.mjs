@@ -96,6 +96,13 @@ describe("chat example", { timeout: 90_000 }, () => {
   });
 
   after(async () => {
+    // What each page logged, and how it looked at the end: the first things to read when a
+    // wait above timed out.
+    await mkdir(resultsDir, { recursive: true });
+    for (const [sub, state] of Object.entries(pages)) {
+      for (const line of [...state.errors, ...state.warnings]) console.log(`${sub}'s page: ${line}`);
+      await state.page.screenshot({ path: join(resultsDir, `${sub}-end.png`) }).catch(() => {});
+    }
     await browser?.close();
     await server?.stop();
   });
