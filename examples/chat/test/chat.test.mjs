@@ -77,6 +77,7 @@ async function openAs(sub, forbidden) {
 }
 
 const roomButton = (page, room) => page.locator(`[data-testid=rooms] [data-room="${room}"]`);
+const presence = (page, user) => page.locator(`[data-testid=presence] li[data-user="${user}"]`);
 const message = (page, body) => page.locator("[data-testid=messages] li .body", { hasText: body });
 
 async function send(page, body) {
@@ -147,8 +148,8 @@ describe("chat example", { timeout: 90_000 }, () => {
     for (const p of [alice.page, bob.page]) await p.evaluate(() => (window.__mark = "not reloaded"));
 
     // Presence: each sees the other in general.
-    await alice.page.locator('[data-testid=presence] li[data-user="bob"]').waitFor({ timeout: VISIBLE_MS_MAX });
-    await bob.page.locator('[data-testid=presence] li[data-user="alice"]').waitFor({ timeout: VISIBLE_MS_MAX });
+    await presence(alice.page, "bob").waitFor({ timeout: VISIBLE_MS_MAX });
+    await presence(bob.page, "alice").waitFor({ timeout: VISIBLE_MS_MAX });
 
     // alice → bob, then bob → alice, live.
     await send(alice.page, text.aliceSays);
@@ -163,11 +164,16 @@ describe("chat example", { timeout: 90_000 }, () => {
     // reach him.
     await roomButton(alice.page, "secret").click();
     await message(alice.page, text.secret).waitFor({ timeout: VISIBLE_MS_MAX });
+    // Presence follows: alice left general (bob sees her go), and in secret she is alone.
+    await presence(bob.page, "alice").waitFor({ state: "detached", timeout: VISIBLE_MS_MAX });
+    await presence(alice.page, "alice").waitFor({ timeout: VISIBLE_MS_MAX });
+    assert.equal(await presence(alice.page, "bob").count(), 0, fail("alice's presence in secret shows bob"));
     await send(alice.page, text.secretLater);
     await message(alice.page, text.secretLater).waitFor({ timeout: VISIBLE_MS_MAX });
     await roomButton(alice.page, "general").click();
     await message(alice.page, text.aliceSays).waitFor({ timeout: VISIBLE_MS_MAX });
     await send(alice.page, text.afterSecret);
+    await presence(bob.page, "alice").waitFor({ timeout: VISIBLE_MS_MAX });
     await message(bob.page, text.afterSecret).waitFor({ timeout: VISIBLE_MS_MAX });
 
     // No reloads: the messages arrived over the live queries.
