@@ -1,0 +1,203 @@
+import { useEffect, useRef, useState } from "react";
+import { Api, Row, SqlReply, describeError } from "./api";
+import { LiveView, openLive } from "./live";
+import { isoOfMicros, show } from "./values";
+
+/** A lone SELECT (one statement, with a FROM) is shown live; anything else goes to /v1/sql. */
+export function isLoneSelect(sql: string): boolean {
+  const text = sql.trim().replace(/;\s*$/, "");
+  if (!/^select\b/i.test(text)) return false;
+  if (stripStrings(text).includes(";")) return false;
+  return /\bfrom\b/i.test(stripStrings(text));
+}
+function stripStrings(s: string): string {
+  return s.replace(/'(?:[^']|'')*'/g, "''").replace(/"(?:[^"]|"")*"/g, '""');
+}
+
+const FLASH_MS = 1500;
+
+export function SqlView({ api }: { api: Api }) {
+  const [text, setText] = useState(() => sessionStorage.getItem("sluice.console.sql") ?? "SELECT * FROM ");
+  const [reply, setReply] = useState<SqlReply | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+  const [live, setLive] = useState<LiveView | null>(null);
+
+  useEffect(() => () => live?.close(), [live]);
+
+  const run = async () => {
+    sessionStorage.setItem("sluice.console.sql", text);
+    live?.close();
+    setLive(null);
+    setReply(null);
+    setError(null);
+    const sql = text.trim().replace(/;\s*$/, "");
+    if (!sql) return;
+    if (isLoneSelect(sql)) {
+      setLive(openLive(api, sql));
+      return;
+    }
+    setBusy(true);
+    try {
+      setReply(await api.sql(text));
+    } catch (e) {
+      setError(describeError(e));
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <div>
+      <div className="sqlbox">
+        <textarea
+          name="sql"
+          spellCheck={false}
+          rows={6}
+          value={text}
+          onChange={(e) => setText(e.target.value)}
+          onKeyDown={(e) => {
+            if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+              e.preventDefault();
+              void run();
+            }
+          }}
+        />
+        <div className="toolbar">
+          <button className="primary" onClick={() => void run()} disabled={busy} data-action="run">
+            Run
+          </button>
+          <span className="muted">Ctrl+Enter · a lone SELECT stays live; other statements run as one transaction</span>
+          {live && (
+            <button
+              onClick={() => {
+                live.close();
+                setLive(null);
+              }}
+            >
+              Stop live
+            </button>
+          )}
+        </div>
+      </div>
+      {busy && <div className="status muted">running…</div>}
+      {error && (
+        <div className="error" role="alert">
+          {error}
+        </div>
+      )}
+      {reply && <SqlReplyView reply={reply} />}
+      {live && <LiveResult view={live} />}
+    </div>
+  );
+}
+
+function SqlReplyView({ reply }: { reply: SqlReply }) {
+  return (
+    <div className="results">
+      <div className="status muted">
+        done · seq {reply.seq}
+        {reply.changed ? " · schema changed" : ""}
+      </div>
+      {reply.results.map((r) => (
+        <div key={r.statement} className="result">
+          <div className="muted">
+            statement {r.statement + 1}: {r.kind}
+            {r.kind === "ddl" && (r.changed ? " · changed" : " · nothing to change")}
+            {(r.kind === "insert" || r.kind === "update" || r.kind === "delete") && ` · ${r.count} row${r.count === 1 ? "" : "s"}`}
+            {r.kind === "select" && ` · ${r.rows.length} row${r.rows.length === 1 ? "" : "s"}`}
+          </div>
+          {r.kind === "select" && <RowsTable columns={r.columns} types={r.types} rows={r.rows} />}
+        </div>
+      ))}
+    </div>
+  );
+}
+
+export function RowsTable(props: {
+  columns: string[];
+  types?: (string | null)[];
+  rows: readonly Row[];
+  keys?: readonly unknown[];
+  flash?: Set<string>;
+}) {
+  const { columns, types, rows, keys, flash } = props;
+  return (
+    <div className="scroll">
+      <table className="grid rows">
+        <thead>
+          <tr>
+            {columns.map((c, i) => (
+              <th key={c}>
+                {c}
+                {types?.[i] && <span className="type">{types[i]}</span>}
+              </th>
+            ))}
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((r, i) => {
+            const k = keys ? JSON.stringify(keys[i]) : String(i);
+            return (
+              <tr key={k} className={flash?.has(k) ? "flash" : undefined} data-key={k}>
+                {columns.map((c, j) => (
+                  <td key={c} title={types?.[j] === "timestamp" ? isoOfMicros(r[c]) : undefined}>
+                    <span className={r[c] === null ? "null" : undefined}>{show(r[c])}</span>
+                  </td>
+                ))}
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** A live result: re-renders on every snapshot/diff and flashes the rows that changed. */
+export function LiveResult({ view }: { view: LiveView }) {
+  const [, setTick] = useState(0);
+  const [flash, setFlash] = useState<Set<string>>(new Set());
+  const seen = useRef<Map<string, string> | null>(null);
+  useEffect(() => {
+    const timers: number[] = [];
+    const off = view.subscribe(() => {
+      const now = new Map<string, string>();
+      view.rows.forEach((r, i) => now.set(JSON.stringify(view.keys[i]), JSON.stringify(r)));
+      const prev = seen.current;
+      seen.current = now;
+      if (prev) {
+        const changed = [...now].filter(([k, v]) => prev.get(k) !== v).map(([k]) => k);
+        if (changed.length) {
+          setFlash((f) => new Set([...f, ...changed]));
+          timers.push(
+            window.setTimeout(() => {
+              setFlash((f) => {
+                const g = new Set(f);
+                for (const k of changed) g.delete(k);
+                return g;
+              });
+            }, FLASH_MS),
+          );
+        }
+      }
+      setTick((t) => t + 1);
+    });
+    return () => {
+      off();
+      timers.forEach((t) => clearTimeout(t));
+    };
+  }, [view]);
+  return (
+    <div className="results">
+      <div className={`status live-status ${view.status}`} data-status={view.status}>
+        <span className="dot" /> {view.status}
+        {view.status !== "loading" && ` · seq ${view.seq} · ${view.rows.length} row${view.rows.length === 1 ? "" : "s"}`}
+        {view.error && ` · ${view.error.describe()}`}
+      </div>
+      {view.columns.length > 0 && (
+        <RowsTable columns={view.columns} types={view.types} rows={view.rows} keys={view.keys} flash={flash} />
+      )}
+    </div>
+  );
+}
