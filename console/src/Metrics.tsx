@@ -61,7 +61,7 @@ export function MetricsView({ api }: { api: Api }) {
 }
 
 function fmt(v: number): string {
-  if (v === 0) return "0";
+  if (Number.isInteger(v)) return String(v);
   if (Math.abs(v) >= 100) return v.toFixed(0);
   if (Math.abs(v) >= 1) return v.toFixed(1);
   return v.toPrecision(2);
@@ -78,9 +78,9 @@ function Sparkline({ points }: { points: (number | null)[] }) {
     .map((v, i) => (v === null ? null : `${((off + i) * step).toFixed(1)},${(H - 2 - (v / max) * (H - 4)).toFixed(1)}`))
     .filter((c): c is string => c !== null);
   return (
-    <svg width={W} height={H} viewBox={`0 0 ${W} ${H}`} className="spark" role="img">
-      <line x1={0} y1={H - 1} x2={W} y2={H - 1} className="axis" />
-      {coords.length > 1 && <polyline points={coords.join(" ")} className="line" />}
+    <svg width="100%" height={H} viewBox={`0 0 ${W} ${H}`} preserveAspectRatio="none" className="spark" role="img">
+      <line x1={0} y1={H - 1} x2={W} y2={H - 1} className="axis" vectorEffect="non-scaling-stroke" />
+      {coords.length > 1 && <polyline points={coords.join(" ")} className="line" vectorEffect="non-scaling-stroke" />}
       {coords.length > 0 && <polygon points={`${coords[0].split(",")[0]},${H - 1} ${coords.join(" ")} ${coords[coords.length - 1].split(",")[0]},${H - 1}`} className="area" />}
     </svg>
   );

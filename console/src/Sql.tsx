@@ -99,7 +99,7 @@ function SqlReplyView({ reply }: { reply: SqlReply }) {
         done · seq {reply.seq}
         {reply.changed ? " · schema changed" : ""}
       </div>
-      {reply.results.map((r) => (
+      {(reply.results ?? []).map((r) => (
         <div key={r.statement} className="result">
           <div className="muted">
             statement {r.statement + 1}: {r.kind}
@@ -141,7 +141,7 @@ export function RowsTable(props: {
             return (
               <tr key={k} className={flash?.has(k) ? "flash" : undefined} data-key={k}>
                 {columns.map((c, j) => (
-                  <td key={c} title={types?.[j] === "timestamp" ? isoOfMicros(r[c]) : undefined}>
+                  <td key={c} title={types?.[j]?.toLowerCase() === "timestamp" ? isoOfMicros(r[c]) : undefined}>
                     <span className={r[c] === null ? "null" : undefined}>{show(r[c])}</span>
                   </td>
                 ))}

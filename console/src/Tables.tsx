@@ -125,12 +125,13 @@ function TableDetail({ api, table }: { api: Api; table: Table }) {
     void load();
   }, [load]);
 
-  const save = async () => {
+  /** Writes the edited cell with a `patch`; `setNull` writes NULL whatever the draft says. */
+  const save = async (setNull = false) => {
     if (!editing) return;
     const col = cols.find((c) => c.name === editing.col)!;
-    let value: unknown;
+    let value: unknown = null;
     try {
-      value = parseValue(editing.draft, col.type, !col.not_null);
+      if (!setNull) value = parseValue(editing.draft, col.type, !col.not_null);
     } catch (e) {
       setCellError({ id: editing.id, col: editing.col, message: (e as Error).message });
       return;
@@ -312,7 +313,7 @@ function TableDetail({ api, table }: { api: Api; table: Table }) {
                       <td
                         key={c.name}
                         className={c.primary_key ? "pk" : "editable"}
-                        title={c.type === "timestamp" ? isoOfMicros(row[c.name]) : c.primary_key ? "primary key" : "double-click to edit"}
+                        title={c.type.toLowerCase() === "timestamp" ? isoOfMicros(row[c.name]) : c.primary_key ? "primary key" : "double-click to edit"}
                         onDoubleClick={() => {
                           if (!c.primary_key && !isEditing) {
                             setEditing({ id, col: c.name, draft: draftOf(row[c.name], c.type) });
@@ -331,6 +332,7 @@ function TableDetail({ api, table }: { api: Api; table: Table }) {
                               setEditing(null);
                               setCellError(null);
                             }}
+                            onNull={() => void save(true)}
                           />
                         ) : (
                           <span className={row[c.name] === null ? "null" : undefined}>{show(row[c.name])}</span>
@@ -378,16 +380,41 @@ function Editor(props: {
   onChange: (v: string) => void;
   onCommit: () => void;
   onCancel: () => void;
+  /** Offered while editing a cell: writes NULL (the server refuses it for NOT NULL columns). */
+  onNull?: () => void;
+}) {
+  const { onNull } = props;
+  const field = <Field {...props} />;
+  if (!onNull) return field;
+  return (
+    <span className="editor">
+      {field}
+      <button type="button" className="link" title="set to NULL" onMouseDown={(e) => e.preventDefault()} onClick={onNull}>
+        NULL
+      </button>
+    </span>
+  );
+}
+
+function Field(props: {
+  column: Column;
+  value: string;
+  placeholder?: string;
+  autoFocus?: boolean;
+  onChange: (v: string) => void;
+  onCommit: () => void;
+  onCancel: () => void;
 }) {
   const { column: c, value, onChange, onCommit, onCancel } = props;
+  const type = c.type.toLowerCase();
   const keys = (e: React.KeyboardEvent) => {
     if (e.key === "Escape") onCancel();
-    else if (e.key === "Enter" && (c.type !== "json" || e.ctrlKey || e.metaKey)) {
+    else if (e.key === "Enter" && (type !== "json" || e.ctrlKey || e.metaKey)) {
       e.preventDefault();
       onCommit();
     }
   };
-  if (c.type === "boolean")
+  if (type === "boolean")
     return (
       <select value={value} autoFocus={props.autoFocus} onChange={(e) => onChange(e.target.value)} onKeyDown={keys} name={c.name}>
         <option value="">{c.not_null ? "—" : "NULL"}</option>
@@ -395,7 +422,7 @@ function Editor(props: {
         <option value="false">false</option>
       </select>
     );
-  if (c.type === "json")
+  if (type === "json")
     return (
       <textarea
         name={c.name}
@@ -407,14 +434,14 @@ function Editor(props: {
         onKeyDown={keys}
       />
     );
-  const numeric = c.type === "integer" || c.type === "real";
+  const numeric = type === "integer" || type === "real";
   return (
     <input
       name={c.name}
       type="text"
       inputMode={numeric ? "decimal" : undefined}
       value={value}
-      placeholder={props.placeholder ?? (c.type === "timestamp" ? "µs or ISO 8601" : c.type)}
+      placeholder={props.placeholder ?? (type === "timestamp" ? "µs or ISO 8601" : c.type)}
       autoFocus={props.autoFocus}
       onChange={(e) => onChange(e.target.value)}
       onKeyDown={keys}

@@ -71,7 +71,8 @@ export type SqlEntry =
 export interface SqlReply {
   seq: number;
   changed: boolean;
-  results: SqlEntry[];
+  /** One entry per statement (absent from servers that predate SQL writes). */
+  results?: SqlEntry[];
 }
 export type Op =
   | { op: "insert" | "upsert"; table: string; row: Row }

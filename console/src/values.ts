@@ -11,7 +11,7 @@ export function show(v: unknown): string {
 /** The text an editor starts from. */
 export function draftOf(v: unknown, type: string | null): string {
   if (v === null || v === undefined) return "";
-  if (type === "json") return JSON.stringify(v);
+  if (type?.toLowerCase() === "json") return JSON.stringify(v);
   return typeof v === "object" ? JSON.stringify(v) : String(v);
 }
 
@@ -23,7 +23,8 @@ export function isoOfMicros(v: unknown): string | undefined {
 }
 
 /** Parses an editor's text for a column of `type`; throws an Error naming what is wrong. */
-export function parseValue(text: string, type: string | null, nullable = true): unknown {
+export function parseValue(text: string, declared: string | null, nullable = true): unknown {
+  const type = declared?.toLowerCase() ?? null;
   const t = text.trim();
   if (t === "" && type !== "text" && type !== "blob") {
     if (!nullable) throw new Error("a value is required (NOT NULL)");
