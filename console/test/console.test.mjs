@@ -158,6 +158,69 @@ test("the console signs in, runs a live query that shows rows written by another
       await page.locator(".export-status", { hasText: "exported 3 rows" }).waitFor();
     });
 
+    await t.test("a row inserted and deleted in the table browser is written and removed", async () => {
+      page.once("dialog", (d) => void d.accept());
+      const grid = page.locator("table[data-rows-of=msgs]");
+      await page.click("button:has-text('Insert row')");
+      const form = grid.locator("tr.insert");
+      await form.locator("input[name=id]").fill("4");
+      await form.locator("input[name=room]").fill("c");
+      await form.locator("input[name=body]").fill("inserted in the console");
+      await form.locator("button:has-text('Save')").click();
+      await grid.locator("td", { hasText: "inserted in the console" }).waitFor();
+      const { row } = await http("GET", "/v1/tables/msgs/rows/4");
+      assert.deepEqual(row, { id: 4, room: "c", body: "inserted in the console", likes: 0 }, "omitted likes took its default");
+      await grid.locator("tr", { hasText: "inserted in the console" }).locator("button:has-text('Delete')").click();
+      await grid.locator("td", { hasText: "inserted in the console" }).waitFor({ state: "detached" });
+      await assert.rejects(http("GET", "/v1/tables/msgs/rows/4"), (e) => e.status === 404);
+    });
+
+    await t.test("a big table pages forward and back with a bounded page size", async () => {
+      await http("POST", "/v1/sql", { sql: "CREATE TABLE big (k INTEGER PRIMARY KEY, v TEXT)" });
+      const ops = [];
+      for (let k = 1; k <= 120; k++) ops.push({ op: "insert", table: "big", row: { k, v: `v${k}` } });
+      await http("POST", "/v1/mutate", { ops });
+      await page.click("aside button:has-text('↻')");
+      await page.click("aside button[data-table=big]");
+      const grid = page.locator("table[data-rows-of=big]");
+      await grid.locator("td", { hasText: /^v1$/ }).waitFor();
+      const firstCol = () => grid.locator("tbody tr td:nth-child(1)").allTextContents();
+      assert.equal((await firstCol()).length, 50);
+      await page.click("button:has-text('Next page')");
+      await grid.locator("td", { hasText: /^v51$/ }).waitFor();
+      assert.deepEqual([(await firstCol())[0], (await firstCol()).at(-1)], ["51", "100"]);
+      await page.click("button:has-text('Next page')");
+      await grid.locator("td", { hasText: /^v101$/ }).waitFor();
+      assert.equal((await firstCol()).length, 20);
+      assert.equal(await page.locator("button:has-text('Next page')").isDisabled(), true, "the last page has no next");
+      await page.click("button:has-text('Previous')");
+      await grid.locator("td", { hasText: /^v51$/ }).waitFor();
+      const [download] = await Promise.all([page.waitForEvent("download"), page.click("button:has-text('Export JSON')")]);
+      const exported = JSON.parse(readFileSync(await download.path(), "utf8"));
+      assert.equal(exported.length, 120);
+      assert.deepEqual(exported[119], { k: 120, v: "v120" });
+      await page.click("aside button[data-table=msgs]");
+    });
+
+    await t.test("the topic tail shows only records whose tags match, as they are appended", async () => {
+      await http("PUT", "/v1/topics/events");
+      await page.click("button[data-tab=Topics]");
+      await page.locator("aside button", { hasText: "events" }).click();
+      await page.fill("input[name=tags]", "room:*");
+      await page.click("button:has-text('Tail')");
+      await page.locator(".live-status.live").waitFor();
+      await http("POST", "/v1/topics/events/records", {
+        records: [
+          { tags: ["room:1"], data: { text: "in room 1" } },
+          { tags: ["user:9"], data: { text: "not for this tail" } },
+          { tags: ["room:2", "user:9"], data: { text: "in room 2" } },
+        ],
+      });
+      await page.locator("td code", { hasText: "in room 2" }).waitFor();
+      const data = await page.locator(".results tbody tr td:nth-child(4)").allTextContents();
+      assert.deepEqual(data, ['{"text":"in room 2"}', '{"text":"in room 1"}'], "newest first, the user:9-only record filtered out");
+    });
+
     await t.test("the policies preview shows fewer rows for a client's claims", async (st) => {
       await http("POST", "/v1/sql", { sql: "CREATE POLICY room_read ON msgs FOR SELECT USING (room = auth.room)" });
       const supportsAs = await http("POST", "/v1/query", { sql: "SELECT * FROM msgs", as: { sub: "alice", room: "a" } }).then(
