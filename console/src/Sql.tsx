@@ -139,7 +139,7 @@ export function RowsTable(props: {
           {rows.map((r, i) => {
             const k = keys ? JSON.stringify(keys[i]) : String(i);
             return (
-              <tr key={k} className={flash?.has(k) ? "flash" : undefined} data-key={k}>
+              <tr key={k} className={flash?.has(JSON.stringify(r)) ? "flash" : undefined}>
                 {columns.map((c, j) => (
                   <td key={c} title={types?.[j]?.toLowerCase() === "timestamp" ? isoOfMicros(r[c]) : undefined}>
                     <span className={r[c] === null ? "null" : undefined}>{show(r[c])}</span>
@@ -154,20 +154,20 @@ export function RowsTable(props: {
   );
 }
 
-/** A live result: re-renders on every snapshot/diff and flashes the rows that changed. */
+/** A live result: re-renders on every snapshot/diff and flashes the rows that are new or changed. */
 export function LiveResult({ view }: { view: LiveView }) {
   const [, setTick] = useState(0);
   const [flash, setFlash] = useState<Set<string>>(new Set());
-  const seen = useRef<Map<string, string> | null>(null);
+  const seen = useRef<Set<string> | null>(null);
   useEffect(() => {
     const timers: number[] = [];
-    const off = view.subscribe(() => {
-      const now = new Map<string, string>();
-      view.rows.forEach((r, i) => now.set(JSON.stringify(view.keys[i]), JSON.stringify(r)));
+    const update = () => {
+      // Compare live states only: the first snapshot (and rows kept while reconnecting) flash nothing.
+      const now = view.status === "live" ? new Set(view.rows.map((r) => JSON.stringify(r))) : null;
       const prev = seen.current;
-      seen.current = now;
-      if (prev) {
-        const changed = [...now].filter(([k, v]) => prev.get(k) !== v).map(([k]) => k);
+      if (now) seen.current = now;
+      if (prev && now) {
+        const changed = [...now].filter((r) => !prev.has(r));
         if (changed.length) {
           setFlash((f) => new Set([...f, ...changed]));
           timers.push(
@@ -182,7 +182,9 @@ export function LiveResult({ view }: { view: LiveView }) {
         }
       }
       setTick((t) => t + 1);
-    });
+    };
+    const off = view.subscribe(update);
+    update();
     return () => {
       off();
       timers.forEach((t) => clearTimeout(t));
@@ -193,7 +195,7 @@ export function LiveResult({ view }: { view: LiveView }) {
       <div className={`status live-status ${view.status}`} data-status={view.status}>
         <span className="dot" /> {view.status}
         {view.status !== "loading" && ` · seq ${view.seq} · ${view.rows.length} row${view.rows.length === 1 ? "" : "s"}`}
-        {view.error && ` · ${view.error.describe()}`}
+        {view.error && ` · ${describeError(view.error)}`}
       </div>
       {view.columns.length > 0 && (
         <RowsTable columns={view.columns} types={view.types} rows={view.rows} keys={view.keys} flash={flash} />

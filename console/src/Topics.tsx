@@ -95,8 +95,8 @@ function Tail({ api, topic }: { api: Api; topic: TopicInfo }) {
       {tail && (
         <div className="results">
           <div className={`status live-status ${tail.status}`}>
-            <span className="dot" /> {tail.status} · next offset {tail.next} · showing {tail.records.length}
-            {tail.error && ` · ${tail.error.describe()}`}
+            <span className="dot" /> {tail.status} · next offset {tail.next} · showing {tail.records.length} (newest first)
+            {tail.error && ` · ${describeError(tail.error)}`}
           </div>
           <table className="grid rows">
             <thead>
@@ -108,7 +108,7 @@ function Tail({ api, topic }: { api: Api; topic: TopicInfo }) {
               </tr>
             </thead>
             <tbody>
-              {tail.records.map((r) => (
+              {[...tail.records].reverse().map((r) => (
                 <tr key={r.offset}>
                   <td>{r.offset}</td>
                   <td>{new Date(r.ts / 1000).toISOString()}</td>

@@ -24,8 +24,13 @@ export class ApiError extends Error {
   }
 }
 
+/** An error as one line: `code: message (details…)` for the server's (and the SDK's) errors. */
 export function describeError(e: unknown): string {
   if (e instanceof ApiError) return e.describe();
+  if (e && typeof e === "object" && typeof (e as { code?: unknown }).code === "string") {
+    const { code, message, details } = e as { code: string; message?: string; details?: Record<string, unknown> };
+    return new ApiError(code, message ?? "", undefined, details ?? {}).describe();
+  }
   if (e instanceof Error) return e.message;
   return String(e);
 }

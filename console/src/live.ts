@@ -9,13 +9,14 @@ import { Api, ApiError, Row } from "./api";
 
 export type LiveStatus = "loading" | "live" | "reconnecting" | "error";
 
+/** What the UI needs of a live result: the SDK's `LiveQuery`, plus keys and types when known. */
 export interface LiveView {
   readonly rows: readonly Row[];
-  readonly keys: readonly unknown[];
+  readonly keys?: readonly unknown[];
   readonly columns: string[];
-  readonly types: (string | null)[];
+  readonly types?: (string | null)[];
   readonly status: LiveStatus;
-  readonly error: ApiError | null;
+  readonly error: { code: string; message: string; details?: Record<string, unknown> } | null;
   readonly seq: number;
   subscribe(listener: () => void): () => void;
   close(): void;
@@ -177,16 +178,17 @@ export interface TopicRecord {
   data: unknown;
 }
 
+/** The SDK's `TopicWatch`: records oldest first, at most `keep` of the newest. */
 export interface TopicTail {
   readonly records: readonly TopicRecord[];
   readonly next: number;
   readonly status: LiveStatus;
-  readonly error: ApiError | null;
+  readonly error: { code: string; message: string; details?: Record<string, unknown> } | null;
   subscribe(listener: () => void): () => void;
   close(): void;
 }
 
-/** A live tail of a topic, newest record first, keeping at most `keep` records. */
+/** A live tail of a topic, keeping the `keep` newest records (oldest first). */
 export function openWatch(api: Api, topic: string, tags: string[], from: number | null, keep = 500): TopicTail {
   const em = new Emitter();
   const q = new URLSearchParams();
@@ -209,7 +211,7 @@ export function openWatch(api: Api, topic: string, tags: string[], from: number 
   });
   es.addEventListener("record", (ev) => {
     const r = JSON.parse((ev as MessageEvent).data);
-    tail.records = [{ topic, ...r }, ...tail.records].slice(0, keep);
+    tail.records = [...tail.records, { topic, ...r }].slice(-keep);
     tail.next = r.offset + 1;
     tail.status = "live";
     em.emit();

@@ -94,9 +94,11 @@ test("the console signs in, runs a live query that shows rows written by another
       await page.click("button[data-action=run]");
       await page.locator(".live-status[data-status=live]").waitFor();
       assert.deepEqual(await liveColumn(page, 3), ["first", "second"]);
+      assert.equal(await page.locator(".results tr.flash").count(), 0, "the first snapshot flashes nothing");
 
       await http("POST", "/v1/mutate", { ops: [{ op: "insert", table: "msgs", row: { id: 3, room: "a", body: "hello from the test" } }] });
       await page.locator(".results table.rows td", { hasText: "hello from the test" }).waitFor();
+      assert.equal(await page.locator(".results tr.flash", { hasText: "hello from the test" }).count(), 1, "the new row flashes");
       assert.deepEqual(await liveColumn(page, 3), ["first", "second", "hello from the test"]);
 
       await http("POST", "/v1/mutate", { ops: [{ op: "patch", table: "msgs", id: 1, set: { body: "edited elsewhere" } }] });
@@ -127,7 +129,7 @@ test("the console signs in, runs a live query that shows rows written by another
       await grid.locator(".error.inline", { hasText: "not an integer: many" }).waitFor();
       await grid.locator("input[name=likes]").fill("5");
       await grid.locator("input[name=likes]").press("Enter");
-      await grid.locator("td", { hasText: /^5$/ }).waitFor();
+      await grid.locator("tr", { hasText: "changed in the console" }).locator("td:nth-child(4)", { hasText: /^5$/ }).waitFor();
       assert.equal((await http("GET", "/v1/tables/msgs/rows/2")).row.likes, 5);
 
       // NULL in a NOT NULL column is refused by the server, whose error is shown inline.
