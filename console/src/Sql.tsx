@@ -1,5 +1,5 @@
 import { useEffect, useRef, useState } from "react";
-import { Api, Row, SqlReply, describeError } from "./api";
+import { Api, ApiError, Row, SqlReply, describeError } from "./api";
 import { LiveView, openLive } from "./live";
 import { isoOfMicros, show } from "./values";
 
@@ -41,7 +41,12 @@ export function SqlView({ api }: { api: Api }) {
     try {
       setReply(await api.sql(text));
     } catch (e) {
-      setError(describeError(e));
+      // The server counts statements from 0; the page counts them from 1, as in the results.
+      if (e instanceof ApiError && typeof e.details.statement === "number") {
+        const { statement, ...rest } = e.details;
+        const n = statement as number;
+        setError(`statement ${n + 1} failed, nothing was applied — ${new ApiError(e.code, e.message, e.status, rest).describe()}`);
+      } else setError(describeError(e));
     } finally {
       setBusy(false);
     }

@@ -248,6 +248,27 @@ test("the console signs in, runs a live query that shows rows written by another
       assert.match(await status.textContent(), /the admin sees 3/);
     });
 
+    await t.test("the SQL box runs several writes as one transaction and names a failing statement", async () => {
+      await page.click("button[data-tab=SQL]");
+      await page.fill("textarea[name=sql]", "UPDATE big SET v = 'changed' WHERE k = 1; DELETE FROM big WHERE k >= 119");
+      await page.click("button[data-action=run]");
+      await page.locator(".result", { hasText: "statement 2: delete · 2 rows" }).waitFor();
+      assert.equal(await page.locator(".result", { hasText: "statement 1: update · 1 row" }).count(), 1);
+      assert.equal((await http("GET", "/v1/tables/big/rows/1")).row.v, "changed");
+
+      await page.fill("textarea[name=sql]", "INSERT INTO big (k, v) VALUES (500, 'new'); INSERT INTO big (k, v) VALUES (1, 'dup')");
+      await page.click("button[data-action=run]");
+      const err = page.locator("[role=alert]", { hasText: "already_exists" });
+      await err.waitFor();
+      assert.match(await err.textContent(), /^statement 2 failed, nothing was applied — already_exists: /);
+      await assert.rejects(http("GET", "/v1/tables/big/rows/500"), (e) => e.status === 404, "all or nothing");
+
+      await page.fill("textarea[name=sql]", "SELECT 1 + 2 AS three");
+      await page.click("button[data-action=run]");
+      await page.locator(".result", { hasText: "statement 1: select · 1 row" }).waitFor();
+      assert.deepEqual(await page.locator(".result tbody td").allTextContents(), ["3"]);
+    });
+
     await t.test("the metrics tab draws a chart per series from /metrics", async () => {
       await page.click("button[data-tab=Metrics]");
       await page.locator(".chart[data-series=commits] polyline").waitFor({ state: "attached" });
