@@ -1,0 +1,788 @@
+import { SluiceError } from "./errors.js";
+import { encode, decode } from "./msgpack.js";
+import { parseJson, stringifyJson } from "./json.js";
+import { Float, OMap, plain, field, type Wire } from "./wire.js";
+import { loadChecksum, rowHash, render, MASK } from "./checksum.js";
+import type {
+  Client,
+  ClientStatus,
+  ConnectOptions,
+  Durability,
+  LiveQuery,
+  LiveStatus,
+  MutateResult,
+  Op,
+  Params,
+  QueryResult,
+  SqlReply,
+  TokenSource,
+  TopicRecord,
+  TopicWatch,
+} from "./types.js";
+
+interface Socket {
+  readyState: number;
+  binaryType: string;
+  protocol: string;
+  send(data: string | Uint8Array): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((ev: unknown) => void) | null;
+  onclose: ((ev: { code?: number; reason?: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+}
+type SocketCtor = new (url: string, protocols?: string | string[]) => Socket;
+
+interface Pending {
+  resolve: (m: Wire) => void;
+  reject: (e: SluiceError) => void;
+}
+
+interface Waiting {
+  msg: Record<string, unknown>;
+  pending: Pending;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+/** Something resubscribed after every (re)connect and fed the events named by its qid. */
+interface Stream {
+  onOpen(): void;
+  onDisconnected(): void;
+  onEvent(m: Wire): void;
+}
+
+/** Opens a client; the connection is made in the background (requests wait for it). */
+export function connect(options: ConnectOptions): Client {
+  return new SluiceClient(options);
+}
+
+function disconnected(why: string): SluiceError {
+  return new SluiceError("disconnected", why);
+}
+
+export class SluiceClient implements Client {
+  status: ClientStatus = "connecting";
+  private readonly opts: ConnectOptions;
+  private token: TokenSource | undefined;
+  private ws: Socket | null = null;
+  private nextId = 1;
+  private nextQid = 1;
+  private attempt = 0;
+  private closed = false;
+  private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  private readonly inflight = new Map<number, Pending>();
+  private waiting: Waiting[] = [];
+  private readonly statusListeners = new Set<(s: ClientStatus) => void>();
+  /** qid → stream, for live queries and watches. */
+  readonly streams = new Map<string, Stream>();
+  /** topic → watch (the server allows one watch per topic per connection). */
+  readonly watches = new Map<string, TopicWatchImpl<unknown>>();
+  private readonly live_ = new Set<Stream>();
+
+  constructor(options: ConnectOptions) {
+    this.opts = options;
+    this.token = options.token;
+    void this.open();
+  }
+
+  get encoding() {
+    return this.opts.encoding ?? "msgpack";
+  }
+  get hooks() {
+    return this.opts.testHooks;
+  }
+
+  onStatus(listener: (status: ClientStatus) => void): () => void {
+    this.statusListeners.add(listener);
+    return () => this.statusListeners.delete(listener);
+  }
+
+  setToken(token: TokenSource): void {
+    this.token = token;
+  }
+
+  private setStatus(s: ClientStatus) {
+    if (this.status === s) return;
+    this.status = s;
+    for (const l of [...this.statusListeners]) l(s);
+  }
+
+  private async currentToken(): Promise<string | undefined> {
+    const t = this.token;
+    if (t === undefined) return undefined;
+    return typeof t === "function" ? await t() : t;
+  }
+
+  private base(): string {
+    return this.opts.url.replace(/\/+$/, "");
+  }
+
+  private async open(): Promise<void> {
+    if (this.closed) return;
+    let token: string | undefined;
+    try {
+      await loadChecksum();
+      token = await this.currentToken();
+    } catch (e) {
+      console.warn("sluice-client: could not get a token:", e);
+      return this.scheduleReconnect();
+    }
+    if (this.closed) return;
+    const Ctor = (this.opts.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket) as SocketCtor | undefined;
+    if (!Ctor) throw new SluiceError("bad_request", "no WebSocket implementation: pass options.WebSocket (e.g. from the \"ws\" package)");
+    const url = new URL(this.base() + "/v1/ws");
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    if (token) url.searchParams.set("access_token", token);
+    const proto = this.encoding === "json" ? "sluice.json.v1" : "sluice.msgpack.v1";
+    let ws: Socket;
+    try {
+      ws = new Ctor(url.toString(), [proto]);
+    } catch (e) {
+      console.warn("sluice-client: cannot open the WebSocket:", e);
+      return this.scheduleReconnect();
+    }
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      if (this.ws !== ws) return;
+      opened = true;
+      this.attempt = 0;
+      this.setStatus("open");
+      for (const s of [...this.live_]) s.onOpen();
+      const waiting = this.waiting;
+      this.waiting = [];
+      for (const w of waiting) {
+        clearTimeout(w.timer);
+        this.sendNow(w.msg, w.pending);
+      }
+    };
+    ws.onmessage = (ev) => {
+      if (this.ws !== ws) return;
+      let m: unknown;
+      try {
+        const d = ev.data;
+        m = typeof d === "string" ? parseJson(d) : decode(d instanceof Uint8Array ? d : new Uint8Array(d as ArrayBuffer));
+      } catch (e) {
+        console.warn("sluice-client: dropping a malformed message:", e);
+        return;
+      }
+      if (!(m instanceof OMap)) return console.warn("sluice-client: dropping a message that is not a map");
+      this.dispatch(m);
+    };
+    ws.onerror = () => {};
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      const why = `the connection closed${ev?.code ? ` (${ev.code}${ev.reason ? ` ${ev.reason}` : ""})` : ""}`;
+      const inflight = [...this.inflight.values()];
+      this.inflight.clear();
+      for (const p of inflight) p.reject(disconnected(why + " before the reply came"));
+      for (const s of [...this.live_]) s.onDisconnected();
+      this.scheduleReconnect();
+      if (!opened) this.diagnose();
+    };
+  }
+
+  /**
+   * A WebSocket that never opened says nothing about why (a browser hides the HTTP status):
+   * ask over HTTP with the same token, and fail the waiting requests with a refusal
+   * (`unauthorized`, `forbidden`) instead of letting them time out as `disconnected`.
+   */
+  private diagnose() {
+    this.http("GET", "/v1/tables").then(
+      () => {},
+      (e: SluiceError) => {
+        if (e.code !== "unauthorized" && e.code !== "forbidden") return;
+        const waiting = this.waiting;
+        this.waiting = [];
+        for (const w of waiting) (clearTimeout(w.timer), w.pending.reject(e));
+      },
+    );
+  }
+
+  private scheduleReconnect() {
+    if (this.closed) return;
+    this.setStatus("reconnecting");
+    const initial = this.opts.reconnect?.initialDelayMs ?? 100;
+    const max = this.opts.reconnect?.maxDelayMs ?? 5000;
+    const d = Math.min(max, initial * 2 ** Math.min(this.attempt, 30));
+    this.attempt++;
+    const delay = d / 2 + (Math.random() * d) / 2;
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = null;
+      void this.open();
+    }, delay);
+  }
+
+  private dispatch(m: Wire) {
+    const type = m.get("type");
+    const id = m.get("id");
+    const qid = m.get("qid");
+    if (type === "record") {
+      const w = this.watches.get(String(m.get("topic")));
+      if (w) w.onEvent(m);
+      return;
+    }
+    if (typeof id === "number" && this.inflight.has(id)) {
+      const p = this.inflight.get(id)!;
+      this.inflight.delete(id);
+      if (type === "error") p.reject(SluiceError.from(plain(m.get("error"))));
+      else p.resolve(m);
+      return;
+    }
+    if (qid !== undefined && qid !== null) {
+      const s = this.streams.get(String(qid));
+      if (s) s.onEvent(m);
+      return;
+    }
+    if (type === "error") console.warn("sluice-client: error from the server:", plain(m.get("error")));
+  }
+
+  private encodeMsg(msg: Record<string, unknown>): string | Uint8Array {
+    return this.encoding === "json" ? stringifyJson(msg) : encode(msg);
+  }
+
+  private sendNow(msg: Record<string, unknown>, pending: Pending | null) {
+    const ws = this.ws!;
+    let data: string | Uint8Array;
+    try {
+      data = this.encodeMsg(msg);
+    } catch (e) {
+      pending?.reject(e instanceof SluiceError ? e : new SluiceError("bad_request", String(e)));
+      return;
+    }
+    if (pending) this.inflight.set(msg.id as number, pending);
+    ws.send(data);
+  }
+
+  /** Sends a message that is not answered by id (subscribe, unsubscribe): only when open. */
+  sendIfOpen(msg: Record<string, unknown>): boolean {
+    if (!this.ws || this.ws.readyState !== 1) return false;
+    this.sendNow({ id: this.nextId++, ...msg }, null);
+    return true;
+  }
+
+  get isOpen() {
+    return !!this.ws && this.ws.readyState === 1;
+  }
+
+  /** Sends a request and resolves with its reply; waits (bounded) for the connection. */
+  request(msg: Record<string, unknown>): Promise<Wire> {
+    return new Promise<Wire>((resolve, reject) => {
+      if (this.closed) return reject(disconnected("the client is closed"));
+      const full = { id: this.nextId++, ...msg };
+      const pending = { resolve, reject };
+      if (this.isOpen) return this.sendNow(full, pending);
+      const ms = this.opts.requestTimeoutMs ?? 10_000;
+      const w: Waiting = {
+        msg: full,
+        pending,
+        timer: setTimeout(() => {
+          this.waiting = this.waiting.filter((x) => x !== w);
+          reject(disconnected(`not connected to ${this.base()} within ${ms} ms`));
+        }, ms),
+      };
+      this.waiting.push(w);
+    });
+  }
+
+  newQid(prefix: string): string {
+    return `${prefix}${this.nextQid++}`;
+  }
+  addStream(s: Stream) {
+    this.live_.add(s);
+  }
+  removeStream(s: Stream) {
+    this.live_.delete(s);
+  }
+
+  async query<Row = Record<string, unknown>>(sql: string, params?: Params): Promise<QueryResult<Row>> {
+    const m = await this.request({ type: "query", sql, ...(params !== undefined ? { params } : {}) });
+    const columns = field(m, "columns") as string[];
+    return {
+      seq: field(m, "seq") as number,
+      columns,
+      types: (field(m, "types") as (string | null)[] | undefined) ?? columns.map(() => null),
+      rows: field(m, "rows") as Row[],
+    };
+  }
+
+  async mutate(ops: Op[], options?: { durability?: Durability }): Promise<MutateResult> {
+    const m = await this.request({ type: "mutate", ops, ...(options?.durability ? { durability: options.durability } : {}) });
+    return { seq: field(m, "seq") as number, results: field(m, "results") as MutateResult["results"] };
+  }
+
+  async call<Result = unknown>(name: string, args?: unknown, options?: { durability?: Durability }): Promise<{ seq: number; result: Result }> {
+    const m = await this.request({
+      type: "call",
+      name,
+      args: args ?? null,
+      ...(options?.durability ? { durability: options.durability } : {}),
+    });
+    return { seq: field(m, "seq") as number, result: field(m, "result") as Result };
+  }
+
+  async append(
+    topic: string,
+    records: { tags?: string[]; data?: unknown }[],
+    options?: { durability?: Durability },
+  ): Promise<{ seq: number; first: number; last: number }> {
+    const m = await this.request({ type: "append", topic, records, ...(options?.durability ? { durability: options.durability } : {}) });
+    return { seq: field(m, "seq") as number, first: field(m, "first") as number, last: field(m, "last") as number };
+  }
+
+  /** An HTTP request to the server with the client's token; errors become SluiceError. */
+  async http<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
+    const f = this.opts.fetch ?? globalThis.fetch;
+    const token = await this.currentToken();
+    const headers: Record<string, string> = {};
+    if (token) headers.authorization = `Bearer ${token}`;
+    if (body !== undefined) headers["content-type"] = "application/json";
+    let res: Response;
+    try {
+      res = await f(this.base() + path, { method, headers, body: body === undefined ? undefined : stringifyJson(body) });
+    } catch (e) {
+      throw new SluiceError("disconnected", `${method} ${path}: ${(e as Error)?.message ?? e}`);
+    }
+    const text = await res.text();
+    let json: unknown;
+    try {
+      json = text ? plain(parseJson(text)) : null;
+    } catch {
+      throw new SluiceError(res.ok ? "protocol" : "http", `${method} ${path}: HTTP ${res.status}: ${text.slice(0, 200)}`, {}, res.status);
+    }
+    if (!res.ok) {
+      const err = (json as { error?: unknown } | null)?.error;
+      throw err ? SluiceError.from(err, res.status) : new SluiceError("http", `${method} ${path}: HTTP ${res.status}`, {}, res.status);
+    }
+    return json as T;
+  }
+
+  sql(sql: string, params?: Params, options?: { durability?: Durability }): Promise<SqlReply> {
+    return this.http<SqlReply>("POST", "/v1/sql", {
+      sql,
+      ...(params !== undefined ? { params } : {}),
+      ...(options?.durability ? { durability: options.durability } : {}),
+    });
+  }
+
+  live<Row = Record<string, unknown>>(sql: string, params?: Params): LiveQuery<Row> {
+    return new LiveQueryImpl<Row>(this, sql, params);
+  }
+
+  watch<Data = unknown>(topic: string, options?: { from?: number; tags?: string[]; keep?: number }): TopicWatch<Data> {
+    return new TopicWatchImpl<Data>(this, topic, options ?? {});
+  }
+
+  /** @internal For tests: drops the socket as a network failure would (the client reconnects). */
+  dropConnection(): void {
+    const ws = this.ws;
+    if (!ws) return;
+    ws.onclose?.({ code: 1006, reason: "dropped by the test hook" });
+    ws.onclose = ws.onmessage = ws.onopen = null;
+    ws.close();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    const ws = this.ws;
+    this.ws = null;
+    ws?.close(1000, "client closed");
+    const err = disconnected("the client is closed");
+    for (const p of this.inflight.values()) p.reject(err);
+    this.inflight.clear();
+    for (const w of this.waiting) (clearTimeout(w.timer), w.pending.reject(err));
+    this.waiting = [];
+    for (const s of [...this.live_]) s.onDisconnected();
+    this.setStatus("closed");
+  }
+}
+
+/** Keys compare by their JSON text (a key is a scalar or an array of scalars). */
+function keyText(k: unknown): string {
+  return JSON.stringify(plain(k), (_k, v) => (typeof v === "bigint" ? v.toString() : v));
+}
+
+/** Fresh snapshots tried after a checksum mismatch before the query ends with `checksum`. */
+const MAX_RESYNCS = 2;
+
+/** Codes after which the SDK subscribes again by itself instead of ending the subscription. */
+const RESUBSCRIBE = new Set(["rules_changed", "slow_subscriber", "shutting_down"]);
+
+export class LiveQueryImpl<Row> implements LiveQuery<Row> {
+  rows: readonly Row[] = [];
+  status: LiveStatus = "loading";
+  error: SluiceError | null = null;
+  seq = 0;
+  columns: string[] = [];
+  types: (string | null)[] | null = null;
+  /** Checksum mismatches seen (each one resubscribed). */
+  checksumMismatches = 0;
+  /** Seqs of the events applied, in order (for tests and debugging; capped). */
+  readonly appliedSeqs: number[] = [];
+  private keys: string[] = [];
+  private hashes: bigint[] = [];
+  private sum = 0n;
+  private verify = false;
+  private qid: string | null = null;
+  private closed = false;
+  private fresh = false;
+  /** Consecutive events that failed to apply or verify. */
+  private failures = 0;
+  private readonly listeners = new Set<() => void>();
+
+  constructor(
+    private readonly client: SluiceClient,
+    readonly sql: string,
+    readonly params: Params | undefined,
+  ) {
+    client.addStream(this);
+    if (client.isOpen) this.onOpen();
+  }
+
+  subscribe(listener: () => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private notify() {
+    for (const l of [...this.listeners]) l();
+  }
+
+  private start(since: number | null) {
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = this.client.newQid("q");
+    this.client.streams.set(this.qid, this);
+    this.client.sendIfOpen({
+      type: "subscribe",
+      qid: this.qid,
+      sql: this.sql,
+      ...(this.params !== undefined ? { params: this.params } : {}),
+      ...(since !== null ? { since } : {}),
+    });
+  }
+
+  onOpen() {
+    if (this.closed || this.status === "error") return;
+    const since = this.seq > 0 && !this.fresh ? this.seq : null;
+    this.start(since);
+  }
+
+  onDisconnected() {
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    if (this.closed || this.status === "error") return;
+    if (this.status !== "reconnecting") {
+      this.status = this.seq > 0 ? "reconnecting" : "loading";
+      this.notify();
+    }
+  }
+
+  onEvent(m: Wire) {
+    if (this.closed) return;
+    const type = m.get("type");
+    if (type === "error") return this.onError(SluiceError.from(plain(m.get("error"))));
+    if (type !== "snapshot" && type !== "diff") return;
+    this.client.hooks?.beforeApply?.(m);
+    try {
+      if (type === "snapshot") this.applySnapshot(m);
+      else this.applyDiff(m);
+    } catch (e) {
+      const err = e instanceof SluiceError ? e : new SluiceError("protocol", String(e));
+      // A fresh snapshot that does not add up either will not after another try: stop there.
+      if (++this.failures > MAX_RESYNCS) {
+        console.warn(`sluice-client: live query ${JSON.stringify(this.sql)}: ${err.message}; giving up after ${MAX_RESYNCS} fresh snapshots`);
+        return this.onError(err);
+      }
+      console.warn(`sluice-client: live query ${JSON.stringify(this.sql)}: ${err.message}; subscribing again`);
+      this.resync();
+      return;
+    }
+    this.failures = 0;
+    const seq = m.get("seq") as number;
+    this.seq = seq;
+    if (this.appliedSeqs.length < 100_000) this.appliedSeqs.push(seq);
+    this.fresh = false;
+    this.status = "live";
+    this.error = null;
+    this.notify();
+  }
+
+  private onError(err: SluiceError) {
+    if (this.qid) {
+      if (err.code === "checksum" || err.code === "protocol") this.client.sendIfOpen({ type: "unsubscribe", qid: this.qid });
+      this.client.streams.delete(this.qid);
+    }
+    this.qid = null;
+    if (RESUBSCRIBE.has(err.code)) {
+      if (err.code !== "shutting_down") this.start(this.seq > 0 ? this.seq : null);
+      return;
+    }
+    this.status = "error";
+    this.error = err;
+    this.client.removeStream(this);
+    this.notify();
+  }
+
+  /** Drops what we hold and subscribes again from seq 0 (a full snapshot); rows stay visible. */
+  private resync() {
+    if (this.qid) {
+      this.client.sendIfOpen({ type: "unsubscribe", qid: this.qid });
+      this.client.streams.delete(this.qid);
+    }
+    this.fresh = true;
+    this.status = "reconnecting";
+    this.notify();
+    if (this.client.isOpen) this.start(null);
+  }
+
+  private check(m: Wire) {
+    if (!this.verify) return;
+    const want = m.get("checksum");
+    const got = render(this.sum);
+    if (typeof want === "string" && want !== got) {
+      this.checksumMismatches++;
+      throw new SluiceError("checksum", `checksum mismatch at seq ${m.get("seq")}: the server says ${want}, the rows held hash to ${got}`, {
+        seq: m.get("seq"),
+        expected: want,
+        actual: got,
+      });
+    }
+  }
+
+  private applySnapshot(m: Wire) {
+    this.columns = field(m, "columns") as string[];
+    const types =
+      (field(m, "types") as (string | null)[] | undefined) ?? this.client.hooks?.assumeTypes?.(this.sql, this.columns);
+    this.types = types ?? null;
+    this.verify = !!types && typeof m.get("checksum") === "string";
+    const wireRows = (m.get("rows") as unknown[]) ?? [];
+    const keys = (m.get("keys") as unknown[]) ?? [];
+    const rows: Row[] = new Array(wireRows.length);
+    const hashes: bigint[] = this.verify ? new Array(wireRows.length) : [];
+    let sum = 0n;
+    for (let i = 0; i < wireRows.length; i++) {
+      rows[i] = plain(wireRows[i]) as Row;
+      if (this.verify) {
+        const h = rowHash(wireRows[i], this.columns, types!);
+        hashes[i] = h;
+        sum += h;
+      }
+    }
+    this.sum = sum & MASK;
+    this.check(m);
+    this.keys = keys.map(keyText);
+    this.hashes = hashes;
+    this.rows = rows;
+  }
+
+  private applyDiff(m: Wire) {
+    if (this.seq === 0 && this.rows.length === 0 && this.columns.length === 0)
+      throw new SluiceError("protocol", "a diff before any snapshot");
+    const seq = m.get("seq") as number;
+    if (seq <= this.seq) throw new SluiceError("protocol", `a diff at seq ${seq} after seq ${this.seq}`);
+    const rows = this.rows.slice() as Row[];
+    const keys = this.keys.slice();
+    const hashes = this.verify ? this.hashes.slice() : this.hashes;
+    let sum = this.sum;
+    const find = (k: string, index: unknown) => {
+      if (typeof index === "number" && keys[index] === k) return index;
+      const i = keys.indexOf(k);
+      if (i < 0) throw new SluiceError("protocol", `a diff removes key ${k}, which is not held`);
+      return i;
+    };
+    for (const c of (m.get("changes") as OMap[]) ?? []) {
+      const op = c.get("op");
+      const k = keyText(c.get("key"));
+      const index = c.get("index");
+      let at: number | null = null;
+      if (op === "remove" || op === "change") {
+        at = find(k, op === "remove" ? index : undefined);
+        rows.splice(at, 1);
+        keys.splice(at, 1);
+        if (this.verify) sum -= hashes.splice(at, 1)[0];
+      }
+      if (op === "add" || op === "change") {
+        const wireRow = c.get("row");
+        const pos = typeof index === "number" ? index : at ?? rows.length;
+        if (pos > rows.length) throw new SluiceError("protocol", `a diff adds at index ${pos} beyond ${rows.length} rows`);
+        rows.splice(pos, 0, plain(wireRow) as Row);
+        keys.splice(pos, 0, k);
+        if (this.verify) {
+          const h = rowHash(wireRow, this.columns, this.types!);
+          hashes.splice(pos, 0, h);
+          sum += h;
+        }
+      } else if (op !== "remove") throw new SluiceError("protocol", `unknown change op ${String(op)}`);
+    }
+    this.sum = sum & MASK;
+    this.check(m);
+    this.rows = rows;
+    this.keys = keys;
+    this.hashes = hashes;
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.qid) {
+      this.client.sendIfOpen({ type: "unsubscribe", qid: this.qid });
+      this.client.streams.delete(this.qid);
+    }
+    this.qid = null;
+    this.client.removeStream(this);
+    this.listeners.clear();
+  }
+}
+
+export class TopicWatchImpl<Data> implements TopicWatch<Data> {
+  records: readonly TopicRecord<Data>[] = [];
+  next: number;
+  status: LiveStatus = "loading";
+  error: SluiceError | null = null;
+  private known: boolean;
+  private qid: string | null = null;
+  private closed = false;
+  private readonly keep: number;
+  private readonly tags: string[] | undefined;
+  private readonly listeners = new Set<(r?: TopicRecord<Data>) => void>();
+
+  constructor(
+    private readonly client: SluiceClient,
+    readonly topic: string,
+    options: { from?: number; tags?: string[]; keep?: number },
+  ) {
+    this.next = options.from ?? 0;
+    this.known = options.from !== undefined;
+    this.keep = options.keep ?? 1000;
+    this.tags = options.tags;
+    if (client.watches.has(topic)) {
+      this.status = "error";
+      this.error = new SluiceError("already_exists", `topic ${topic} is already watched on this connection (one watch per topic)`);
+      return;
+    }
+    client.watches.set(topic, this as TopicWatchImpl<unknown>);
+    client.addStream(this);
+    if (client.isOpen) this.onOpen();
+  }
+
+  subscribe(listener: (record?: TopicRecord<Data>) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private notify(r?: TopicRecord<Data>) {
+    for (const l of [...this.listeners]) l(r);
+  }
+
+  private start() {
+    if (this.qid) this.client.streams.delete(this.qid);
+    const qid = this.client.newQid("w");
+    this.qid = qid;
+    this.client.streams.set(qid, this);
+    this.client
+      .request({
+        type: "watch",
+        qid,
+        topic: this.topic,
+        ...(this.known ? { from: this.next } : {}),
+        ...(this.tags ? { tags: this.tags } : {}),
+      })
+      .then(
+        (m) => {
+          if (this.qid !== qid || this.closed) return;
+          const next = m.get("next") as number;
+          if (!this.known || next > this.next) this.next = next;
+          this.known = true;
+          this.status = "live";
+          this.notify();
+        },
+        (e: SluiceError) => {
+          if (this.qid !== qid || this.closed) return;
+          this.onError(e);
+        },
+      );
+  }
+
+  onOpen() {
+    if (this.closed || this.status === "error") return;
+    this.start();
+  }
+
+  onDisconnected() {
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    if (this.closed || this.status === "error") return;
+    this.status = "reconnecting";
+    this.notify();
+  }
+
+  onEvent(m: Wire) {
+    if (this.closed) return;
+    const type = m.get("type");
+    if (type === "error") {
+      if (m.get("qid") !== this.qid) return;
+      return this.onError(SluiceError.from(plain(m.get("error"))));
+    }
+    if (type !== "record") return;
+    const offset = m.get("offset") as number;
+    if (this.known && offset < this.next) return; // already seen (never twice)
+    const r = {
+      topic: m.get("topic") as string,
+      offset,
+      ts: plain(m.get("ts")) as number,
+      tags: (plain(m.get("tags")) as string[]) ?? [],
+      data: plain(m.get("data")) as Data,
+    };
+    const records = this.records.length >= this.keep ? this.records.slice(this.records.length - this.keep + 1) : this.records.slice();
+    records.push(r);
+    this.records = records;
+    this.next = offset + 1;
+    this.known = true;
+    if (this.status !== "live") this.status = "live";
+    this.notify(r);
+  }
+
+  private onError(err: SluiceError) {
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    const d = err.details;
+    if (err.code === "lagging" && typeof d.next === "number") {
+      this.next = d.next;
+      this.known = true;
+      return this.start();
+    }
+    if (err.code === "horizon" && typeof d.first === "number") {
+      // A gap: records before `first` are gone. Say so, and go on from there.
+      this.error = err;
+      this.next = d.first;
+      this.known = true;
+      this.notify();
+      return this.start();
+    }
+    if (err.code === "shutting_down" || err.code === "disconnected") return;
+    this.status = "error";
+    this.error = err;
+    this.client.watches.delete(this.topic);
+    this.client.removeStream(this);
+    this.notify();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.qid) {
+      this.client.sendIfOpen({ type: "unwatch", qid: this.qid });
+      this.client.streams.delete(this.qid);
+    }
+    this.qid = null;
+    if (this.client.watches.get(this.topic) === (this as TopicWatchImpl<unknown>)) this.client.watches.delete(this.topic);
+    this.client.removeStream(this);
+    this.listeners.clear();
+  }
+}
+
+export { Float, OMap };

@@ -1,0 +1,22 @@
+export { connect, SluiceClient } from "./client.js";
+export { SluiceError } from "./errors.js";
+export { LiveQueryStore, TopicStore, type LiveQueryState, type TopicState } from "./store.js";
+export type {
+  Client,
+  ClientStatus,
+  ConnectOptions,
+  Durability,
+  Encoding,
+  LiveQuery,
+  LiveStatus,
+  MutateResult,
+  Op,
+  Params,
+  QueryResult,
+  SqlReply,
+  SqlStatementResult,
+  TokenSource,
+  TopicRecord,
+  TopicWatch,
+  WriteResult,
+} from "./types.js";

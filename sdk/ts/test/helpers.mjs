@@ -1,0 +1,29 @@
+import assert from "node:assert/strict";
+
+/** Rows in a canonical order, for views whose order the query does not fix. */
+export function sorted(rows) {
+  return rows.map((r) => JSON.stringify(r, Object.keys(r).sort())).sort();
+}
+
+/** Types per query for servers that do not send `types` yet (used only when absent). */
+export function typesFor(schema) {
+  return (_sql, columns) => columns.map((c) => schema[c.replace(/:\d+$/, "")] ?? null);
+}
+
+/** Waits until `live.rows` equals a one-shot query of the same SQL (re-queried on every try). */
+export async function convergeTo(db, live, sql, params, { ordered, label, ms = 10_000 }) {
+  const t0 = Date.now();
+  let last;
+  for (;;) {
+    const q = await db.query(sql, params);
+    const want = ordered ? q.rows.map((r) => JSON.stringify(r)) : sorted(q.rows);
+    const got = ordered ? live.rows.map((r) => JSON.stringify(r)) : sorted(live.rows);
+    if (live.status === "live" && JSON.stringify(want) === JSON.stringify(got)) {
+      assert.ok(live.seq <= q.seq, `${label}: live seq ${live.seq} is ahead of the query's ${q.seq}`);
+      return q;
+    }
+    last = { status: live.status, error: live.error?.message, seq: live.seq, qseq: q.seq, want, got };
+    if (Date.now() - t0 > ms) assert.fail(`${label}: live rows never equalled the query within ${ms} ms: ${JSON.stringify(last, null, 1)}`);
+    await new Promise((r) => setTimeout(r, 15));
+  }
+}
