@@ -2,13 +2,21 @@
 // index.html, console.js (minified, no source map) and console.css. Deterministic: the same
 // sources give the same bytes, and the test checks the committed files are what this builds.
 import { build } from "esbuild";
-import { copyFileSync, mkdirSync, statSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { copyFileSync, existsSync, mkdirSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const out = join(here, "..", "crates", "server", "assets", "console");
 mkdirSync(out, { recursive: true });
+
+// The console uses the TypeScript SDK (`sluice-client`, linked from ../sdk/ts), whose built
+// `dist/` is not committed: install its dependencies once and build it first.
+const sdk = join(here, "..", "sdk", "ts");
+const npm = process.platform === "win32" ? "npm.cmd" : "npm";
+if (!existsSync(join(sdk, "node_modules"))) execFileSync(npm, ["ci", "--no-audit", "--no-fund"], { cwd: sdk, stdio: "inherit" });
+execFileSync(npm, ["run", "--silent", "build"], { cwd: sdk, stdio: "inherit" });
 
 await build({
   entryPoints: [join(here, "src", "main.tsx")],

@@ -1,4 +1,5 @@
-import { useEffect, useState } from "react";
+import { useEffect, useMemo, useState } from "react";
+import { connect } from "sluice-client";
 import { Api, ApiError, describeError, serverBase } from "./api";
 import { TablesView } from "./Tables";
 import { SqlView } from "./Sql";
@@ -36,13 +37,17 @@ export function App() {
       .finally(() => setChecking(false));
   }, [base]);
 
+  // One SDK client (one WebSocket) per signed-in token, for live results and topic tails.
+  const client = useMemo(() => (api ? connect({ url: api.base, token: api.token }) : null), [api]);
+  useEffect(() => () => client?.close(), [client]);
+
   const choose = (t: Tab) => {
     setTab(t);
     history.replaceState(null, "", `${location.pathname}${location.search}#${t}`);
   };
 
   if (checking) return <div className="center muted">Checking the stored token…</div>;
-  if (!api)
+  if (!api || !client)
     return (
       <SignIn
         base={base}
@@ -79,9 +84,9 @@ export function App() {
       </header>
       <main>
         {tab === "Tables" && <TablesView api={api} />}
-        {tab === "SQL" && <SqlView api={api} />}
+        {tab === "SQL" && <SqlView api={api} client={client} />}
         {tab === "Policies" && <PoliciesView api={api} />}
-        {tab === "Topics" && <TopicsView api={api} />}
+        {tab === "Topics" && <TopicsView api={api} client={client} />}
         {tab === "Metrics" && <MetricsView api={api} />}
       </main>
     </div>

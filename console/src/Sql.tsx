@@ -1,6 +1,7 @@
 import { useEffect, useRef, useState } from "react";
 import { Api, ApiError, Row, SqlReply, describeError } from "./api";
-import { LiveView, openLive } from "./live";
+import type { Client } from "sluice-client";
+import { LiveView } from "./live";
 import { isoOfMicros, show } from "./values";
 
 /** A lone SELECT (one statement, with a FROM) is shown live; anything else goes to /v1/sql. */
@@ -16,7 +17,7 @@ function stripStrings(s: string): string {
 
 const FLASH_MS = 1500;
 
-export function SqlView({ api }: { api: Api }) {
+export function SqlView({ api, client }: { api: Api; client: Client }) {
   const [text, setText] = useState(() => sessionStorage.getItem("sluice.console.sql") ?? "SELECT * FROM ");
   const [reply, setReply] = useState<SqlReply | null>(null);
   const [error, setError] = useState<string | null>(null);
@@ -34,7 +35,7 @@ export function SqlView({ api }: { api: Api }) {
     const sql = text.trim().replace(/;\s*$/, "");
     if (!sql) return;
     if (isLoneSelect(sql)) {
-      setLive(openLive(api, sql));
+      setLive(client.live(sql));
       return;
     }
     setBusy(true);
@@ -203,7 +204,7 @@ export function LiveResult({ view }: { view: LiveView }) {
         {view.error && ` · ${describeError(view.error)}`}
       </div>
       {view.columns.length > 0 && (
-        <RowsTable columns={view.columns} types={view.types} rows={view.rows} keys={view.keys} flash={flash} />
+        <RowsTable columns={view.columns} rows={view.rows} flash={flash} />
       )}
     </div>
   );

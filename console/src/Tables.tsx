@@ -84,7 +84,7 @@ function Schema({ table }: { table: Table }) {
 const PAGE_SIZES = [25, 50, 100, 500, 1000];
 const EXPORT_PAGE = 1000;
 
-type Loaded = { rows: { row: Row; version: number | null }[]; next: unknown; seq: number };
+type Loaded = { rows: { row: Row; version: number | null }[]; next: unknown; seq: number; filter: string };
 
 function TableDetail({ api, table }: { api: Api; table: Table }) {
   const pk = table.primary_key;
@@ -110,10 +110,10 @@ function TableDetail({ api, table }: { api: Api; table: Table }) {
         const r = await api.query(sql, after === undefined ? undefined : [after]);
         const more = r.rows.length > pageSize;
         const rows = r.rows.slice(0, pageSize);
-        setPage({ rows: rows.map((row) => ({ row, version: null })), next: more ? rows[rows.length - 1][pk] : null, seq: r.seq });
+        setPage({ rows: rows.map((row) => ({ row, version: null })), next: more ? rows[rows.length - 1][pk] : null, seq: r.seq, filter });
       } else {
         const r = await api.rows(table.name, after, pageSize);
-        setPage({ rows: r.rows, next: r.next, seq: r.seq });
+        setPage({ rows: r.rows, next: r.next, seq: r.seq, filter: "" });
       }
       setError(null);
     } catch (e) {
@@ -358,7 +358,7 @@ function TableDetail({ api, table }: { api: Api; table: Table }) {
           ← Previous
         </button>
         <span className="muted">
-          page {pageNo} · {page?.rows.length ?? 0} rows{filter ? " (filtered)" : ""} · seq {page?.seq ?? "…"}
+          page {pageNo} · {page?.rows.length ?? 0} rows{page?.filter ? ` where ${page.filter}` : ""} · seq {page?.seq ?? "…"}
         </span>
         <button disabled={page?.next === null || page?.next === undefined} onClick={() => setAfters([...afters, page!.next])}>
           Next page →

@@ -1,8 +1,9 @@
 import { useEffect, useState } from "react";
 import { Api, TopicInfo, describeError } from "./api";
-import { TopicTail, openWatch } from "./live";
+import type { Client } from "sluice-client";
+import { TopicTail } from "./live";
 
-export function TopicsView({ api }: { api: Api }) {
+export function TopicsView({ api, client }: { api: Api; client: Client }) {
   const [topics, setTopics] = useState<TopicInfo[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [sel, setSel] = useState<string | null>(null);
@@ -39,12 +40,14 @@ export function TopicsView({ api }: { api: Api }) {
           ))}
         </ul>
       </aside>
-      <section className="grow">{topic && <Tail key={topic.name} api={api} topic={topic} />}</section>
+      <section className="grow">{topic && <Tail key={topic.name} client={client} topic={topic} />}</section>
     </div>
   );
 }
 
-function Tail({ api, topic }: { api: Api; topic: TopicInfo }) {
+const KEEP = 500;
+
+function Tail({ client, topic }: { client: Client; topic: TopicInfo }) {
   const [tagsText, setTagsText] = useState("");
   const [fromOldest, setFromOldest] = useState(false);
   const [tail, setTail] = useState<TopicTail | null>(null);
@@ -59,7 +62,7 @@ function Tail({ api, topic }: { api: Api; topic: TopicInfo }) {
   }, [tail]);
   const start = () => {
     const tags = tagsText.split(/[\s,]+/).filter(Boolean);
-    setTail(openWatch(api, topic.name, tags, fromOldest ? topic.first : null));
+    setTail(client.watch(topic.name, { tags, keep: KEEP, ...(fromOldest ? { from: topic.first } : {}) }));
   };
   return (
     <div>

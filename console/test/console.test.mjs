@@ -146,7 +146,7 @@ test("the console signs in, runs a live query that shows rows written by another
       const grid = page.locator("table[data-rows-of=msgs]");
       await page.fill("input[name=filter]", "room = 'a'");
       await page.click("form.filter button[type=submit]");
-      await page.locator(".pager", { hasText: "(filtered)" }).waitFor();
+      await page.locator(".pager", { hasText: "where room = 'a'" }).waitFor();
       assert.equal(await grid.locator("tbody tr").count(), 2);
       await page.click("form.filter button:has-text('Clear')");
       await grid.locator("td", { hasText: "changed in the console" }).waitFor();

@@ -5,6 +5,7 @@
 import { spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, existsSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, normalize } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -96,6 +97,29 @@ export async function startProxy(target) {
     });
     req.pipe(up);
   });
+  // WebSocket upgrades (/v1/ws, used by the SDK): replay the request to sluice over a raw
+  // TCP connection and splice the two sockets.
+  const sockets = new Set();
+  server.on("upgrade", (req, socket, head) => {
+    const up = net.connect(Number(t.port), t.hostname, () => {
+      const lines = [`${req.method} ${req.url} HTTP/1.1`];
+      for (let i = 0; i < req.rawHeaders.length; i += 2) {
+        const name = req.rawHeaders[i];
+        lines.push(`${name}: ${name.toLowerCase() === "host" ? t.host : req.rawHeaders[i + 1]}`);
+      }
+      up.write(lines.join("\r\n") + "\r\n\r\n");
+      if (head?.length) up.write(head);
+      up.pipe(socket);
+      socket.pipe(up);
+    });
+    sockets.add(up).add(socket);
+    const end = () => {
+      up.destroy();
+      socket.destroy();
+    };
+    up.on("error", end).on("close", end);
+    socket.on("error", end).on("close", end);
+  });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
   const { port } = server.address();
   return {
@@ -103,6 +127,7 @@ export async function startProxy(target) {
     stop: () =>
       new Promise((r) => {
         server.closeAllConnections?.();
+        for (const s of sockets) s.destroy();
         server.close(() => r());
       }),
   };
