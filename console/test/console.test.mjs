@@ -263,6 +263,12 @@ test("the console signs in, runs a live query that shows rows written by another
       assert.match(await err.textContent(), /^statement 2 failed, nothing was applied — already_exists: /);
       await assert.rejects(http("GET", "/v1/tables/big/rows/500"), (e) => e.status === 404, "all or nothing");
 
+      await page.fill("textarea[name=sql]", "SELECT nope FROM big");
+      await page.click("button[data-action=run]");
+      const status = page.locator(".live-status[data-status=error]");
+      await status.waitFor();
+      assert.match(await status.textContent(), /nope/, "a live query that does not plan shows the server's error");
+
       await page.fill("textarea[name=sql]", "SELECT 1 + 2 AS three");
       await page.click("button[data-action=run]");
       await page.locator(".result", { hasText: "statement 1: select · 1 row" }).waitFor();
