@@ -19,6 +19,7 @@ export function App() {
   const base = serverBase();
   const [api, setApi] = useState<Api | null>(null);
   const [checking, setChecking] = useState(() => storedToken() !== null);
+  const [startError, setStartError] = useState<string | null>(null);
   const [tab, setTab] = useState<Tab>(() => {
     const h = decodeURIComponent(location.hash.slice(1));
     return (TABS as readonly string[]).includes(h) ? (h as Tab) : "Tables";
@@ -28,11 +29,15 @@ export function App() {
     const t = storedToken();
     if (t === null) return;
     const a = new Api(base, t);
-    a.tables()
+    a.policies()
       .then(() => setApi(a))
-      .catch(() => {
-        sessionStorage.removeItem(KEY);
-        localStorage.removeItem(KEY);
+      .catch((e) => {
+        // Forget a token the server refuses; keep it when the server is only unreachable.
+        if (e instanceof ApiError && (e.status === 401 || e.status === 403)) {
+          sessionStorage.removeItem(KEY);
+          localStorage.removeItem(KEY);
+        }
+        setStartError(`The stored token was not accepted: ${describeError(e)}`);
       })
       .finally(() => setChecking(false));
   }, [base]);
@@ -51,6 +56,7 @@ export function App() {
     return (
       <SignIn
         base={base}
+        initialError={startError}
         onSignedIn={(a, remember) => {
           (remember ? localStorage : sessionStorage).setItem(KEY, a.token);
           setApi(a);
@@ -93,10 +99,11 @@ export function App() {
   );
 }
 
-function SignIn({ base, onSignedIn }: { base: string; onSignedIn: (api: Api, remember: boolean) => void }) {
+function SignIn(props: { base: string; initialError: string | null; onSignedIn: (api: Api, remember: boolean) => void }) {
+  const { base, onSignedIn } = props;
   const [token, setToken] = useState("");
   const [remember, setRemember] = useState(false);
-  const [error, setError] = useState<string | null>(null);
+  const [error, setError] = useState<string | null>(props.initialError);
   const [busy, setBusy] = useState(false);
   const submit = async (e: React.FormEvent) => {
     e.preventDefault();

@@ -71,6 +71,18 @@ test("the console signs in, runs a live query that shows rows written by another
       assert.equal(await page.evaluate(() => localStorage.getItem("sluice.console.token")), null);
     });
 
+    await t.test("a reload keeps the session; remember keeps the token in localStorage instead", async () => {
+      await page.reload();
+      await page.locator("header .brand").waitFor();
+      await page.click("header button:has-text('Sign out')");
+      await page.fill("input[name=token]", ADMIN);
+      await page.check(".signin input[type=checkbox]");
+      await page.click("button[type=submit]");
+      await page.locator("header .brand").waitFor();
+      assert.equal(await page.evaluate(() => localStorage.getItem("sluice.console.token")), ADMIN);
+      assert.equal(await page.evaluate(() => sessionStorage.getItem("sluice.console.token")), null);
+    });
+
     await t.test("the SQL box creates a table", async () => {
       await page.click("button[data-tab=SQL]");
       await page.fill("textarea[name=sql]", "CREATE TABLE msgs (id INTEGER PRIMARY KEY, room TEXT NOT NULL, body TEXT, likes INTEGER DEFAULT 0)");
