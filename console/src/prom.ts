@@ -40,10 +40,32 @@ const fsyncMs = (prev: Sample | null, cur: Sample) => {
   return n > 0 ? (s / n) * 1000 : 0;
 };
 
+/**
+ * The 99th percentile of fdatasync latency over the interval, in milliseconds: the upper bound
+ * of the first histogram bucket (powers of two of µs) whose count since the previous sample
+ * reaches 99 % of the syncs in the interval.
+ */
+const fsyncP99Ms = (prev: Sample | null, cur: Sample) => {
+  if (!prev) return null;
+  const name = "sluice_log_sync_seconds_bucket{le=\"";
+  const buckets: { le: number; n: number }[] = [];
+  for (const [k, v] of cur.values) {
+    if (!k.startsWith(name)) continue;
+    const le = k.slice(name.length, -2);
+    buckets.push({ le: le === "+Inf" ? Infinity : Number(le), n: v - (prev.values.get(k) ?? 0) });
+  }
+  buckets.sort((a, b) => a.le - b.le);
+  const total = buckets.length ? buckets[buckets.length - 1].n : 0;
+  if (total <= 0) return 0;
+  const b = buckets.find((x) => x.n >= 0.99 * total)!;
+  return Number.isFinite(b.le) ? b.le * 1000 : null;
+};
+
 export const SERIES: Series[] = [
   { id: "commits", label: "commits/s", unit: "/s", point: rate("sluice_commits_total") },
   { id: "syncs", label: "syncs/s", unit: "/s", point: rate("sluice_log_syncs_total") },
   { id: "fsync", label: "fsync latency (mean)", unit: "ms", point: fsyncMs },
+  { id: "fsync_p99", label: "fsync latency (p99, bucket bound)", unit: "ms", point: fsyncP99Ms },
   { id: "views", label: "live views", unit: "", point: gauge("sluice_live_views") },
   { id: "subscribers", label: "subscribers", unit: "", point: gauge("sluice_live_subscribers") },
   { id: "handoff", label: "fan-out queue depth", unit: "commits", point: gauge("sluice_live_handoff_commits") },

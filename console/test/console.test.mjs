@@ -290,7 +290,7 @@ test("the console signs in, runs a live query that shows rows written by another
     await t.test("the metrics tab draws a chart per series from /metrics", async () => {
       await page.click("button[data-tab=Metrics]");
       await page.locator(".chart[data-series=commits] polyline").waitFor({ state: "attached" });
-      for (const id of ["commits", "syncs", "fsync", "views", "subscribers", "handoff", "lagging"]) {
+      for (const id of ["commits", "syncs", "fsync", "fsync_p99", "views", "subscribers", "handoff", "lagging"]) {
         assert.equal(await page.locator(`.chart[data-series=${id}]`).count(), 1, `a chart for ${id}`);
       }
       await page.screenshot({ path: join(RESULTS, "console-metrics.png"), fullPage: true });
