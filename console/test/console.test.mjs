@@ -152,6 +152,7 @@ test("the console signs in, runs a live query that shows rows written by another
       assert.match(await err.textContent(), /^schema: /);
       await grid.locator("input[name=room]").press("Escape");
       assert.equal((await http("GET", "/v1/tables/msgs/rows/2")).row.room, "b");
+      await page.screenshot({ path: join(RESULTS, "console-tables.png"), fullPage: true });
     });
 
     await t.test("the filter box narrows the rows with a WHERE clause", async () => {
