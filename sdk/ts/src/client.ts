@@ -70,6 +70,7 @@ export class SluiceClient implements Client {
   private attempt = 0;
   private closed = false;
   private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  private heartbeat: ReturnType<typeof setTimeout> | null = null;
   private readonly inflight = new Map<number, Pending>();
   private waiting: Waiting[] = [];
   private readonly statusListeners = new Set<(s: ClientStatus) => void>();
@@ -79,9 +80,25 @@ export class SluiceClient implements Client {
   readonly watches = new Map<string, TopicWatchImpl<unknown>>();
   private readonly live_ = new Set<Stream>();
 
+  private readonly Socket: SocketCtor;
+
   constructor(options: ConnectOptions) {
     this.opts = options;
     this.token = options.token;
+    const Ctor = (options.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket) as SocketCtor | undefined;
+    if (typeof Ctor !== "function")
+      throw new SluiceError("bad_request", 'no WebSocket implementation: pass options.WebSocket (in Node 20, e.g. the "ws" package\'s default export)');
+    this.Socket = Ctor;
+    let base: URL;
+    try {
+      // In a browser a relative url ("" or "/") means the page's own server.
+      base = new URL(options.url || "/", (globalThis as { location?: { href: string } }).location?.href);
+    } catch {
+      throw new SluiceError("bad_request", `url must be http(s)://host:port, got ${JSON.stringify(options.url)}`);
+    }
+    if (base.protocol !== "http:" && base.protocol !== "https:")
+      throw new SluiceError("bad_request", `url must be http(s)://host:port, got ${JSON.stringify(options.url)}`);
+    this.baseUrl = base.origin + base.pathname.replace(/\/+$/, "");
     void this.open();
   }
 
@@ -113,8 +130,9 @@ export class SluiceClient implements Client {
     return typeof t === "function" ? await t() : t;
   }
 
+  private readonly baseUrl: string;
   private base(): string {
-    return this.opts.url.replace(/\/+$/, "");
+    return this.baseUrl;
   }
 
   private async open(): Promise<void> {
@@ -122,14 +140,15 @@ export class SluiceClient implements Client {
     let token: string | undefined;
     try {
       await loadChecksum();
+      await this.opts.testHooks?.beforeConnect?.();
+      if (this.closed) return;
       token = await this.currentToken();
     } catch (e) {
-      console.warn("sluice-client: could not get a token:", e);
+      console.warn("sluice-client: cannot connect (getting the token failed):", e);
       return this.scheduleReconnect();
     }
     if (this.closed) return;
-    const Ctor = (this.opts.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket) as SocketCtor | undefined;
-    if (!Ctor) throw new SluiceError("bad_request", "no WebSocket implementation: pass options.WebSocket (e.g. from the \"ws\" package)");
+    const Ctor = this.Socket;
     const url = new URL(this.base() + "/v1/ws");
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     if (token) url.searchParams.set("access_token", token);
@@ -148,6 +167,7 @@ export class SluiceClient implements Client {
       if (this.ws !== ws) return;
       opened = true;
       this.attempt = 0;
+      this.startHeartbeat(ws);
       this.setStatus("open");
       for (const s of [...this.live_]) s.onOpen();
       const waiting = this.waiting;
@@ -199,6 +219,32 @@ export class SluiceClient implements Client {
         for (const w of waiting) (clearTimeout(w.timer), w.pending.reject(e));
       },
     );
+  }
+
+  /**
+   * A connection can die without a close (a laptop sleeps, a NAT forgets): every
+   * `heartbeatMs` a ping; no reply within `heartbeatMs` more drops the socket and reconnects.
+   */
+  private startHeartbeat(ws: Socket) {
+    const every = this.opts.heartbeatMs ?? 20_000;
+    if (!(every > 0)) return;
+    const beat = () => {
+      if (this.ws !== ws) return;
+      let answered = false;
+      const deadline = setTimeout(() => {
+        if (!answered && this.ws === ws) this.dropConnection(`no pong within ${every} ms`);
+      }, every);
+      this.request({ type: "ping" }).then(
+        () => {
+          answered = true;
+          clearTimeout(deadline);
+          if (this.ws === ws) this.heartbeat = setTimeout(beat, every);
+        },
+        () => clearTimeout(deadline),
+      );
+    };
+    if (this.heartbeat) clearTimeout(this.heartbeat);
+    this.heartbeat = setTimeout(beat, every);
   }
 
   private scheduleReconnect() {
@@ -375,11 +421,11 @@ export class SluiceClient implements Client {
     return new TopicWatchImpl<Data>(this, topic, options ?? {});
   }
 
-  /** @internal For tests: drops the socket as a network failure would (the client reconnects). */
-  dropConnection(): void {
+  /** Drops the socket as a network failure would (the client reconnects); also a test hook. */
+  dropConnection(reason = "dropped by the client"): void {
     const ws = this.ws;
     if (!ws) return;
-    ws.onclose?.({ code: 1006, reason: "dropped by the test hook" });
+    ws.onclose?.({ code: 1006, reason });
     ws.onclose = ws.onmessage = ws.onopen = null;
     ws.close();
   }
@@ -388,6 +434,7 @@ export class SluiceClient implements Client {
     if (this.closed) return;
     this.closed = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    if (this.heartbeat) clearTimeout(this.heartbeat);
     const ws = this.ws;
     this.ws = null;
     ws?.close(1000, "client closed");
@@ -421,6 +468,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   types: (string | null)[] | null = null;
   /** Checksum mismatches seen (each one resubscribed). */
   checksumMismatches = 0;
+  /** Events whose checksum was verified. */
+  checksumsVerified = 0;
   /** Seqs of the events applied, in order (for tests and debugging; capped). */
   readonly appliedSeqs: number[] = [];
   private keys: string[] = [];
@@ -543,6 +592,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     if (!this.verify) return;
     const want = m.get("checksum");
     const got = render(this.sum);
+    this.checksumsVerified++;
     if (typeof want === "string" && want !== got) {
       this.checksumMismatches++;
       throw new SluiceError("checksum", `checksum mismatch at seq ${m.get("seq")}: the server says ${want}, the rows held hash to ${got}`, {

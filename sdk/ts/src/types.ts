@@ -20,6 +20,8 @@ export interface ConnectOptions {
   fetch?: typeof fetch;
   /** How long a request sent while disconnected waits for the connection (default 10 000 ms). */
   requestTimeoutMs?: number;
+  /** Ping interval to notice a dead connection (no pong within as long again → reconnect); default 20 000, 0 = off. */
+  heartbeatMs?: number;
   /**
    * @internal Test hooks. `beforeApply` sees every live event (decoded wire form) before it is
    * applied; `assumeTypes` supplies column types for snapshots that carry none (servers before
@@ -28,6 +30,8 @@ export interface ConnectOptions {
   testHooks?: {
     beforeApply?: (event: unknown) => void;
     assumeTypes?: (sql: string, columns: string[]) => (string | null)[] | undefined;
+    /** Awaited before every connection attempt (a test holds the client offline with it). */
+    beforeConnect?: () => Promise<void> | void;
   };
 }
 
@@ -112,6 +116,8 @@ export interface Client {
   mutate(ops: Op[], options?: { durability?: Durability }): Promise<MutateResult>;
   call<Result = unknown>(name: string, args?: unknown, options?: { durability?: Durability }): Promise<{ seq: number; result: Result }>;
   sql(sql: string, params?: Params, options?: { durability?: Durability }): Promise<SqlReply>;
+  /** Any other HTTP endpoint (docs/api.md) with the client's token; a JSON body; errors as SluiceError. */
+  http<T = unknown>(method: string, path: string, body?: unknown): Promise<T>;
 
   live<Row = Record<string, unknown>>(sql: string, params?: Params): LiveQuery<Row>;
 

@@ -1,13 +1,17 @@
 import assert from "node:assert/strict";
 
-/** Rows in a canonical order, for views whose order the query does not fix. */
-export function sorted(rows) {
-  return rows.map((r) => JSON.stringify(r, Object.keys(r).sort())).sort();
+/** JSON text with sorted keys; bigint and Uint8Array spelled out (for comparing rows). */
+export function canon(v) {
+  if (typeof v === "bigint") return `${v}n`;
+  if (v instanceof Uint8Array) return `bytes(${[...v].join(",")})`;
+  if (Array.isArray(v)) return `[${v.map(canon).join(",")}]`;
+  if (v && typeof v === "object") return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(",")}}`;
+  return Object.is(v, -0) ? "-0" : JSON.stringify(v);
 }
 
-/** Types per query for servers that do not send `types` yet (used only when absent). */
-export function typesFor(schema) {
-  return (_sql, columns) => columns.map((c) => schema[c.replace(/:\d+$/, "")] ?? null);
+/** Rows in a canonical order, for views whose order the query does not fix. */
+export function sorted(rows) {
+  return rows.map(canon).sort();
 }
 
 /** Waits until `live.rows` equals a one-shot query of the same SQL (re-queried on every try). */
@@ -16,8 +20,8 @@ export async function convergeTo(db, live, sql, params, { ordered, label, ms = 1
   let last;
   for (;;) {
     const q = await db.query(sql, params);
-    const want = ordered ? q.rows.map((r) => JSON.stringify(r)) : sorted(q.rows);
-    const got = ordered ? live.rows.map((r) => JSON.stringify(r)) : sorted(live.rows);
+    const want = ordered ? q.rows.map(canon) : sorted(q.rows);
+    const got = ordered ? live.rows.map(canon) : sorted(live.rows);
     if (live.status === "live" && JSON.stringify(want) === JSON.stringify(got)) {
       assert.ok(live.seq <= q.seq, `${label}: live seq ${live.seq} is ahead of the query's ${q.seq}`);
       return q;

@@ -5,9 +5,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Server, until } from "./server.mjs";
-import { convergeTo, typesFor } from "./helpers.mjs";
+import { convergeTo } from "./helpers.mjs";
 
-const SCHEMA = { id: "integer", body: "text", n: "integer", owner: "text" };
 const SQL = "SELECT id, body, n FROM msgs ORDER BY id";
 
 /** Records every event a live query applies: [kind, seq]. */
@@ -35,7 +34,7 @@ function assertNoDuplicateNoGap(events, label) {
 for (const encoding of ["msgpack", "json"]) {
   test(`a killed and restarted server: the client keeps its rows while reconnecting, resumes, ends equal (${encoding})`, { timeout: 60_000 }, async () => {
     const server = await new Server({ durability: "disk" }).start();
-    const db = server.client({ encoding, testHooks: { assumeTypes: typesFor(SCHEMA) } });
+    const db = server.client({ encoding });
     const statuses = [];
     db.onStatus((s) => statuses.push(s));
     try {
@@ -138,6 +137,55 @@ test("token refresh: the token function is called again at reconnect and its new
   } finally {
     db.close();
     admin.close();
+    await server.stop();
+  }
+});
+
+test("kill -9 under continuous writes: the live query ends equal, the watch sees every kept offset once", { timeout: 60_000 }, async () => {
+  const server = await new Server({ durability: "disk" }).start();
+  const db = server.client();
+  const writer = server.client({ requestTimeoutMs: 20_000 });
+  try {
+    await db.sql("CREATE TABLE msgs (id INTEGER PRIMARY KEY, body TEXT, n INTEGER)");
+    await server.http("PUT", "/v1/topics/chat", {});
+    const live = db.live(SQL);
+    const events = recordEvents(live);
+    const watch = db.watch("chat", { from: 0 });
+    const offsets = [];
+    watch.subscribe((r) => r && offsets.push(r.offset));
+    await until(() => live.status === "live" && watch.status === "live", "subscribed");
+
+    let stop = false;
+    let written = 0;
+    const loop = (async () => {
+      for (let id = 1; !stop; id++) {
+        try {
+          await writer.mutate([{ op: "insert", table: "msgs", row: { id, body: `m${id}`, n: id % 7 } }, ...(id > 3 ? [{ op: "delete", table: "msgs", id: id - 3 }] : [])]);
+          await writer.append("chat", [{ data: id }]);
+          written++;
+        } catch (e) {
+          if (e.code !== "disconnected" && e.code !== "not_found" && e.code !== "already_exists") throw e;
+        }
+      }
+    })();
+    await until(() => written >= 20, "20 writes before the kill");
+    await server.kill9();
+    await until(() => live.status === "reconnecting", "reconnecting");
+    await server.start();
+    const after = written;
+    await until(() => written >= after + 20, "20 writes after the restart");
+    stop = true;
+    await loop;
+
+    await convergeTo(db, live, SQL, undefined, { ordered: true, label: "after continuous writes" });
+    const info = await server.http("GET", "/v1/topics/chat");
+    await until(() => watch.next === info.next, `the watch to reach offset ${info.next}`);
+    assert.deepEqual(offsets, Array.from({ length: info.next }, (_, i) => i), "every kept offset exactly once, in order");
+    assertNoDuplicateNoGap(events, "continuous writes");
+    assert.equal(live.checksumMismatches, 0);
+  } finally {
+    db.close();
+    writer.close();
     await server.stop();
   }
 });
