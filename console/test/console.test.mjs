@@ -8,16 +8,18 @@ import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { chromium } from "playwright-core";
-import { api, repoRoot, startProxy, startServer } from "./harness.mjs";
+import { execFileSync } from "node:child_process";
+import { api, repoRoot, sluiceBin, startProxy, startServer } from "./harness.mjs";
 
 const ADMIN = "console-test-admin-token";
+const JWT_SECRET = "console-test-jwt-secret";
 const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const RESULTS = join(repoRoot, "console", "test-results");
 const STEP_MS = 15_000;
 
 test("the console signs in, runs a live query that shows rows written by another process, browses, exports and previews policies", { timeout: 90_000 }, async (t) => {
   mkdirSync(RESULTS, { recursive: true });
-  const server = await startServer(ADMIN);
+  const server = await startServer(ADMIN, ["--jwt-secret", JWT_SECRET]);
   let proxy = null;
   let browser = null;
   let page = null;
@@ -61,6 +63,14 @@ test("the console signs in, runs a live query that shows rows written by another
       assert.match(text, /reason: malformed/);
       assert.equal(await page.locator("header").count(), 0, "not signed in");
       assert.equal(await page.evaluate(() => sessionStorage.length + localStorage.length), 0, "a refused token is not stored");
+    });
+
+    await t.test("a client's token is refused: the console is for the admin", async () => {
+      const jwt = execFileSync(sluiceBin(), ["token", "--secret", JWT_SECRET, "--sub", "alice", "--ttl", "1h"], { encoding: "utf8" }).trim();
+      await page.fill("input[name=token]", jwt);
+      await page.click("button[type=submit]");
+      await page.locator(".signin [role=alert]", { hasText: "not the admin token" }).waitFor();
+      assert.equal(await page.locator("header").count(), 0, "not signed in");
     });
 
     await t.test("the admin token signs in and is kept in sessionStorage", async () => {
