@@ -28,7 +28,8 @@ pub mod value;
 
 pub use changelog::{Changelog, Retention};
 pub use db::{
-    Change, ChangeOp, Commit, CommitBody, Db, Limits, TopicChange, Tx, TxRef, TxState, WriteResult,
+    key_from_json, Change, ChangeOp, Commit, CommitBody, Db, Limits, TopicChange, Tx, TxRef,
+    TxState, WriteResult,
 };
 pub use error::{ErrorCode, TxError};
 pub use schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};

@@ -39,6 +39,8 @@ struct Shape {
     text: Arc<str>,
     plan: Plan,
     columns: Arc<[String]>,
+    /// The output types as a snapshot sends them.
+    types: Arc<serde_json::Value>,
     order: crate::view::Order,
     /// Tables read, with subqueries'.
     tables: BTreeSet<String>,
@@ -53,6 +55,7 @@ impl Shape {
             client,
             text: plan.text.as_str().into(),
             columns: plan.select.columns.clone().into(),
+            types: Arc::new(sluice_query::plan::types_json(&plan.select.output_types())),
             order: plan
                 .select
                 .order_by
@@ -329,6 +332,11 @@ impl Live {
             Some(p) if planned_for(&p.plan.select, db) => p.clone(),
             _ => {
                 let plan = sluice_query::prepare_as(&req.sql, db, client)?;
+                if plan.select.sources.is_empty() {
+                    return Err(QueryError::unsupported(
+                        "a live query without FROM (its result never changes)",
+                    ));
+                }
                 let n = complexity(&plan.select);
                 if n > self.limits.view_tables_max {
                     return Err(QueryError::Limit(format!(
@@ -440,6 +448,7 @@ impl Live {
             limit,
             spare,
         );
+        mat.types = shape.types.clone();
         mat.load(rows);
         let route = match (&op, equality_route(select, &params)) {
             (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {

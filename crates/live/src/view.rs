@@ -51,6 +51,9 @@ struct Prefix {
 
 pub struct Materialized {
     pub columns: Arc<[String]>,
+    /// The output types as the protocol sends them (`types` in a snapshot); `Null` when
+    /// unknown (tests building views by hand).
+    pub types: Arc<Json>,
     windowed: bool,
     offset: usize,
     limit: usize,
@@ -92,6 +95,7 @@ impl Materialized {
         };
         Materialized {
             columns,
+            types: Arc::new(Json::Null),
             windowed,
             offset,
             limit: limit.unwrap_or(usize::MAX),
@@ -363,6 +367,7 @@ impl Materialized {
         let mut body = json!({
             "seq": seq,
             "columns": &*self.columns,
+            "types": &*self.types,
             "keys": keys,
             "rows": rows,
             "checksum": render(self.checksum),

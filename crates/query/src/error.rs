@@ -29,7 +29,7 @@ pub enum QueryError {
 }
 
 impl QueryError {
-    pub(crate) fn unsupported(what: impl Into<String>) -> Self {
+    pub fn unsupported(what: impl Into<String>) -> Self {
         QueryError::Unsupported(what.into())
     }
 }

@@ -71,8 +71,17 @@ pub fn subquery_values(
     db: &Db,
     params: &[Value],
 ) -> Result<Vec<SubqueryValues>, QueryError> {
-    let mut subqueries = Vec::with_capacity(select.subqueries.len());
-    for s in &select.subqueries {
+    subqueries_of(&select.subqueries, db, params)
+}
+
+/// The values of each of `selects` (one-column `IN (SELECT …)` subqueries).
+pub fn subqueries_of(
+    selects: &[Select],
+    db: &Db,
+    params: &[Value],
+) -> Result<Vec<SubqueryValues>, QueryError> {
+    let mut subqueries = Vec::with_capacity(selects.len());
+    for s in selects {
         let mut values = SubqueryValues::default();
         for mut row in run(s, db, params)? {
             let v = row.swap_remove(0);
@@ -134,6 +143,23 @@ fn evaluate_from(
             Ok(t)
         })
         .collect::<Result<_, _>>()?;
+
+    if select.sources.is_empty() {
+        // SELECT without FROM: one row of constants, if the WHERE holds.
+        let env = cx.env(&[]);
+        let holds = [&select.base_filter, &select.filter]
+            .into_iter()
+            .all(|f| f.as_ref().is_none_or(|f| f.is_true(&env)));
+        if !holds {
+            return Ok(Vec::new());
+        }
+        let row: Vec<Value> = select.projection.iter().map(|e| e.eval(&env)).collect();
+        return Ok(vec![Keyed {
+            key: Vec::new(),
+            sort: Vec::new(),
+            row,
+        }]);
+    }
 
     // The first table, narrowed by its access path and its own WHERE conjuncts.
     let mut rows: Vec<Row> = Vec::new();

@@ -27,6 +27,7 @@ mod exec;
 pub mod expr;
 pub mod plan;
 pub mod rules;
+pub mod script;
 
 use std::collections::BTreeMap;
 
@@ -57,6 +58,8 @@ pub const JOINED_ROWS_MAX: usize = 1_000_000;
 pub struct QueryResult {
     /// Output column names, unique within the result.
     pub columns: Vec<String>,
+    /// Each output column's type, when the plan knows it ([`plan::Select::output_types`]).
+    pub types: Vec<Option<sluice_engine::ColumnType>>,
     pub rows: Vec<Vec<Value>>,
 }
 
@@ -163,7 +166,7 @@ pub fn prepare_as(sql: &str, db: &Db, client: bool) -> Result<Plan, QueryError> 
 
 /// How many parameter values the query's own text takes: its highest `$n`, or its number
 /// of distinct `:name`s.
-fn own_params(tokens: &[TokenWithSpan]) -> usize {
+pub(crate) fn own_params(tokens: &[TokenWithSpan]) -> usize {
     let mut positional = 0usize;
     let mut names: Vec<&str> = Vec::new();
     let mut add = |name| {
@@ -210,7 +213,7 @@ pub fn claim_value(claim: Option<&Json>) -> Value {
 /// SQLite's `a IS b` and `a IS NOT b` for any operand `b` (`=` / `<>` that treat two NULLs
 /// as equal): sqlparser parses only `IS [NOT] NULL / TRUE / FALSE / DISTINCT FROM …`, so
 /// any other `IS [NOT] b` is respelt `IS [NOT] DISTINCT FROM b`, which means the same.
-fn sqlite_is(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+pub(crate) fn sqlite_is(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
     let keyword = |t: &TokenWithSpan| match &t.token {
         Token::Word(w) if w.quote_style.is_none() => Some(w.keyword),
         _ => None,
@@ -282,6 +285,7 @@ impl Plan {
         let rows = exec::run(&self.select, db, &values)?;
         Ok(QueryResult {
             columns: self.select.columns.clone(),
+            types: self.select.output_types(),
             rows,
         })
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sluice_engine::{Db, TableSchema, Value};
+use sluice_engine::{ColumnType, Db, TableSchema, Value};
 use sqlparser::ast::{
     self, BinaryOperator, Distinct, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
     JoinConstraint, JoinOperator, LimitClause, ObjectName, OrderByKind, OrderBySort, SelectItem,
@@ -150,6 +150,53 @@ pub struct Select {
     pub subqueries: Vec<Select>,
 }
 
+impl Select {
+    /// The type of each output column when the plan knows it: a table column's declared
+    /// type (also through `MIN`/`MAX` of one, or a `GROUP BY` key that is one), INTEGER for
+    /// `COUNT`; `None` when each value says its own (expressions, `SUM`, `AVG`).
+    pub fn output_types(&self) -> Vec<Option<ColumnType>> {
+        let column_type = |i: usize| {
+            self.sources.iter().find_map(|s| {
+                (i >= s.offset && i < s.offset + s.schema.columns.len())
+                    .then(|| s.schema.columns[i - s.offset].ty)
+            })
+        };
+        let bare = |e: &Expr| match e {
+            Expr::Column(i) => column_type(*i),
+            _ => None,
+        };
+        self.projection
+            .iter()
+            .map(|e| match (&self.aggregate, e) {
+                (None, e) => bare(e),
+                (Some(agg), Expr::Column(k)) => agg.keys.get(*k).and_then(bare),
+                (Some(agg), Expr::Agg(a)) => {
+                    let spec = agg.aggs.get(*a)?;
+                    match spec.func {
+                        AggFunc::CountStar | AggFunc::Count => Some(ColumnType::Integer),
+                        AggFunc::Min | AggFunc::Max => spec.arg.as_ref().and_then(bare),
+                        AggFunc::Sum | AggFunc::Avg => None,
+                    }
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The output types as the protocol names them (`"integer"`, …, or `null`).
+pub fn types_json(types: &[Option<ColumnType>]) -> serde_json::Value {
+    serde_json::Value::Array(
+        types
+            .iter()
+            .map(|t| match t {
+                Some(t) => serde_json::Value::from(t.as_str().to_ascii_lowercase()),
+                None => serde_json::Value::Null,
+            })
+            .collect(),
+    )
+}
+
 /// The parameters a query uses: `$1…$n` or `:name`s (not both).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParamSpec {
@@ -182,7 +229,7 @@ pub(crate) fn ident(id: &ast::Ident) -> String {
     }
 }
 
-fn object_name(name: &ObjectName) -> Result<String, QueryError> {
+pub(crate) fn object_name(name: &ObjectName) -> Result<String, QueryError> {
     match name.0.as_slice() {
         [part] => match part.as_ident() {
             Some(id) => Ok(ident(id)),
@@ -259,6 +306,8 @@ pub(crate) struct Planner<'a> {
     pub(crate) client: bool,
     /// Set while a policy predicate is compiled: `auth.<claim>` reads the caller's claim.
     in_policy: bool,
+    /// `INSERT … ON CONFLICT DO UPDATE`: `excluded.<column>` is the proposed row's value.
+    pub(crate) excluded: Option<(Arc<TableSchema>, Vec<Value>)>,
 }
 
 const AGGREGATES: [&str; 5] = ["count", "sum", "min", "max", "avg"];
@@ -273,17 +322,23 @@ impl<'a> Planner<'a> {
             aliases: Vec::new(),
             client: false,
             in_policy: false,
+            excluded: None,
         }
     }
 
     /// The OR of the predicates of `source`'s policies for `op` — their `USING`, or with
     /// `check` their `WITH CHECK` (a policy without one uses its `USING`) — compiled against
     /// the joined row; FALSE when no policy applies (deny by default).
+    /// The OR of `source`'s policies for `op` (`WITH CHECK` when `check`), compiled in the
+    /// query being planned: their `IN (SELECT …)` subqueries (`FOR SELECT` policies only)
+    /// join `subs`, the subqueries of the select being planned, at nesting `depth`.
     pub(crate) fn policy_filter(
         &mut self,
         source: &Source,
         op: sluice_engine::PolicyCommand,
         check: bool,
+        subs: &mut Vec<Select>,
+        depth: usize,
     ) -> Result<(Expr, Vec<String>), QueryError> {
         let table = self.db.tables.get(&source.schema.name).ok_or_else(|| {
             QueryError::NotFound(format!("no table named {:?}", source.schema.name))
@@ -298,7 +353,7 @@ impl<'a> Planner<'a> {
                 p.using.as_ref()
             };
             let Some(text) = text else { continue };
-            let e = self.policy_expr(text, source).map_err(|e| {
+            let e = self.policy_expr(text, source, subs, depth).map_err(|e| {
                 QueryError::Schema(format!(
                     "policy {:?} on {:?}: {e}",
                     p.name, source.schema.name
@@ -313,8 +368,16 @@ impl<'a> Planner<'a> {
     }
 
     /// One policy predicate over `source`'s columns (named bare or by the table's name,
-    /// whatever the query's alias) and the caller's claims; no subqueries, no outer names.
-    pub(crate) fn policy_expr(&mut self, text: &str, source: &Source) -> Result<Expr, QueryError> {
+    /// whatever the query's alias) and the caller's claims; no outer names. Its uncorrelated
+    /// `IN (SELECT …)` subqueries are pushed onto `subs` (planned for the same caller, so
+    /// they read through their own tables' policies).
+    pub(crate) fn policy_expr(
+        &mut self,
+        text: &str,
+        source: &Source,
+        subs: &mut Vec<Select>,
+        depth: usize,
+    ) -> Result<Expr, QueryError> {
         let dialect = sqlparser::dialect::GenericDialect {};
         let ast = sqlparser::parser::Parser::new(&dialect)
             .try_with_sql(text)
@@ -329,18 +392,12 @@ impl<'a> Planner<'a> {
         let outer = std::mem::take(&mut self.outer);
         let aliases = std::mem::take(&mut self.aliases);
         let saw = self.saw_aggregate;
-        self.in_policy = true;
-        let mut subs = Vec::new();
-        let compiled = self.expr(&ast, &scope, &mut Mode::Rows, &mut subs, SUBQUERY_DEPTH_MAX);
-        self.in_policy = false;
+        let in_policy = std::mem::replace(&mut self.in_policy, true);
+        let compiled = self.expr(&ast, &scope, &mut Mode::Rows, subs, depth);
+        self.in_policy = in_policy;
         self.outer = outer;
         self.aliases = aliases;
         self.saw_aggregate = saw;
-        if !subs.is_empty() {
-            return Err(QueryError::unsupported(
-                "subqueries in a policy (a rule reads its own row and the caller's claims)",
-            ));
-        }
         compiled
     }
 
@@ -434,9 +491,10 @@ impl<'a> Planner<'a> {
         if !s.cluster_by.is_empty() || !s.distribute_by.is_empty() || !s.sort_by.is_empty() {
             return Err(QueryError::unsupported("CLUSTER/DISTRIBUTE/SORT BY"));
         }
+        // No FROM: one row of constants (`SELECT 1 + 2`).
         let from = match s.from.as_slice() {
-            [] => return Err(QueryError::unsupported("SELECT without FROM")),
-            [one] => one,
+            [] => None,
+            [one] => Some(one),
             _ => {
                 return Err(QueryError::unsupported(
                     "comma joins (FROM a, b); use JOIN … ON",
@@ -446,9 +504,14 @@ impl<'a> Planner<'a> {
 
         // FROM and JOINs.
         let mut scope = Scope::default();
-        self.add_source(&mut scope, &from.relation)?;
+        if let Some(from) = from {
+            self.add_source(&mut scope, &from.relation)?;
+        }
         let mut joins = Vec::new();
-        for j in &from.joins {
+        // Uncorrelated `IN (SELECT …)` subqueries: of WHERE, the select list, and the
+        // policies folded in for a client.
+        let mut subqueries = Vec::new();
+        for j in from.map_or(&[][..], |f| &f.joins) {
             if j.global {
                 return Err(QueryError::unsupported("GLOBAL JOIN"));
             }
@@ -487,6 +550,8 @@ impl<'a> Planner<'a> {
                     &scope.sources[source],
                     sluice_engine::PolicyCommand::Select,
                     false,
+                    &mut subqueries,
+                    depth,
                 )?;
                 join.residual = conjoin(join.residual.into_iter().chain([rule]).collect());
             }
@@ -520,18 +585,24 @@ impl<'a> Planner<'a> {
         let grouped = !group_exprs.is_empty()
             || s.having.is_some()
             || self.probe_aggregates(s, &order_exprs, &scope, depth);
+        if grouped && from.is_none() {
+            return Err(QueryError::unsupported(
+                "aggregates or GROUP BY without FROM",
+            ));
+        }
 
         // WHERE.
-        let mut subqueries = Vec::new();
         let mut filter = match &s.selection {
             Some(e) => Some(self.expr(e, &scope, &mut Mode::Rows, &mut subqueries, depth)?),
             None => None,
         };
-        if self.client {
+        if let (true, Some(first)) = (self.client, scope.sources.first()) {
             let (rule, _) = self.policy_filter(
-                &scope.sources[0],
+                first,
                 sluice_engine::PolicyCommand::Select,
                 false,
+                &mut subqueries,
+                depth,
             )?;
             filter = conjoin(filter.into_iter().chain([rule]).collect());
         }
@@ -711,7 +782,7 @@ impl<'a> Planner<'a> {
         };
 
         // Split WHERE: conjuncts over the first table only run before the joins.
-        let base_width = scope.sources[0].schema.columns.len();
+        let base_width = scope.sources.first().map_or(0, |s| s.schema.columns.len());
         let (mut base, mut rest) = (Vec::new(), Vec::new());
         if let Some(f) = filter {
             for c in conjuncts(f) {
@@ -724,7 +795,10 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        let access = access_path(&scope.sources[0].schema, &base);
+        let access = match scope.sources.first() {
+            Some(first) => access_path(&first.schema, &base),
+            None => Access::Scan,
+        };
 
         Ok(Select {
             sources: scope.sources,
@@ -963,6 +1037,17 @@ impl<'a> Planner<'a> {
                     return Ok(self.claim(ident(c)));
                 }
                 let (t, c) = (ident(t), ident(c));
+                if let Some((schema, values)) = &self.excluded {
+                    if t == "excluded" && !scope.has_binding(&t) {
+                        let Some(i) = schema.columns.iter().position(|col| col.name == c) else {
+                            return Err(QueryError::Schema(format!(
+                                "no column named {c:?} in table {:?} (excluded.{c})",
+                                schema.name
+                            )));
+                        };
+                        return Ok(Expr::Literal(values[i].clone()));
+                    }
+                }
                 let pos = self.column(scope, Some(&t), &c)?;
                 self.column_in_mode(pos, &format!("{t}.{c}"), mode)?
             }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 use sluice_engine::{Db, PolicyCommand, PolicyDef, Value};
 
-use crate::expr::{Env, Expr};
-use crate::plan::{Planner, Source};
+use crate::expr::{Env, Expr, SubqueryValues};
+use crate::plan::{Planner, Select, Source};
 use crate::QueryError;
 
 /// The OR of the policies for one check on one table.
@@ -21,26 +21,40 @@ pub struct RowRule {
     pub policies: Vec<String>,
     /// The claims `expr` reads: `Expr::Param(i)` is `claims[i]`.
     pub claims: Vec<String>,
+    /// The `IN (SELECT …)` subqueries of `FOR SELECT` policies (read through their own
+    /// tables' policies for the same caller).
+    subqueries: Vec<Select>,
+}
+
+/// A [`RowRule`] bound to one caller over one state of the database: its claim values and
+/// its subqueries' results.
+#[derive(Clone, Debug, Default)]
+pub struct Bound {
+    claims: Vec<Value>,
+    subqueries: Vec<SubqueryValues>,
 }
 
 impl RowRule {
-    /// Whether `row` (the table's columns in order) passes, for a caller whose claim values
-    /// are `claims` (from [`RowRule::bind`]).
-    pub fn allows(&self, row: &[Value], claims: &[Value]) -> bool {
+    /// Whether `row` (the table's columns in order) passes, for the caller `bound` is for.
+    pub fn allows(&self, row: &[Value], bound: &Bound) -> bool {
         self.expr.is_true(&Env {
             row,
-            params: claims,
+            params: &bound.claims,
             aggs: &[],
-            subqueries: &[],
+            subqueries: &bound.subqueries,
         })
     }
 
-    /// The values of the claims this rule reads, in its order.
-    pub fn bind(&self, claims: &Map<String, Json>) -> Vec<Value> {
-        self.claims
+    /// The values of the claims this rule reads, and its subqueries' results over `db`
+    /// (the state the rows it will check come from).
+    pub fn bind(&self, db: &Db, claims: &Map<String, Json>) -> Result<Bound, QueryError> {
+        let claims: Vec<Value> = self
+            .claims
             .iter()
             .map(|c| crate::claim_value(claims.get(c)))
-            .collect()
+            .collect();
+        let subqueries = crate::exec::subqueries_of(&self.subqueries, db, &claims)?;
+        Ok(Bound { claims, subqueries })
     }
 }
 
@@ -76,8 +90,15 @@ pub fn table_rules(db: &Db, table: &str) -> Result<Arc<TableRules>, QueryError> 
 pub fn check_policy(db: &Db, table: &str, policy: &PolicyDef) -> Result<(), QueryError> {
     let source = source_of(db, table)?;
     let mut planner = Planner::new(db);
+    planner.client = true;
     for text in [&policy.using, &policy.check].into_iter().flatten() {
-        planner.policy_expr(text, &source)?;
+        let mut subs = Vec::new();
+        planner.policy_expr(text, &source, &mut subs, 0)?;
+        if !subs.is_empty() && policy.command != PolicyCommand::Select {
+            return Err(QueryError::unsupported(
+                "subqueries in a policy that is not FOR SELECT (a write rule reads only its row and the caller's claims)",
+            ));
+        }
     }
     Ok(())
 }
@@ -101,10 +122,14 @@ fn compile(
     check: bool,
 ) -> Result<RowRule, QueryError> {
     let mut planner = Planner::new(db);
-    let (expr, policies) = planner.policy_filter(source, op, check)?;
+    // A policy's subquery reads its table as the same caller would.
+    planner.client = true;
+    let mut subqueries = Vec::new();
+    let (expr, policies) = planner.policy_filter(source, op, check, &mut subqueries, 0)?;
     Ok(RowRule {
         expr,
         policies,
         claims: planner.params.claims,
+        subqueries,
     })
 }

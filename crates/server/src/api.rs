@@ -96,6 +96,11 @@ impl From<CoreError> for ApiError {
             CoreError::Internal(message) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+            CoreError::Statement { statement, error } => {
+                let mut e = ApiError::from(*error).with("statement", statement);
+                e.message = format!("statement {statement}: {}", e.message);
+                e
+            }
             CoreError::Forbidden {
                 message,
                 op,
@@ -214,6 +219,10 @@ type ApiResult = Result<Json<Value>, ApiError>;
 /// The whole HTTP API over `core`.
 pub fn router(core: Core) -> Router {
     let router = Router::new()
+        .route("/", get(crate::static_files::root))
+        .route("/console", get(crate::static_files::console_redirect))
+        .route("/console/", get(crate::static_files::console_index))
+        .route("/console/{*path}", get(crate::static_files::console_asset))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/sql", post(sql))
@@ -231,12 +240,16 @@ pub fn router(core: Core) -> Router {
         .route("/v1/policies", get(policies));
     let core = Arc::new(core);
     crate::topics_api::routes(router)
-        .fallback(fallback)
+        .fallback(crate::static_files::fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             core.clone(),
             crate::auth::authenticate,
         ))
+        .layer(axum::middleware::from_fn(
+            crate::static_files::compress_event_streams,
+        ))
+        .layer(crate::static_files::compression())
         .with_state(core)
 }
 
@@ -250,7 +263,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-async fn fallback(method: Method, uri: Uri) -> ApiError {
+pub(crate) async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
@@ -310,13 +323,97 @@ async fn metrics(State(core): St, Extension(caller): Extension<Caller>) -> Respo
         .into_response()
 }
 
+/// `POST /v1/sql`: schema statements (admin only) or a script of data statements, each as
+/// one transaction (docs/api.md, "SQL").
 async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
-    caller.require_admin("POST /v1/sql (schema and policies)")?;
     let body = json_body(&core, body).await?;
+    if let Some(extra) = body
+        .keys()
+        .find(|k| !["sql", "params", "durability", "as"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a SQL request"
+        )));
+    }
     let durability = durability_of(&body)?;
     let Some(Value::String(text)) = body.get("sql") else {
         return Err(ApiError::bad_request("expected {\"sql\": \"…\"}"));
     };
+    let caller = run_as(caller, body.get("as"))?;
+    let script = sluice_query::script::Script::parse(text)?;
+    if script.is_ddl() {
+        caller.require_admin("POST /v1/sql with schema statements (DDL and policies)")?;
+        return ddl(&core, text, script.kinds().len(), durability).await;
+    }
+    if let Some(i) = script.mixed_ddl() {
+        return Err(ApiError::from(sluice_query::QueryError::unsupported(
+            "schema statements and data statements in one request; send them separately",
+        ))
+        .with("statement", i));
+    }
+    let params = sluice_query::Params::from_json(body.get("params"))?;
+    let kinds = script.kinds().to_vec();
+    let ok = core
+        .sql_as(&caller, Arc::new(script), params, durability)
+        .await?;
+    let results: Vec<Value> = ok
+        .outcomes
+        .iter()
+        .zip(kinds)
+        .enumerate()
+        .map(|(i, (outcome, kind))| match outcome {
+            sluice_query::script::Outcome::Rows(result) => {
+                let mut r = query_json(result, ok.seq);
+                let object = r.as_object_mut().expect("a query reply is an object");
+                object.remove("seq");
+                let mut entry = Map::new();
+                entry.insert("statement".into(), i.into());
+                entry.insert("kind".into(), kind.as_str().into());
+                entry.extend(std::mem::take(object));
+                Value::Object(entry)
+            }
+            sluice_query::script::Outcome::Written { results, .. } => json!({
+                "statement": i,
+                "kind": kind.as_str(),
+                "count": results.len(),
+                "results": results_json(results),
+            }),
+        })
+        .collect();
+    Ok(Json(
+        json!({"seq": ok.seq, "changed": false, "results": results}),
+    ))
+}
+
+/// The caller a request runs as: the admin may name claims to act as a client holding them
+/// (`"as": {claims}`, the console's preview); a client may not.
+fn run_as(caller: Caller, claims: Option<&Value>) -> Result<Caller, ApiError> {
+    let Some(claims) = claims else {
+        return Ok(caller);
+    };
+    caller.require_admin("\"as\" (running a request as other claims)")?;
+    let Value::Object(all) = claims else {
+        return Err(ApiError::bad_request(
+            "\"as\" must be an object of claims, e.g. {\"sub\": \"alice\"}",
+        ));
+    };
+    let sub = match all.get("sub") {
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    Ok(Caller::Client(Arc::new(crate::auth::Claims {
+        sub,
+        all: all.clone(),
+    })))
+}
+
+/// Schema statements, as one transaction.
+async fn ddl(
+    core: &Core,
+    text: &str,
+    statements: usize,
+    durability: Option<Durability>,
+) -> ApiResult {
     let ddl = sluice_sql::parse_ddl(text)?;
     let sql_text = ddl
         .iter()
@@ -324,18 +421,24 @@ async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) 
         .collect::<Vec<_>>()
         .join("; ");
     let changes = ddl.into_iter().map(|d| d.change).collect();
-    match core.ddl(changes, sql_text, durability).await {
-        Ok(Some(seq)) => Ok(Json(json!({"seq": seq, "changed": true}))),
-        Ok(None) => Ok(Json(json!({"seq": core.confirmed_seq(), "changed": false}))),
+    let (seq, changed) = match core.ddl(changes, sql_text, durability).await {
+        Ok(Some(seq)) => (seq, true),
+        Ok(None) => (core.confirmed_seq(), false),
         Err(e) => {
             let mut e = ApiError::from(e);
             // For SQL, the failing op is a statement.
             if let Some(i) = e.details.remove("op") {
                 e.details.insert("statement".into(), i);
             }
-            Err(e)
+            return Err(e);
         }
-    }
+    };
+    let results: Vec<Value> = (0..statements)
+        .map(|i| json!({"statement": i, "kind": "ddl", "changed": changed}))
+        .collect();
+    Ok(Json(
+        json!({"seq": seq, "changed": changed, "results": results}),
+    ))
 }
 
 /// `POST /v1/query` `{"sql", "params"}`: one `SELECT` over one confirmed seq.
@@ -343,7 +446,7 @@ async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body
     let body = json_body(&core, body).await?;
     if let Some(extra) = body
         .keys()
-        .find(|k| !["sql", "params"].contains(&k.as_str()))
+        .find(|k| !["sql", "params", "as"].contains(&k.as_str()))
     {
         return Err(ApiError::bad_request(format!(
             "unknown field {extra:?} in a query"
@@ -352,12 +455,13 @@ async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body
     let Some(Value::String(sql)) = body.get("sql") else {
         return Err(ApiError::bad_request("expected {\"sql\": \"SELECT …\"}"));
     };
+    let caller = run_as(caller, body.get("as"))?;
     let params = sluice_query::Params::from_json(body.get("params"))?;
     let (result, seq) = core.query_as(&caller, sql, &params).await?;
     Ok(Json(query_json(&result, seq)))
 }
 
-/// The reply to a one-shot query: `{"seq", "columns", "rows": [{…}, …]}`.
+/// The reply to a one-shot query: `{"seq", "columns", "types", "rows": [{…}, …]}`.
 pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value {
     let rows: Vec<Value> = result
         .rows
@@ -370,7 +474,12 @@ pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value 
             Value::Object(object)
         })
         .collect();
-    json!({"seq": seq, "columns": result.columns, "rows": rows})
+    json!({
+        "seq": seq,
+        "columns": result.columns,
+        "types": sluice_query::plan::types_json(&result.types),
+        "rows": rows,
+    })
 }
 
 /// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.
@@ -485,12 +594,14 @@ async fn mutate(State(core): St, Extension(caller): Extension<Caller>, body: Bod
     }
     let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
     let ok = core.mutate_as(&caller, ops, durability).await?;
-    Ok(Json(json!({"seq": ok.seq, "results": results_json(&ok)})))
+    Ok(Json(
+        json!({"seq": ok.seq, "results": results_json(&ok.results)}),
+    ))
 }
 
 /// The `results` of a committed mutate, as HTTP and WebSocket replies carry them.
-pub(crate) fn results_json(ok: &crate::core::MutateOk) -> Vec<Value> {
-    ok.results
+pub(crate) fn results_json(results: &[sluice_engine::WriteResult]) -> Vec<Value> {
+    results
         .iter()
         .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
         .collect()
@@ -553,7 +664,7 @@ async fn get_row(
                 // Not readable reads as absent: a client learns nothing of rows it may not see.
                 let readable = core
                     .rules(db, &table)
-                    .is_ok_and(|r| crate::rules::allows(&r.read, &row.values, &claims.all));
+                    .is_ok_and(|r| crate::rules::allows(&r.read, db, &row.values, &claims.all));
                 if !readable {
                     return Err(absent());
                 }
@@ -618,7 +729,10 @@ async fn scan(
             let read = match caller.claims() {
                 Some(claims) => {
                     let rules = core.rules(db, &table).map_err(core_to_tx)?;
-                    let bound = rules.read.bind(&claims.all);
+                    let bound = rules
+                        .read
+                        .bind(db, &claims.all)
+                        .map_err(|e| core_to_tx(e.into()))?;
                     Some((rules, bound))
                 }
                 None => None,
@@ -792,10 +906,10 @@ fn topic_of(change: &TopicChange) -> &str {
     }
 }
 
-/// A table's read rule and the client's claim values for it.
+/// A table's read rule, bound to the client (claim values, subquery results).
 type BoundRead = (
     Arc<sluice_query::rules::TableRules>,
-    Vec<sluice_engine::Value>,
+    sluice_query::rules::Bound,
 );
 
 /// What a client may see of the changelog: rows its tables' read rules pass (under today's
@@ -824,7 +938,8 @@ impl<'a> Sight<'a> {
         let (core, db, claims) = (self.core, self.db, self.claims);
         let rules = self.tables.entry(c.table.name.clone()).or_insert_with(|| {
             let rules = core.rules(db, &c.table.name).ok()?;
-            let bound = rules.read.bind(&claims.all);
+            // A rule whose subqueries cannot be evaluated shows nothing (fails closed).
+            let bound = rules.read.bind(db, &claims.all).ok()?;
             Some((rules, bound))
         });
         let Some((rules, bound)) = rules else {

@@ -806,14 +806,17 @@ fn bearer(req: &Request) -> Result<String, AuthError> {
     ))
 }
 
-/// Middleware: every request but `GET /health` must carry a valid token; the [`Caller`] is
-/// left in the request's extensions.
+/// Middleware: every request but `GET /health` and the static files
+/// ([`is_public`](crate::static_files::is_public): the console, `--public DIR`) must carry a
+/// valid token; the [`Caller`] is left in the request's extensions.
 pub(crate) async fn authenticate(
     State(core): State<Arc<Core>>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    if req.uri().path() == "/health" {
+    if req.uri().path() == "/health"
+        || crate::static_files::is_public(&core, req.method(), req.uri().path())
+    {
         return next.run(req).await;
     }
     let auth = core.authenticator();

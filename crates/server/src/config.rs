@@ -57,6 +57,10 @@ pub struct Config {
     pub watch_queue_records: usize,
     /// How tokens are checked (docs/security.md).
     pub auth: crate::auth::AuthConfig,
+    /// Directory whose files are served without a token on every path outside `/v1/`,
+    /// `/console/`, `/metrics` and `/health` (`--public DIR`); checked at start by
+    /// [`check_public_dir`](crate::static_files::check_public_dir).
+    pub public_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -84,6 +88,7 @@ impl Config {
             append_records_max: 10_000,
             watch_queue_records: 4096,
             auth: crate::auth::AuthConfig::default(),
+            public_dir: None,
         }
     }
 }

@@ -50,6 +50,15 @@ pub struct MutateOk {
     pub results: Vec<WriteResult>,
 }
 
+/// A `POST /v1/sql` script that ran (committed, or wrote nothing).
+#[derive(Clone, Debug)]
+pub struct SqlOk {
+    /// The script's commit, or when it wrote nothing the seq of the state it read.
+    pub seq: u64,
+    pub wrote: bool,
+    pub outcomes: Vec<sluice_query::script::Outcome>,
+}
+
 /// A committed (or read-only) function call.
 #[derive(Clone, Debug)]
 pub struct CallOk {
@@ -423,6 +432,49 @@ impl Core {
             })
             .await?;
         Ok((result?, seq))
+    }
+
+    /// Runs a script of data statements (`POST /v1/sql`) as `caller`: a read-only script
+    /// over one confirmed seq, anything else as one transaction in the writer.
+    pub async fn sql_as(
+        &self,
+        caller: &crate::auth::Caller,
+        script: Arc<sluice_query::script::Script>,
+        params: sluice_query::Params,
+        durability: Option<Durability>,
+    ) -> Result<SqlOk, CoreError> {
+        let claims = caller.claims().cloned();
+        if script.is_read_only() {
+            let (results, seq) = self
+                .read(|db| Ok(script.read(db, &params, claims.as_deref().map(|c| &c.all))))
+                .await?;
+            let results = results.map_err(|f| CoreError::Statement {
+                statement: f.statement,
+                error: Box::new(f.error.into()),
+            })?;
+            return Ok(SqlOk {
+                seq,
+                wrote: false,
+                outcomes: results
+                    .into_iter()
+                    .map(sluice_query::script::Outcome::Rows)
+                    .collect(),
+            });
+        }
+        let durability = durability.unwrap_or(self.shared.config.durability);
+        let ok = self
+            .call(|reply| Request::Sql {
+                script,
+                params,
+                claims,
+                durability,
+                reply,
+            })
+            .await?;
+        if !ok.wrote {
+            self.wait_confirmed(ok.seq).await?;
+        }
+        Ok(ok)
     }
 
     /// Waits until every commit up to `seq` reached its durability class.

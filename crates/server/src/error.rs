@@ -54,6 +54,12 @@ pub enum CoreError {
         /// The policies tried.
         policies: Vec<String>,
     },
+    /// One statement of a `POST /v1/sql` script failed (nothing of the script is kept).
+    #[error("statement {statement}: {error}")]
+    Statement {
+        statement: usize,
+        error: Box<CoreError>,
+    },
     /// An I/O failure that is not a poisoning (e.g. writing a snapshot file).
     #[error("{0}")]
     Internal(String),
@@ -77,6 +83,9 @@ impl CoreError {
     /// A refusal decided on the state of the database (as opposed to the server's own
     /// condition): it must wait for that state to be confirmed before the client sees it.
     pub(crate) fn read_state(&self) -> bool {
+        if let CoreError::Statement { error, .. } = self {
+            return error.read_state();
+        }
         matches!(
             self,
             CoreError::Tx(_)

@@ -16,6 +16,7 @@
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
 //! - `metrics`: Prometheus text rendering.
+//! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
 pub mod auth;
@@ -28,6 +29,7 @@ mod live;
 mod metrics;
 mod rules;
 mod snapshotter;
+pub mod static_files;
 pub mod topics;
 mod topics_api;
 mod writer;

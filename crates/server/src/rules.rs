@@ -35,14 +35,17 @@ impl RulesCache {
     }
 }
 
-/// Whether a client with `claims` may read `row` under `rule`.
-pub(crate) fn allows(rule: &RowRule, row: &[Value], claims: &Map<String, Json>) -> bool {
-    rule.allows(row, &rule.bind(claims))
+/// Whether a client with `claims` may read or write `row` under `rule`, over the state
+/// `db` (a rule that cannot be evaluated allows nothing).
+pub(crate) fn allows(rule: &RowRule, db: &Db, row: &[Value], claims: &Map<String, Json>) -> bool {
+    rule.bind(db, claims)
+        .is_ok_and(|bound| rule.allows(row, &bound))
 }
 
 /// Checks the change op `op` of a client's write made: the old row against `USING`, the new
 /// one against `WITH CHECK`.
 pub(crate) fn check_change(
+    db: &Db,
     rules: &TableRules,
     change: &Change,
     claims: &Map<String, Json>,
@@ -74,7 +77,7 @@ pub(crate) fn check_change(
     match change.op {
         ChangeOp::Insert => {
             let new = change.row.as_deref().expect("an insert has a row");
-            if !allows(&rules.insert, new, claims) {
+            if !allows(&rules.insert, db, new, claims) {
                 return Err(refuse(
                     "insert",
                     &rules.insert,
@@ -85,14 +88,14 @@ pub(crate) fn check_change(
         ChangeOp::Update => {
             let old = change.old.as_deref().expect("an update has an old row");
             let new = change.row.as_deref().expect("an update has a row");
-            if !allows(&rules.update_old, old, claims) {
+            if !allows(&rules.update_old, db, old, claims) {
                 return Err(refuse(
                     "update",
                     &rules.update_old,
                     "the old row fails USING",
                 ));
             }
-            if !allows(&rules.update_new, new, claims) {
+            if !allows(&rules.update_new, db, new, claims) {
                 return Err(refuse(
                     "update",
                     &rules.update_new,
@@ -102,7 +105,7 @@ pub(crate) fn check_change(
         }
         ChangeOp::Delete => {
             let old = change.old.as_deref().expect("a delete has an old row");
-            if !allows(&rules.delete, old, claims) {
+            if !allows(&rules.delete, db, old, claims) {
                 return Err(refuse("delete", &rules.delete, "the old row fails USING"));
             }
         }

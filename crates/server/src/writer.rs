@@ -66,6 +66,14 @@ pub(crate) enum Request {
         durability: Durability,
         reply: Reply<MutateOk>,
     },
+    /// A `POST /v1/sql` script of data statements, as one transaction.
+    Sql {
+        script: Arc<sluice_query::script::Script>,
+        params: sluice_query::Params,
+        claims: Option<Arc<crate::auth::Claims>>,
+        durability: Durability,
+        reply: Reply<crate::core::SqlOk>,
+    },
     Schema {
         changes: Vec<SchemaChange>,
         sql: String,
@@ -126,6 +134,7 @@ enum AckReply {
     Call(Reply<CallOk>, CallOk),
     Topic(Reply<PutTopicOk>, PutTopicOk),
     Append(Reply<AppendOk>, AppendOk),
+    Sql(Reply<crate::core::SqlOk>, crate::core::SqlOk),
 }
 
 impl AckReply {
@@ -146,6 +155,9 @@ impl AckReply {
                 let _ = reply.send(result.map(|_| ok).map_err(err));
             }
             AckReply::Append(reply, ok) => {
+                let _ = reply.send(result.map(|_| ok).map_err(err));
+            }
+            AckReply::Sql(reply, ok) => {
                 let _ = reply.send(result.map(|_| ok).map_err(err));
             }
         }
@@ -318,6 +330,7 @@ impl Writer {
                     Some(reason),
                     Request::Mutate { .. }
                     | Request::Schema { .. }
+                    | Request::Sql { .. }
                     | Request::Call { .. }
                     | Request::Topic { .. }
                     | Request::Append { .. },
@@ -351,6 +364,25 @@ impl Writer {
                                 results,
                             };
                             done.add(commit.seq, durability, AckReply::Mutate(reply, ok));
+                        }
+                    },
+                    Request::Sql {
+                        script,
+                        params,
+                        claims,
+                        durability,
+                        reply,
+                    } => match run_script(db, &script, &params, claims.as_deref(), &shared) {
+                        Err(e) => {
+                            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(refused(e, db)));
+                        }
+                        Ok((None, ok)) => {
+                            let _ = reply.send(Ok(ok));
+                        }
+                        Ok((Some(commit), ok)) => {
+                            self.log_commit(&commit);
+                            done.add(commit.seq, durability, AckReply::Sql(reply, ok));
                         }
                     },
                     Request::Schema {
@@ -601,6 +633,9 @@ fn refuse(req: Request, err: CoreError) {
         Request::Mutate { reply, .. } => {
             let _ = reply.send(Err(err));
         }
+        Request::Sql { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
         Request::Schema { reply, .. } => {
             let _ = reply.send(Err(err));
         }
@@ -700,6 +735,46 @@ fn append(
     ))
 }
 
+/// Runs a script's data statements as one transaction; for a client (`claims`), every row
+/// change must pass the table's write policies, or nothing is applied.
+#[allow(clippy::type_complexity)]
+fn run_script(
+    db: &mut Db,
+    script: &sluice_query::script::Script,
+    params: &sluice_query::Params,
+    claims: Option<&crate::auth::Claims>,
+    shared: &crate::core::Shared,
+) -> Result<(Option<Arc<Commit>>, crate::core::SqlOk), CoreError> {
+    let mut tx = db.transaction();
+    let rules = &shared.rules;
+    let mut check = |db: &Db, change: &sluice_engine::Change, _statement: usize| {
+        let Some(claims) = claims else {
+            return Ok(());
+        };
+        let table_rules = rules.get(db, &change.table.name)?;
+        crate::rules::check_change(db, &table_rules, change, &claims.all, None)
+    };
+    let outcomes = script
+        .run::<CoreError>(
+            &mut tx,
+            params,
+            claims.map(|c| &c.all),
+            shared.config.ops_per_mutate_max,
+            &mut check,
+        )
+        .map_err(|f| CoreError::Statement {
+            statement: f.statement,
+            error: Box::new(f.error),
+        })?;
+    let commit = tx.commit();
+    let ok = crate::core::SqlOk {
+        seq: commit.as_ref().map_or(db.seq, |c| c.seq),
+        wrote: commit.is_some(),
+        outcomes,
+    };
+    Ok((commit, ok))
+}
+
 /// Applies all `ops` in one transaction, or none of them.
 /// Applies a mutate's ops as one transaction; for a client (`claims`), each op's changes
 /// must pass the table's write policies, or nothing is applied.
@@ -740,7 +815,7 @@ fn apply_ops(
         if let Some(claims) = claims {
             for change in &tx.changes()[before..] {
                 let table_rules = rules.get(tx.db(), &change.table.name)?;
-                crate::rules::check_change(&table_rules, change, &claims.all, Some(i))?;
+                crate::rules::check_change(tx.db(), &table_rules, change, &claims.all, Some(i))?;
             }
         }
     }

@@ -770,10 +770,9 @@ impl Pending {
                 }
                 Err(e) => Err(e),
             },
-            Pending::Mutate(rx) => core
-                .settle(rx)
-                .await
-                .map(|ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok)})),
+            Pending::Mutate(rx) => core.settle(rx).await.map(
+                |ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok.results)}),
+            ),
             Pending::Append(rx) => core.settle(rx).await.map(
                 |ok| json!({"type": "result", "seq": ok.seq, "first": ok.first, "last": ok.last}),
             ),

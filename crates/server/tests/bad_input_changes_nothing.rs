@@ -290,7 +290,10 @@ fn ddl_cases() -> Vec<Case> {
         Case::new("a bad durability", s, r#"{"sql": "CREATE TABLE fresh (id INTEGER PRIMARY KEY)", "durability": 5}"#, 400, "bad_request"),
         Case::new("a syntax error", s, sql("CREATE TABLE ("), 400, "bad_request").mentions("syntax"),
         Case::new("no statement", s, sql(""), 400, "bad_request"),
-        Case::new("a query in DDL", s, sql("SELECT 1"), 400, "unsupported"),
+        Case::new("DDL mixed with data statements", s, sql("DELETE FROM items; CREATE TABLE fresh (id INTEGER PRIMARY KEY)"), 400, "unsupported")
+            .at("statement", 1),
+        Case::new("a write that fails after one that worked", s, sql("DELETE FROM items; UPDATE items SET nope = 1"), 400, "schema")
+            .at("statement", 1),
         Case::new("an unsupported column type", s, sql("CREATE TABLE fresh (id INTEGER PRIMARY KEY, d DECIMAL)"), 400, "unsupported")
             .mentions("DECIMAL"),
         Case::new("an unsupported second statement", s, sql("CREATE TABLE fresh (id INTEGER PRIMARY KEY); CREATE UNIQUE INDEX u ON items (name)"), 400, "unsupported"),

@@ -265,6 +265,11 @@ struct ServeArgs {
     /// off with `lagging` (and the offset to resume from).
     #[arg(long, default_value_t = 4096)]
     watch_queue_records: usize,
+    /// Serve the files of DIR without a token on every GET/HEAD path outside /v1/,
+    /// /console/, /metrics and /health (`/` serves DIR/index.html; a path with no extension
+    /// that names no file serves it too, for single-page apps).
+    #[arg(long, env = "SLUICE_PUBLIC", value_name = "DIR")]
+    public: Option<PathBuf>,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -358,6 +363,9 @@ impl ServeArgs {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;
             config.functions_source = Some(source);
+        }
+        if let Some(dir) = &self.public {
+            config.public_dir = Some(sluice_server::static_files::check_public_dir(dir)?);
         }
         Ok(config)
     }

@@ -3,7 +3,7 @@
 //! to PostgreSQL doing the usual do-it-yourself live query (row trigger + `pg_notify`, a
 //! `LISTEN`ing connection that re-runs the query on every notification).
 //!
-//! Three families of cases:
+//! Families of cases:
 //! 1. **view size**: one unordered filter view (`SELECT * FROM items WHERE grp = 1`) holding
 //!    1 K … 1 M rows, followed over SSE (and over WebSocket at one size); every write patches
 //!    one row of the view;
@@ -18,6 +18,9 @@
 //!    policy `owner = auth.sub`; writes insert a note for one random user; besides latency
 //!    and memory per user it counts diffs at users a write was not for (`foreign_diffs`,
 //!    which must be 0). See [`rules`].
+//! 5. **compression** (only when named; its own report, `live-compression/`): a 10 K-row
+//!    snapshot over SSE with identity, gzip and zstd and over the WebSocket in JSON and
+//!    MessagePack — bytes and time to the last snapshot byte. See [`compression`].
 //!
 //! Writes are sequential (one in flight), so a sample is latency, not queueing. The bench
 //! checks its own numbers: each subscriber recomputes the documented checksum after every
@@ -49,6 +52,7 @@ use crate::sys::TempDir;
 use crate::CommonArgs;
 
 pub mod client;
+pub mod compression;
 pub mod peer;
 pub mod rules;
 pub mod summary;
@@ -113,9 +117,17 @@ pub struct LiveArgs {
     /// Notes each user starts with (rules family).
     #[arg(long, default_value_t = 3)]
     pub notes_per_user: usize,
-    /// Families to run: size, views, shape, rules.
+    /// Families to run: size, views, shape, rules, and compression (not run unless named;
+    /// its results go to `live-compression/`).
     #[arg(long, value_delimiter = ',', default_values_t = vec!["size".to_string(), "views".to_string(), "shape".to_string(), "rules".to_string()])]
     pub families: Vec<String>,
+    /// Rows of the snapshot in the compression family.
+    #[arg(long, default_value_t = 10_000)]
+    pub compression_rows: usize,
+    /// Snapshots per transport and encoding in the compression family [default: 7;
+    /// --quick: 2].
+    #[arg(long)]
+    pub compression_runs: Option<usize>,
     /// Skip the PostgreSQL peer (it is also skipped, with a note, when not installed).
     #[arg(long)]
     pub no_peers: bool,
@@ -139,6 +151,8 @@ pub struct Params {
     pub case_seconds: f64,
     pub peer_seconds: f64,
     pub families: Vec<String>,
+    pub compression_rows: usize,
+    pub compression_runs: usize,
     /// The view size also measured over WebSocket.
     pub ws_size: Option<usize>,
     pub peers: bool,
@@ -171,8 +185,8 @@ impl Params {
         anyhow::ensure!(views.iter().all(|&v| v >= 1), "--views must be at least 1");
         for f in &args.families {
             anyhow::ensure!(
-                ["size", "views", "shape", "rules"].contains(&f.as_str()),
-                "unknown family {f:?}: expected size, views, shape or rules"
+                ["size", "views", "shape", "rules", "compression"].contains(&f.as_str()),
+                "unknown family {f:?}: expected size, views, shape, rules or compression"
             );
         }
         let ws_size = sizes
@@ -194,10 +208,16 @@ impl Params {
             case_seconds: args.case_seconds.unwrap_or(if quick { 5.0 } else { 20.0 }),
             peer_seconds: args.peer_seconds.unwrap_or(if quick { 2.0 } else { 10.0 }),
             families: args.families.clone(),
+            compression_rows: args.compression_rows,
+            compression_runs: args.compression_runs.unwrap_or(if quick { 2 } else { 7 }),
             peers: !args.no_peers,
             quick,
         };
         anyhow::ensure!(p.samples >= 1, "--samples must be at least 1");
+        anyhow::ensure!(
+            p.compression_rows >= 1 && p.compression_runs >= 1,
+            "--compression-rows and --compression-runs must be at least 1"
+        );
         anyhow::ensure!(
             p.shape_rows >= 100,
             "--shape-rows must be at least 100 (100 rooms)"
@@ -1591,6 +1611,14 @@ pub fn fmt_bytes(b: u64) -> String {
 pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
     let params = Params::from(&args)?;
     let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
+    // The compression family writes its own report (`live-compression/`).
+    let mut compression_ok = true;
+    if params.runs("compression") {
+        compression_ok = compression::run(&params, &bin, &args.common.out)?;
+        if params.families.iter().all(|f| f == "compression") {
+            return Ok(compression_ok);
+        }
+    }
     let mut skipped = Vec::new();
     let pg_bin = if !params.peers {
         skipped.push("PostgreSQL peer skipped (--no-peers).".to_string());
@@ -1623,7 +1651,7 @@ pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
         eprintln!("{failed} case(s) failed or did not verify; see the notes in summary.md");
     }
     drop(runtime);
-    Ok(failed == 0)
+    Ok(failed == 0 && compression_ok)
 }
 
 async fn run_cases(
