@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { chromium } from "playwright-core";
 import { execFileSync } from "node:child_process";
-import { api, repoRoot, sluiceBin, startProxy, startServer } from "./harness.mjs";
+import { api, assetsDir, repoRoot, sluiceBin, startProxy, startServer } from "./harness.mjs";
 
 const ADMIN = "console-test-admin-token";
 const JWT_SECRET = "console-test-jwt-secret";
@@ -19,26 +19,36 @@ const STEP_MS = 15_000;
 
 test("the console signs in, runs a live query that shows rows written by another process, browses, exports and previews policies", { timeout: 90_000 }, async (t) => {
   mkdirSync(RESULTS, { recursive: true });
-  const server = await startServer(ADMIN, ["--jwt-secret", JWT_SECRET]);
+  // Where the page comes from (CONSOLE_TEST_SERVE): "embedded" — the server's own /console/;
+  // "public" — the built files served by the server's `--public DIR` at / (the real static
+  // serving, before a binary embeds them); "proxy" — a same-origin proxy in this process for
+  // servers without static serving; "auto" (default) — embedded when GET / redirects to
+  // /console/ (docs/api.md), else proxy.
+  const mode = process.env.CONSOLE_TEST_SERVE || "auto";
+  assert.ok(["auto", "embedded", "public", "proxy"].includes(mode), `CONSOLE_TEST_SERVE=${mode}`);
+  const server = await startServer(ADMIN, ["--jwt-secret", JWT_SECRET, ...(mode === "public" ? ["--public", assetsDir] : [])]);
   let proxy = null;
   let browser = null;
   let page = null;
   const http = (method, path, body) => api(server.url, ADMIN, method, path, body);
   try {
-    // The console at /console/ of the server itself. A server that predates the console's
-    // serving (no 302 from / to /console/, docs/api.md) gets the built assets through a
-    // same-origin proxy instead; one that redirects must serve the page without a token.
-    const root = await fetch(`${server.url}/`, { redirect: "manual" });
-    let origin = server.url;
-    if (root.status !== 302 && process.env.CONSOLE_TEST_REQUIRE_SERVED !== "1") {
-      proxy = await startProxy(server.url);
-      origin = proxy.url;
-      t.diagnostic(`this server does not serve the console yet (GET / → ${root.status}): serving the built assets through a proxy at ${origin}`);
+    let pageUrl = `${server.url}/console/`;
+    if (mode === "public") {
+      pageUrl = `${server.url}/`;
+      t.diagnostic(`the built assets are served by the server's --public at ${pageUrl}`);
     } else {
-      const probe = await fetch(`${server.url}/console/`);
-      assert.equal(probe.status, 200, "GET /console/ serves the console without a token");
-      assert.match(await probe.text(), /console\.js/, "GET /console/ is the console's index.html");
-      t.diagnostic(`the server serves the console itself at ${origin}/console/`);
+      const root = await fetch(`${server.url}/`, { redirect: "manual" });
+      if (mode === "proxy" || (mode === "auto" && root.status !== 302)) {
+        proxy = await startProxy(server.url);
+        pageUrl = `${proxy.url}/console/`;
+        t.diagnostic(`serving the built assets through a proxy at ${pageUrl} (GET / → ${root.status})`);
+      } else {
+        assert.equal(root.status, 302, "GET / redirects to the console");
+        const probe = await fetch(pageUrl);
+        assert.equal(probe.status, 200, "GET /console/ serves the console without a token");
+        assert.match(await probe.text(), /<div id="root"><\/div>/, "GET /console/ is the built console's index.html, not a placeholder");
+        t.diagnostic(`the server serves the console itself at ${pageUrl}`);
+      }
     }
 
     browser = await chromium.launch({
@@ -51,7 +61,7 @@ test("the console signs in, runs a live query that shows rows written by another
     page.on("pageerror", (e) => pageErrors.push(String(e)));
     page.setDefaultTimeout(STEP_MS);
 
-    await page.goto(`${origin}/console/`);
+    await page.goto(pageUrl);
 
     await t.test("a wrong token is refused with the server's 401 reason", async () => {
       await page.fill("input[name=token]", "not-the-token");
