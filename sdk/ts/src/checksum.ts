@@ -25,7 +25,8 @@ export function xxh3(bytes: Uint8Array): bigint {
   if (!hasher) throw new Error("sluice-client: checksum not loaded (await loadChecksum())");
   hasher.init();
   hasher.update(bytes);
-  return BigInt("0x" + hasher.digest("hex"));
+  const d = hasher.digest("binary"); // the canonical (big-endian) form
+  return (BigInt(((d[0] << 24) | (d[1] << 16) | (d[2] << 8) | d[3]) >>> 0) << 32n) | BigInt(((d[4] << 24) | (d[5] << 16) | (d[6] << 8) | d[7]) >>> 0);
 }
 
 export function render(sum: bigint): string {

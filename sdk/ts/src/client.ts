@@ -36,6 +36,8 @@ type SocketCtor = new (url: string, protocols?: string | string[]) => Socket;
 interface Pending {
   resolve: (m: Wire) => void;
   reject: (e: SluiceError) => void;
+  /** The frame sent, to find the request an unattributed `limit` error is about. */
+  frame?: string | Uint8Array;
 }
 
 interface Waiting {
@@ -48,6 +50,8 @@ interface Waiting {
 interface Stream {
   onOpen(): void;
   onDisconnected(): void;
+  /** The client was closed: end with `disconnected`. */
+  onClosed(err: SluiceError): void;
   onEvent(m: Wire): void;
 }
 
@@ -55,6 +59,8 @@ interface Stream {
 export function connect(options: ConnectOptions): Client {
   return new SluiceClient(options);
 }
+
+const utf8 = new TextEncoder();
 
 function disconnected(why: string): SluiceError {
   return new SluiceError("disconnected", why);
@@ -270,6 +276,11 @@ export class SluiceClient implements Client {
       if (w) w.onEvent(m);
       return;
     }
+    if (type === "watching" && qid !== undefined && qid !== null) {
+      // Handled at once, not in a promise callback: the records that follow may be dispatched
+      // from the same socket read, before any microtask runs.
+      this.streams.get(String(qid))?.onEvent(m);
+    }
     if (typeof id === "number" && this.inflight.has(id)) {
       const p = this.inflight.get(id)!;
       this.inflight.delete(id);
@@ -282,7 +293,23 @@ export class SluiceClient implements Client {
       if (s) s.onEvent(m);
       return;
     }
-    if (type === "error") console.warn("sluice-client: error from the server:", plain(m.get("error")));
+    if (type === "error") {
+      const err = SluiceError.from(plain(m.get("error")));
+      // A frame over --max-body-bytes is refused before its id is read ("id": null); the
+      // message names the frame's size, which finds the request it was.
+      const size = /message of (\d+) bytes/.exec(err.message)?.[1];
+      if (err.code === "limit" && size) {
+        for (const [pid, p] of this.inflight) {
+          const f = p.frame;
+          const len = f === undefined ? -1 : typeof f === "string" ? utf8.encode(f).length : f.length;
+          if (len === Number(size)) {
+            this.inflight.delete(pid);
+            return p.reject(err);
+          }
+        }
+      }
+      console.warn("sluice-client: error from the server:", err.code, err.message);
+    }
   }
 
   private encodeMsg(msg: Record<string, unknown>): string | Uint8Array {
@@ -298,7 +325,10 @@ export class SluiceClient implements Client {
       pending?.reject(e instanceof SluiceError ? e : new SluiceError("bad_request", String(e)));
       return;
     }
-    if (pending) this.inflight.set(msg.id as number, pending);
+    if (pending) {
+      pending.frame = data;
+      this.inflight.set(msg.id as number, pending);
+    }
     ws.send(data);
   }
 
@@ -311,6 +341,10 @@ export class SluiceClient implements Client {
 
   get isOpen() {
     return !!this.ws && this.ws.readyState === 1;
+  }
+
+  get isClosed() {
+    return this.closed;
   }
 
   /** Sends a request and resolves with its reply; waits (bounded) for the connection. */
@@ -443,7 +477,7 @@ export class SluiceClient implements Client {
     this.inflight.clear();
     for (const w of this.waiting) (clearTimeout(w.timer), w.pending.reject(err));
     this.waiting = [];
-    for (const s of [...this.live_]) s.onDisconnected();
+    for (const s of [...this.live_]) s.onClosed(err);
     this.setStatus("closed");
   }
 }
@@ -470,7 +504,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   checksumMismatches = 0;
   /** Events whose checksum was verified. */
   checksumsVerified = 0;
-  /** Seqs of the events applied, in order (for tests and debugging; capped). */
+  /** Seqs of the last 1000–2000 events applied, in order (for tests and debugging). */
   readonly appliedSeqs: number[] = [];
   private keys: string[] = [];
   private hashes: bigint[] = [];
@@ -488,6 +522,11 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     readonly sql: string,
     readonly params: Params | undefined,
   ) {
+    if (client.isClosed) {
+      this.status = "error";
+      this.error = disconnected("the client is closed");
+      return;
+    }
     client.addStream(this);
     if (client.isOpen) this.onOpen();
   }
@@ -499,6 +538,16 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
 
   private notify() {
     for (const l of [...this.listeners]) l();
+  }
+
+  onClosed(err: SluiceError) {
+    if (this.closed || this.status === "error") return;
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    this.status = "error";
+    this.error = err;
+    this.client.removeStream(this);
+    this.notify();
   }
 
   private start(since: number | null) {
@@ -553,7 +602,8 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     this.failures = 0;
     const seq = m.get("seq") as number;
     this.seq = seq;
-    if (this.appliedSeqs.length < 100_000) this.appliedSeqs.push(seq);
+    this.appliedSeqs.push(seq);
+    if (this.appliedSeqs.length > 2000) this.appliedSeqs.splice(0, 1000);
     this.fresh = false;
     this.status = "live";
     this.error = null;
@@ -634,6 +684,21 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       throw new SluiceError("protocol", "a diff before any snapshot");
     const seq = m.get("seq") as number;
     if (seq <= this.seq) throw new SluiceError("protocol", `a diff at seq ${seq} after seq ${this.seq}`);
+    const changes = (m.get("changes") as OMap[]) ?? [];
+    const before = { rows: this.rows, keys: this.keys, hashes: this.hashes, sum: this.sum };
+    try {
+      if (changes.some((c) => typeof c.get("index") === "number")) this.applyOrdered(changes);
+      else this.applyUnordered(changes);
+      this.check(m);
+    } catch (e) {
+      // Keep showing the rows as they were before the event that did not add up.
+      Object.assign(this, before);
+      throw e;
+    }
+  }
+
+  /** An ordered view: apply the changes in order at their indexes. */
+  private applyOrdered(changes: OMap[]) {
     const rows = this.rows.slice() as Row[];
     const keys = this.keys.slice();
     const hashes = this.verify ? this.hashes.slice() : this.hashes;
@@ -644,7 +709,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       if (i < 0) throw new SluiceError("protocol", `a diff removes key ${k}, which is not held`);
       return i;
     };
-    for (const c of (m.get("changes") as OMap[]) ?? []) {
+    for (const c of changes) {
       const op = c.get("op");
       const k = keyText(c.get("key"));
       const index = c.get("index");
@@ -669,11 +734,72 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       } else if (op !== "remove") throw new SluiceError("protocol", `unknown change op ${String(op)}`);
     }
     this.sum = sum & MASK;
-    this.check(m);
     this.rows = rows;
     this.keys = keys;
     this.hashes = hashes;
   }
+
+  /**
+   * An unordered view is a set keyed by key: one pass over the held rows, O(rows + changes),
+   * keeping the order of the rows that stay; new rows go at the end, changed ones stay put.
+   */
+  private applyUnordered(changes: OMap[]) {
+    type Entry = { row: Row; hash: bigint };
+    const held = new Map<string, number>();
+    for (let i = 0; i < this.keys.length; i++) held.set(this.keys[i], i);
+    const overrides = new Map<string, Entry | null>(); // held key → new row, or null: removed
+    const added = new Map<string, Entry>(); // keys not held before, in order
+    const entry = (c: OMap): Entry => {
+      const wireRow = c.get("row");
+      return { row: plain(wireRow) as Row, hash: this.verify ? rowHash(wireRow, this.columns, this.types!) : 0n };
+    };
+    const isHeld = (k: string) => held.has(k) && overrides.get(k) !== null;
+    for (const c of changes) {
+      const op = c.get("op");
+      const k = keyText(c.get("key"));
+      if (op === "remove") {
+        if (added.has(k)) added.delete(k);
+        else if (isHeld(k)) overrides.set(k, null);
+        else throw new SluiceError("protocol", `a diff removes key ${k}, which is not held`);
+      } else if (op === "add") {
+        if (added.has(k) || isHeld(k)) throw new SluiceError("protocol", `a diff adds key ${k}, which is already held`);
+        added.set(k, entry(c)); // (a held key removed earlier in this diff stays removed: its override is null)
+      } else if (op === "change") {
+        if (added.has(k)) added.set(k, entry(c));
+        else if (isHeld(k)) overrides.set(k, entry(c));
+        else throw new SluiceError("protocol", `a diff changes key ${k}, which is not held`);
+      } else throw new SluiceError("protocol", `unknown change op ${String(op)}`);
+    }
+    const rows: Row[] = [];
+    const keys: string[] = [];
+    const hashes: bigint[] = [];
+    let sum = this.sum;
+    for (let i = 0; i < this.keys.length; i++) {
+      const k = this.keys[i];
+      const o = overrides.get(k);
+      if (o === undefined) {
+        rows.push(this.rows[i]);
+        keys.push(k);
+        if (this.verify) hashes.push(this.hashes[i]);
+        continue;
+      }
+      if (this.verify) sum -= this.hashes[i];
+      if (o === null) continue;
+      rows.push(o.row);
+      keys.push(k);
+      if (this.verify) (hashes.push(o.hash), (sum += o.hash));
+    }
+    for (const [k, e] of added) {
+      rows.push(e.row);
+      keys.push(k);
+      if (this.verify) (hashes.push(e.hash), (sum += e.hash));
+    }
+    this.sum = sum & MASK;
+    this.rows = rows;
+    this.keys = keys;
+    this.hashes = hashes;
+  }
+
 
   close(): void {
     if (this.closed) return;
@@ -694,6 +820,8 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
   status: LiveStatus = "loading";
   error: SluiceError | null = null;
   private known: boolean;
+  /** Whether the current watch's `watching` reply came: records before it belong to an older watch. */
+  private registered = false;
   private qid: string | null = null;
   private closed = false;
   private readonly keep: number;
@@ -709,6 +837,11 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
     this.known = options.from !== undefined;
     this.keep = options.keep ?? 1000;
     this.tags = options.tags;
+    if (client.isClosed) {
+      this.status = "error";
+      this.error = disconnected("the client is closed");
+      return;
+    }
     if (client.watches.has(topic)) {
       this.status = "error";
       this.error = new SluiceError("already_exists", `topic ${topic} is already watched on this connection (one watch per topic)`);
@@ -728,10 +861,22 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
     for (const l of [...this.listeners]) l(r);
   }
 
+  onClosed(err: SluiceError) {
+    if (this.closed || this.status === "error") return;
+    if (this.qid) this.client.streams.delete(this.qid);
+    this.qid = null;
+    this.status = "error";
+    this.error = err;
+    this.client.watches.delete(this.topic);
+    this.client.removeStream(this);
+    this.notify();
+  }
+
   private start() {
     if (this.qid) this.client.streams.delete(this.qid);
     const qid = this.client.newQid("w");
     this.qid = qid;
+    this.registered = false;
     this.client.streams.set(qid, this);
     this.client
       .request({
@@ -742,14 +887,7 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
         ...(this.tags ? { tags: this.tags } : {}),
       })
       .then(
-        (m) => {
-          if (this.qid !== qid || this.closed) return;
-          const next = m.get("next") as number;
-          if (!this.known || next > this.next) this.next = next;
-          this.known = true;
-          this.status = "live";
-          this.notify();
-        },
+        () => {}, // the `watching` reply is handled in onEvent, synchronously
         (e: SluiceError) => {
           if (this.qid !== qid || this.closed) return;
           this.onError(e);
@@ -777,7 +915,17 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
       if (m.get("qid") !== this.qid) return;
       return this.onError(SluiceError.from(plain(m.get("error"))));
     }
-    if (type !== "record") return;
+    if (type === "watching") {
+      if (m.get("qid") !== this.qid) return;
+      this.registered = true;
+      const next = m.get("next") as number;
+      if (!this.known || next > this.next) this.next = next;
+      this.known = true;
+      this.status = "live";
+      this.notify();
+      return;
+    }
+    if (type !== "record" || !this.registered) return;
     const offset = m.get("offset") as number;
     if (this.known && offset < this.next) return; // already seen (never twice)
     const r = {

@@ -100,11 +100,26 @@ class Parser {
 
 /** JSON text of a plain value for requests (bigint as an integer literal). */
 export function stringifyJson(v: unknown): string {
-  return JSON.stringify(v, (_k, x) => (typeof x === "bigint" ? RAW_PREFIX + x.toString() : x instanceof Uint8Array ? base64(x) : x)).replace(
+  checkDepth(v, 0);
+  return JSON.stringify(v, (_k, x) => {
+    if (typeof x === "bigint") return RAW_PREFIX + x.toString();
+    if (x instanceof Uint8Array) return base64(x);
+    if (typeof x === "number" && !Number.isFinite(x))
+      throw new SluiceError("bad_request", `${x} cannot be sent: values must be finite numbers`);
+    return x;
+  }).replace(
     RAW_RE,
     (_m, d: string) => d,
   );
 }
+/** Same bound as the MessagePack encoder's (msgpack.ts MAX_DEPTH). */
+function checkDepth(v: unknown, depth: number): void {
+  if (v === null || typeof v !== "object" || v instanceof Uint8Array) return;
+  if (depth > 100) throw new SluiceError("bad_request", "a message nested deeper than 100 levels (the server allows 128)");
+  if (Array.isArray(v)) for (const x of v) checkDepth(x, depth + 1);
+  else for (const x of Object.values(v)) checkDepth(x, depth + 1);
+}
+
 const RAW_PREFIX = "\u0000bigint:";
 const RAW_RE = /"\\u0000bigint:(-?\d+)"/g;
 

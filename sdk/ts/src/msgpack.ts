@@ -4,9 +4,13 @@
 
 import { Float, OMap } from "./wire.js";
 import { SluiceError } from "./errors.js";
+import { base64 } from "./json.js";
 
 const utf8e = new TextEncoder();
 const utf8d = new TextDecoder("utf-8", { fatal: false });
+
+/** Nesting a request may have (objects and arrays, the message itself included); below the server's 128. */
+export const MAX_DEPTH = 100;
 
 export function encode(value: unknown): Uint8Array {
   const out = new Writer();
@@ -52,14 +56,14 @@ class Writer {
 }
 
 function write(w: Writer, v: unknown, depth: number): void {
-  if (depth > 128) throw new SluiceError("bad_request", "value nested deeper than 128 levels");
+  if (depth > MAX_DEPTH) throw new SluiceError("bad_request", `a message nested deeper than ${MAX_DEPTH} levels (the server allows 128)`);
   if (v === null || v === undefined) return w.u8(0xc0);
   if (v === false) return w.u8(0xc2);
   if (v === true) return w.u8(0xc3);
-  if (v instanceof Float) return writeFloat(w, v.value);
+  if (v instanceof Float) return writeFloat(w, finite(v.value));
   if (typeof v === "number") {
     if (Number.isSafeInteger(v) && !Object.is(v, -0)) return writeInt(w, BigInt(v), v);
-    return writeFloat(w, v);
+    return writeFloat(w, finite(v));
   }
   if (typeof v === "bigint") return writeInt(w, v, Number(v));
   if (typeof v === "string") {
@@ -70,12 +74,9 @@ function write(w: Writer, v: unknown, depth: number): void {
     else (w.u8(0xdb), w.u32(b.length));
     return w.bytes(b);
   }
-  if (v instanceof Uint8Array) {
-    if (v.length < 0x100) (w.u8(0xc4), w.u8(v.length));
-    else if (v.length < 0x10000) (w.u8(0xc5), w.u16(v.length));
-    else (w.u8(0xc6), w.u32(v.length));
-    return w.bytes(v);
-  }
+  // BLOB values travel as base64 text, as over JSON (the server reads MessagePack into JSON
+  // values, which have no bytes).
+  if (v instanceof Uint8Array) return write(w, base64(v), depth);
   if (Array.isArray(v)) {
     const n = v.length;
     if (n < 16) w.u8(0x90 | n);
@@ -96,6 +97,11 @@ function write(w: Writer, v: unknown, depth: number): void {
     return;
   }
   throw new SluiceError("bad_request", `cannot encode a value of type ${typeof v}`);
+}
+
+function finite(f: number): number {
+  if (!Number.isFinite(f)) throw new SluiceError("bad_request", `${f} cannot be sent: values must be finite numbers`);
+  return f;
 }
 
 function header(w: Writer, n: number) {
@@ -176,9 +182,20 @@ class Reader {
   }
   str(n: number) {
     this.need(n);
-    const s = utf8d.decode(this.b.subarray(this.pos, this.pos + n));
+    const b = this.b;
+    const start = this.pos;
     this.pos += n;
-    return s;
+    if (n < 64) {
+      // Short ASCII strings (most keys and values): faster than TextDecoder.
+      let s = "";
+      for (let i = start; i < start + n; i++) {
+        const c = b[i];
+        if (c >= 0x80) return utf8d.decode(b.subarray(start, start + n));
+        s += String.fromCharCode(c);
+      }
+      return s;
+    }
+    return utf8d.decode(b.subarray(start, start + n));
   }
   bin(n: number) {
     this.need(n);

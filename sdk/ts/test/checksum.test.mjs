@@ -99,3 +99,35 @@ for (const encoding of ["msgpack", "json"]) {
     }
   });
 }
+
+// Known server bug: serde_json parses floats without its `float_roundtrip` feature, which is
+// not correctly rounded, so a REAL like 271/3 ends up one ULP off (90.33333333333331):
+// - written as JSON (WS json, HTTP /v1/mutate, /v1/sql params): stored one ULP off;
+// - read over MessagePack live events (crates/server/src/ws.rs encodes the event as JSON text
+//   and parses it back before writing MessagePack): sent one ULP off while the checksum is
+//   computed on the stored value, so the SDK sees a mismatch and ends the query (`checksum`).
+// The fix is `features = ["float_roundtrip"]` on serde_json. Marked todo until then; run
+// with SDK_TODO=1 to make these count.
+for (const encoding of ["msgpack", "json"]) {
+  const todo = process.env.SDK_TODO ? undefined : "server bug: serde_json without float_roundtrip moves REALs by 1 ULP";
+  test(`REALs that are not short decimals arrive exact and verify (${encoding})`, { timeout: 60_000, todo }, async () => {
+    const server = await new Server().start();
+    const db = server.client({ encoding });
+    const warn = console.warn;
+    console.warn = () => {};
+    try {
+      await db.sql("CREATE TABLE r (id INTEGER PRIMARY KEY, x REAL)");
+      await db.mutate(Array.from({ length: 400 }, (_, i) => ({ op: "insert", table: "r", row: { id: i, x: i / 3 } })));
+      const live = db.live("SELECT id, x FROM r");
+      await until(() => live.status === "live" || live.status === "error", "the snapshot");
+      await db.mutate([{ op: "patch", table: "r", id: 1, set: { x: 1000 / 3 } }]);
+      await until(() => live.status !== "live" || live.rows.find((r) => r.id === 1).x === 1000 / 3, "the diff");
+      assert.equal(live.checksumMismatches, 0);
+      for (const r of live.rows) assert.equal(r.x, r.id === 1 ? 1000 / 3 : r.id / 3, `row ${r.id} arrived exact`);
+    } finally {
+      console.warn = warn;
+      db.close();
+      await server.stop();
+    }
+  });
+}

@@ -89,3 +89,50 @@ for (const encoding of ["msgpack", "json"]) {
     }
   });
 }
+
+for (const encoding of ["msgpack", "json"]) {
+  test(`requests the server cannot take fail with typed errors instead of hanging (${encoding})`, { timeout: 30_000 }, async () => {
+    const server = await new Server({ extraArgs: ["--max-body-bytes", "4096"] }).start();
+    const db = server.client({ encoding });
+    try {
+      await db.sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, r REAL)");
+      // A frame over --max-body-bytes is refused before its id is read: still this request's error.
+      await rejectsWith(db.mutate([{ op: "insert", table: "t", row: { id: 1, v: "x".repeat(6000) } }]), "limit", (e) => assert.match(e.message, /max-body-bytes/));
+      // Values that cannot be sent are refused locally.
+      await rejectsWith(db.mutate([{ op: "insert", table: "t", row: { id: 2, r: NaN } }]), "bad_request");
+      let deep = "v";
+      for (let i = 0; i < 130; i++) deep = { d: deep };
+      await rejectsWith(db.query("SELECT * FROM t WHERE v = $1", [deep]), "bad_request");
+      // The connection is still usable.
+      await db.mutate([{ op: "insert", table: "t", row: { id: 3, v: "ok" } }]);
+      assert.deepEqual((await db.query("SELECT id, v FROM t")).rows, [{ id: 3, v: "ok" }]);
+    } finally {
+      db.close();
+      await server.stop();
+    }
+  });
+}
+
+test("closing the client ends its live queries and watches with disconnected", { timeout: 30_000 }, async () => {
+  const server = await new Server().start();
+  const db = server.client();
+  try {
+    await db.sql("CREATE TABLE t (id INTEGER PRIMARY KEY)");
+    await server.http("PUT", "/v1/topics/tt", {});
+    const live = db.live("SELECT * FROM t");
+    const watch = db.watch("tt");
+    await until(() => live.status === "live" && watch.status === "live", "live and watching");
+    db.close();
+    assert.equal(db.status, "closed");
+    assert.equal(live.status, "error");
+    assert.equal(live.error.code, "disconnected");
+    assert.equal(watch.status, "error");
+    assert.equal(watch.error.code, "disconnected");
+    const late = db.live("SELECT * FROM t");
+    assert.equal(late.status, "error");
+    assert.equal(late.error.code, "disconnected");
+  } finally {
+    db.close();
+    await server.stop();
+  }
+});

@@ -81,9 +81,14 @@ for (const encoding of ["msgpack", "json"]) {
       assert.equal(second.error.code, "already_exists");
       watch.close();
 
+      // BLOBs: a Uint8Array goes as base64 text in both encodings; it comes back as base64.
+      await db.sql("CREATE TABLE files (id INTEGER PRIMARY KEY, data BLOB)");
+      await db.mutate([{ op: "insert", table: "files", row: { id: 1, data: new Uint8Array([0, 1, 2, 255]) } }]);
+      assert.deepEqual((await db.query("SELECT data FROM files")).rows, [{ data: "AAEC/w==" }]);
+
       // http(): any other endpoint.
       const tables = await db.http("GET", "/v1/tables");
-      assert.deepEqual(tables.tables.map((t) => t.name), ["msgs"]);
+      assert.deepEqual(tables.tables.map((t) => t.name).sort(), ["files", "msgs"]);
       await assert.rejects(db.http("GET", "/v1/tables/nope/rows/1"), (e) => e.code === "not_found" && e.status === 404);
       assert.equal(db.status, "open", "the 100 ms heartbeat kept the connection");
     } finally {

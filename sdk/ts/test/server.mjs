@@ -13,6 +13,17 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const BIN = process.env.SLUICE_BIN ? resolve(process.env.SLUICE_BIN) : resolve(here, "../../../target/debug/sluice");
 export const ADMIN = "admin-token-for-sdk-tests";
 
+// Servers and data dirs still around when the test process ends (a failed or killed test) are
+// cleaned up here: never leave a `sluice serve` behind.
+const live = new Set();
+process.on("exit", () => {
+  for (const s of live) {
+    s.proc?.kill("SIGKILL");
+    rmSync(s.dir, { recursive: true, force: true });
+  }
+});
+for (const sig of ["SIGINT", "SIGTERM"]) process.once(sig, () => process.exit(130));
+
 export class Server {
   constructor({ jwtSecret, extraArgs = [], durability = "memory" } = {}) {
     this.durability = durability;
@@ -21,6 +32,7 @@ export class Server {
     this.extraArgs = extraArgs;
     this.port = 0;
     this.proc = null;
+    live.add(this);
   }
 
   async start() {
@@ -77,6 +89,7 @@ export class Server {
   async stop() {
     await this.kill9();
     rmSync(this.dir, { recursive: true, force: true });
+    live.delete(this);
   }
 
   token(sub, { ttl = "1h", claims = {} } = {}) {

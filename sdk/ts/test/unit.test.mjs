@@ -10,7 +10,7 @@ import { Float, OMap, plain } from "../dist/wire.js";
 import { loadChecksum, xxh3, canonicalBytes, canonicalJson, formatFloat, render } from "../dist/checksum.js";
 
 test("MessagePack round-trips every kind of value, floats stay floats", () => {
-  const values = [0, 1, 127, 128, 255, 256, 65535, 65536, 2 ** 32, 2 ** 53 - 1, -1, -32, -33, -128, -129, -32768, -32769, -(2 ** 31), -(2 ** 31) - 1, -(2 ** 53) + 1, 2n ** 63n - 1n, -(2n ** 63n), 2n ** 64n - 1n, 1.5, -0.25, 1e300, "", "a".repeat(31), "b".repeat(32), "ü".repeat(200), "c".repeat(70000), true, false, null, [], [1, [2, [3]]], new Array(20).fill(7), new Uint8Array([0, 1, 255])];
+  const values = [0, 1, 127, 128, 255, 256, 65535, 65536, 2 ** 32, 2 ** 53 - 1, -1, -32, -33, -128, -129, -32768, -32769, -(2 ** 31), -(2 ** 31) - 1, -(2 ** 53) + 1, 2n ** 63n - 1n, -(2n ** 63n), 2n ** 64n - 1n, 1.5, -0.25, 1e300, "", "a".repeat(31), "b".repeat(32), "ü".repeat(200), "c".repeat(70000), true, false, null, [], [1, [2, [3]]], new Array(20).fill(7)];
   for (const v of values) assert.deepEqual(plain(decode(encode(v))), v, `round trip of ${String(v).slice(0, 20)}`);
   assert.ok(decode(encode(1.0)) === 1, "a JS integer-valued number encodes as an integer");
   assert.ok(decode(encode(new Float(1))) instanceof Float, "a Float box encodes as a float");
@@ -19,6 +19,15 @@ test("MessagePack round-trips every kind of value, floats stay floats", () => {
   assert.ok(m instanceof OMap);
   assert.deepEqual(m.keys, ["b", "a"]);
   assert.deepEqual(plain(m), { b: 1, a: { c: [1.5] } });
+  assert.equal(decode(encode(new Uint8Array([0, 1, 255]))), "AAH/", "bytes go as base64 text (BLOB), as over JSON");
+  for (const bad of [NaN, Infinity, -Infinity]) {
+    assert.throws(() => encode({ x: bad }), (e) => e.code === "bad_request" && /finite/.test(e.message));
+    assert.throws(() => stringifyJson({ x: bad }), (e) => e.code === "bad_request" && /finite/.test(e.message));
+  }
+  let deep = 1;
+  for (let i = 0; i < 150; i++) deep = [deep];
+  assert.throws(() => encode(deep), (e) => e.code === "bad_request" && /nested deeper/.test(e.message));
+  assert.throws(() => stringifyJson(deep), (e) => e.code === "bad_request" && /nested deeper/.test(e.message));
   assert.throws(() => decode(new Uint8Array([0x92, 1])), /truncated/);
   assert.throws(() => decode(new Uint8Array([0xc1])), /unsupported/);
 });
