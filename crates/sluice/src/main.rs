@@ -1,4 +1,4 @@
-//! `sluice`: the single binary — `serve`, `check`, `bench`, `token`.
+//! `sluice`: the single binary — `serve`, `check`, `bench`, `token`, `sql`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +38,9 @@ enum Command {
     Bench(sluice_bench::BenchArgs),
     /// Print a client token (an HS256 JWT) for development.
     Token(TokenArgs),
+    /// An interactive SQL shell against a running server (reads stdin when it is not a
+    /// terminal).
+    Sql(sluice_shell::SqlArgs),
 }
 
 #[derive(Args)]
@@ -385,6 +388,7 @@ fn main() -> ExitCode {
         Command::Check { data } => check(&data),
         Command::Bench(args) => sluice_bench::run(args),
         Command::Token(args) => token(args),
+        Command::Sql(args) => Ok(sluice_shell::run(args)),
     };
     match result {
         Ok(code) => code,
