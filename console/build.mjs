@@ -12,10 +12,14 @@ const out = join(here, "..", "crates", "server", "assets", "console");
 mkdirSync(out, { recursive: true });
 
 // The console uses the TypeScript SDK (`sluice-client`, linked from ../sdk/ts), whose built
-// `dist/` is not committed: install its dependencies once and build it first.
+// `dist/` is not committed: install its dependencies (again when its lockfile is newer) and
+// build it first.
 const sdk = join(here, "..", "sdk", "ts");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
-if (!existsSync(join(sdk, "node_modules"))) execFileSync(npm, ["ci", "--no-audit", "--no-fund"], { cwd: sdk, stdio: "inherit" });
+const installed = join(sdk, "node_modules", ".package-lock.json");
+if (!existsSync(installed) || statSync(installed).mtimeMs < statSync(join(sdk, "package-lock.json")).mtimeMs) {
+  execFileSync(npm, ["ci", "--no-audit", "--no-fund"], { cwd: sdk, stdio: "inherit" });
+}
 execFileSync(npm, ["run", "--silent", "build"], { cwd: sdk, stdio: "inherit" });
 
 await build({
