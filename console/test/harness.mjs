@@ -30,6 +30,7 @@ export async function startServer(adminToken, extraArgs = []) {
   );
   let log = "";
   const url = await new Promise((resolve, reject) => {
+    child.on("error", (e) => reject(new Error(`cannot start ${sluiceBin()}: ${e.message}`)));
     const timer = setTimeout(() => reject(new Error(`sluice did not report its address in 20 s; log:\n${log}`)), 20_000);
     const onData = (chunk) => {
       log += chunk;
@@ -45,6 +46,11 @@ export async function startServer(adminToken, extraArgs = []) {
       clearTimeout(timer);
       reject(new Error(`sluice exited with ${code} before listening; log:\n${log}`));
     });
+  }).catch((e) => {
+    // Never leave a server or its data directory behind when it did not start.
+    if (child.exitCode === null) child.kill("SIGKILL");
+    rmSync(data, { recursive: true, force: true });
+    throw e;
   });
   return {
     url,
