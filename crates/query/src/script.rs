@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
-use sluice_engine::{key_from_json, Change, Db, TableSchema, Tx, TxError, Value, WriteResult};
+use sluice_engine::{key_from_json, Change, ColumnType, Db, TableSchema, Tx, TxError, Value, WriteResult};
 use sqlparser::ast::{
     self, AssignmentTarget, ConflictTarget, FromTable, OnConflictAction, OnInsert, SelectItem,
     SetExpr, Statement, TableObject, TableWithJoins,
@@ -473,7 +473,8 @@ impl Run<'_, '_> {
                 .expect("a SELECT without FROM or WHERE has one row");
             let mut object = Map::with_capacity(columns.len());
             for (c, v) in columns.iter().zip(&values) {
-                object.insert(schema.columns[*c].name.clone(), v.to_json());
+                let col = &schema.columns[*c];
+                object.insert(col.name.clone(), column_json(col.ty, v));
             }
             let existing = match (action, object.get(&schema.columns[schema.pk].name)) {
                 (Some(_), Some(id)) => {
@@ -610,6 +611,7 @@ impl Run<'_, '_> {
     ) -> Result<Vec<WriteResult>, E> {
         let pk_name = &schema.columns[schema.pk].name;
         let mut targets = Vec::with_capacity(assignments.len());
+        let mut types = Vec::with_capacity(assignments.len());
         let mut projection = vec![column_item(pk_name)];
         for a in assignments {
             let AssignmentTarget::ColumnName(c) = &a.target else {
@@ -641,6 +643,14 @@ impl Run<'_, '_> {
             if targets.contains(&c) {
                 return Err(QueryError::Schema(format!("column {c:?} is set twice")).into());
             }
+            types.push(
+                schema
+                    .columns
+                    .iter()
+                    .find(|col| col.name == c)
+                    .expect("checked above")
+                    .ty,
+            );
             targets.push(c);
             projection.push(SelectItem::UnnamedExpr(a.value.clone()));
         }
@@ -653,8 +663,8 @@ impl Run<'_, '_> {
             self.count_row()?;
             let id = row[0].to_json();
             let mut set = Map::with_capacity(targets.len());
-            for (c, v) in targets.iter().zip(&row[1..]) {
-                set.insert(c.clone(), v.to_json());
+            for ((c, ty), v) in targets.iter().zip(&types).zip(&row[1..]) {
+                set.insert(c.clone(), column_json(*ty, v));
             }
             results.push(self.tx.patch(table, &id, &set, None)?);
         }
@@ -705,6 +715,16 @@ impl Run<'_, '_> {
             kind: Kind::Delete,
             results,
         })
+    }
+}
+
+/// A value computed by SQL as the JSON a write takes for a column of type `ty`: SQL's
+/// `TRUE`/`FALSE` are the integers 1/0 (as in SQLite), which a BOOLEAN column takes as
+/// booleans.
+fn column_json(ty: ColumnType, v: &Value) -> Json {
+    match (ty, v) {
+        (ColumnType::Boolean, Value::Integer(i @ (0 | 1))) => Json::Bool(*i == 1),
+        _ => v.to_json(),
     }
 }
 

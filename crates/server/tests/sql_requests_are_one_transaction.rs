@@ -118,6 +118,22 @@ async fn statements_share_one_commit_and_see_each_other() {
         .collect();
     assert_eq!(seqs, vec![seq, seq, seq]);
 
+    // SQL's TRUE/FALSE reach a BOOLEAN column as booleans.
+    db.post_ok("/v1/sql", r#"{"sql": "CREATE TABLE flags (id INTEGER PRIMARY KEY, on_ BOOLEAN)"}"#)
+        .await;
+    let reply = sql(
+        &db,
+        None,
+        json!({"sql": "INSERT INTO flags VALUES (1, true), (2, false); UPDATE flags SET on_ = NOT on_ WHERE id = 2; SELECT * FROM flags ORDER BY id"}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        reply.json["results"][2]["rows"],
+        json!([{"id": 1, "on_": true}, {"id": 2, "on_": true}])
+    );
+    let seq = reply.json["seq"].clone();
+
     // A read-only request consumes no seq; SELECT without FROM works.
     let reply = sql(
         &db,
