@@ -100,17 +100,12 @@ for (const encoding of ["msgpack", "json"]) {
   });
 }
 
-// Known server bug: serde_json parses floats without its `float_roundtrip` feature, which is
-// not correctly rounded, so a REAL like 271/3 ends up one ULP off (90.33333333333331):
-// - written as JSON (WS json, HTTP /v1/mutate, /v1/sql params): stored one ULP off;
-// - read over MessagePack live events (crates/server/src/ws.rs encodes the event as JSON text
-//   and parses it back before writing MessagePack): sent one ULP off while the checksum is
-//   computed on the stored value, so the SDK sees a mismatch and ends the query (`checksum`).
-// The fix is `features = ["float_roundtrip"]` on serde_json. Marked todo until then; run
-// with SDK_TODO=1 to make these count.
+// A REAL like 271/3 must arrive exact (90.33333333333333, not one ULP off): the server parses
+// JSON floats correctly rounded (serde_json's float_roundtrip) when a write arrives as JSON and
+// when a live event is re-encoded as MessagePack, so the checksum of what the client holds
+// matches the stored value.
 for (const encoding of ["msgpack", "json"]) {
-  const todo = process.env.SDK_TODO ? undefined : "server bug: serde_json without float_roundtrip moves REALs by 1 ULP";
-  test(`REALs that are not short decimals arrive exact and verify (${encoding})`, { timeout: 60_000, todo }, async () => {
+  test(`REALs that are not short decimals arrive exact and verify (${encoding})`, { timeout: 60_000 }, async () => {
     const server = await new Server().start();
     const db = server.client({ encoding });
     const warn = console.warn;
