@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
-use sluice_engine::{key_from_json, Change, ColumnType, Db, TableSchema, Tx, TxError, Value, WriteResult};
+use sluice_engine::{
+    key_from_json, Change, ColumnType, Db, TableSchema, Tx, TxError, Value, WriteResult,
+};
 use sqlparser::ast::{
     self, AssignmentTarget, ConflictTarget, FromTable, OnConflictAction, OnInsert, SelectItem,
     SetExpr, Statement, TableObject, TableWithJoins,

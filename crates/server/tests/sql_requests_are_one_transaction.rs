@@ -119,8 +119,11 @@ async fn statements_share_one_commit_and_see_each_other() {
     assert_eq!(seqs, vec![seq, seq, seq]);
 
     // SQL's TRUE/FALSE reach a BOOLEAN column as booleans.
-    db.post_ok("/v1/sql", r#"{"sql": "CREATE TABLE flags (id INTEGER PRIMARY KEY, on_ BOOLEAN)"}"#)
-        .await;
+    db.post_ok(
+        "/v1/sql",
+        r#"{"sql": "CREATE TABLE flags (id INTEGER PRIMARY KEY, on_ BOOLEAN)"}"#,
+    )
+    .await;
     let reply = sql(
         &db,
         None,
