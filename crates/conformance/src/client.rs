@@ -34,7 +34,10 @@ impl Resp {
     /// The body of a 200 answer that is a JSON object.
     pub fn ok(self) -> R<Value> {
         if self.status == 200 && !self.content_type.starts_with("application/json") {
-            fail!("a 200 answer of Content-Type {:?}, not application/json", self.content_type);
+            fail!(
+                "a 200 answer of Content-Type {:?}, not application/json",
+                self.content_type
+            );
         }
         if self.status != 200 || !self.body.is_object() {
             fail!(
@@ -111,7 +114,10 @@ impl Ctx {
             rb = rb.header(*k, *v);
         }
         if let Some(body) = body {
-            if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            if !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            {
                 rb = rb.header("Content-Type", "application/json");
             }
             rb = rb.body(body);
@@ -219,7 +225,7 @@ impl Ctx {
             return Ok(Ok(Sse {
                 resp,
                 buf: Vec::new(),
-                    }));
+            }));
         }
         let text = resp.text().await.unwrap_or_default();
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -428,7 +434,11 @@ impl Sse {
     pub async fn expect(&mut self, kind: &str) -> R<Event> {
         let e = self.next().await?;
         if e.event != kind {
-            fail!("expected `event: {kind}`, got `event: {}`: {}", e.event, cut(&e.raw));
+            fail!(
+                "expected `event: {kind}`, got `event: {}`: {}",
+                e.event,
+                cut(&e.raw)
+            );
         }
         Ok(e)
     }
@@ -563,13 +573,10 @@ impl Ws {
     /// The next message for which `pred` holds (others skipped).
     pub async fn until(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> R<Value> {
         for _ in 0..10_000 {
-            let v = self
-                .recv()
-                .await
-                .map_err(|e| match e {
-                    Verdict::Fail(why) => Verdict::Fail(format!("waiting for {what}: {why}")),
-                    other => other,
-                })?;
+            let v = self.recv().await.map_err(|e| match e {
+                Verdict::Fail(why) => Verdict::Fail(format!("waiting for {what}: {why}")),
+                other => other,
+            })?;
             if pred(&v) {
                 return Ok(v);
             }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{client, secret, same, table};
+use super::{client, same, secret, table};
 use crate::client::Auth;
 use crate::jwt::{b64url, hs256, now_secs};
 use crate::{ensure, fail, show, skip, Ctx, R};
@@ -34,7 +34,12 @@ pub async fn missing_token_is_unauthorized_missing(c: Arc<Ctx>) -> R {
 }
 
 pub async fn non_bearer_header_is_unauthorized_malformed(c: Arc<Ctx>) -> R {
-    unauthorized(&c, Auth::Header(format!("Basic {}", b64url(b"a:b"))), &["malformed"]).await
+    unauthorized(
+        &c,
+        Auth::Header(format!("Basic {}", b64url(b"a:b"))),
+        &["malformed"],
+    )
+    .await
 }
 
 pub async fn garbage_token_is_unauthorized_malformed(c: Arc<Ctx>) -> R {
@@ -42,16 +47,29 @@ pub async fn garbage_token_is_unauthorized_malformed(c: Arc<Ctx>) -> R {
 }
 
 pub async fn wrong_admin_token_is_unauthorized(c: Arc<Ctx>) -> R {
-    unauthorized(&c, Auth::Bearer(format!("{}x", c.opts.token)), &["malformed"]).await
+    unauthorized(
+        &c,
+        Auth::Bearer(format!("{}x", c.opts.token)),
+        &["malformed"],
+    )
+    .await
 }
 
 pub async fn jwt_without_client_tokens_is_no_client_tokens(c: Arc<Ctx>) -> R {
     if has_client_tokens(&c) {
         skip!("the server accepts client tokens");
     }
-    let token = hs256("conformance-made-up-secret", &json!({"sub": "x", "exp": now_secs() + 600}));
+    let token = hs256(
+        "conformance-made-up-secret",
+        &json!({"sub": "x", "exp": now_secs() + 600}),
+    );
     // A server started with a secret the suite was not told about answers bad_signature.
-    unauthorized(&c, Auth::Bearer(token), &["no_client_tokens", "bad_signature"]).await
+    unauthorized(
+        &c,
+        Auth::Bearer(token),
+        &["no_client_tokens", "bad_signature"],
+    )
+    .await
 }
 
 pub async fn jwt_with_bad_signature_is_unauthorized_bad_signature(c: Arc<Ctx>) -> R {
@@ -70,7 +88,11 @@ pub async fn jwt_alg_none_is_unauthorized_wrong_algorithm(c: Arc<Ctx>) -> R {
     let token = format!(
         "{}.{}.",
         b64url(br#"{"alg":"none","typ":"JWT"}"#),
-        b64url(json!({"sub": "x", "exp": now_secs() + 600}).to_string().as_bytes())
+        b64url(
+            json!({"sub": "x", "exp": now_secs() + 600})
+                .to_string()
+                .as_bytes()
+        )
     );
     unauthorized(&c, Auth::Bearer(token), &["wrong_algorithm"]).await
 }
@@ -90,10 +112,17 @@ pub async fn jwt_without_sub_is_unauthorized_missing_claim(c: Arc<Ctx>) -> R {
 pub async fn client_token_on_admin_endpoint_is_forbidden(c: Arc<Ctx>) -> R {
     let (token, _) = client(&c, None, json!({}))?;
     let auth = Auth::Bearer(token);
-    c.call_as("GET", "/v1/policies", None, &auth).await?.err(403, "forbidden")?;
-    c.call_as("POST", "/v1/sql", Some(json!({"sql": format!("CREATE TABLE {} (id INTEGER PRIMARY KEY)", c.name("t"))})), &auth)
+    c.call_as("GET", "/v1/policies", None, &auth)
         .await?
         .err(403, "forbidden")?;
+    c.call_as(
+        "POST",
+        "/v1/sql",
+        Some(json!({"sql": format!("CREATE TABLE {} (id INTEGER PRIMARY KEY)", c.name("t"))})),
+        &auth,
+    )
+    .await?
+    .err(403, "forbidden")?;
     c.call_as("PUT", &format!("/v1/topics/{}", c.name("tp")), None, &auth)
         .await?
         .err(403, "forbidden")?;
@@ -121,11 +150,20 @@ pub async fn access_token_parameter_works_on_live_only(c: Arc<Ctx>) -> R {
         Err(_) => c.opts.token.clone(),
     };
     let mut sse = c
-        .sse(&format!("/v1/live?sql=SELECT%20id%20FROM%20{t}&access_token={token}"), &Auth::None, &[])
+        .sse(
+            &format!("/v1/live?sql=SELECT%20id%20FROM%20{t}&access_token={token}"),
+            &Auth::None,
+            &[],
+        )
         .await?;
     sse.expect("snapshot").await?;
     let e = c
-        .call_as("GET", &format!("/v1/tables?access_token={token}"), None, &Auth::None)
+        .call_as(
+            "GET",
+            &format!("/v1/tables?access_token={token}"),
+            None,
+            &Auth::None,
+        )
         .await?
         .err(401, "unauthorized")?;
     same("reason", &e["reason"], &json!("missing"))
@@ -142,14 +180,22 @@ async fn owned(c: &Ctx) -> R<String> {
 pub async fn client_reads_only_rows_its_policies_pass(c: Arc<Ctx>) -> R {
     let (token, sub) = client(&c, None, json!({}))?;
     let t = owned(&c).await?;
-    c.sql(&format!("CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)")).await?;
+    c.sql(&format!(
+        "CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)"
+    ))
+    .await?;
     c.mutate(json!([
         {"op": "insert", "table": t, "row": {"id": 1, "owner": sub}},
         {"op": "insert", "table": t, "row": {"id": 2, "owner": format!("{sub}-not")}}]))
         .await?;
     let auth = Auth::Bearer(token);
     let v = c
-        .call_as("POST", "/v1/query", Some(json!({"sql": format!("SELECT id FROM {t} ORDER BY id")})), &auth)
+        .call_as(
+            "POST",
+            "/v1/query",
+            Some(json!({"sql": format!("SELECT id FROM {t} ORDER BY id")})),
+            &auth,
+        )
         .await?
         .ok()?;
     same("rows", &v["rows"], &json!([{"id": 1}]))?;
@@ -162,9 +208,15 @@ pub async fn client_reads_only_rows_its_policies_pass(c: Arc<Ctx>) -> R {
 pub async fn client_reads_nothing_without_a_policy(c: Arc<Ctx>) -> R {
     let (token, sub) = client(&c, None, json!({}))?;
     let t = owned(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}]))
+        .await?;
     let v = c
-        .call_as("POST", "/v1/query", Some(json!({"sql": format!("SELECT id FROM {t}")})), &Auth::Bearer(token))
+        .call_as(
+            "POST",
+            "/v1/query",
+            Some(json!({"sql": format!("SELECT id FROM {t}")})),
+            &Auth::Bearer(token),
+        )
         .await?
         .ok()?;
     same("rows", &v["rows"], &json!([]))
@@ -198,15 +250,26 @@ pub async fn client_write_refused_is_forbidden_naming_policies(c: Arc<Ctx>) -> R
 pub async fn client_live_view_ends_with_rules_changed(c: Arc<Ctx>) -> R {
     let (token, sub) = client(&c, None, json!({}))?;
     let t = owned(&c).await?;
-    c.sql(&format!("CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)")).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}])).await?;
+    c.sql(&format!(
+        "CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)"
+    ))
+    .await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}]))
+        .await?;
     let mut sse = c
-        .sse(&format!("/v1/live?sql=SELECT%20id%20FROM%20{t}"), &Auth::Bearer(token), &[])
+        .sse(
+            &format!("/v1/live?sql=SELECT%20id%20FROM%20{t}"),
+            &Auth::Bearer(token),
+            &[],
+        )
         .await?;
     let snap = sse.expect("snapshot").await?;
     same("snapshot rows", &snap.data["rows"], &json!([{"id": 1}]))?;
     // A policy reading a claim the old ones did not read: the view cannot follow.
-    c.sql(&format!("CREATE POLICY by_nick ON {t} FOR SELECT USING (body = auth.nick)")).await?;
+    c.sql(&format!(
+        "CREATE POLICY by_nick ON {t} FOR SELECT USING (body = auth.nick)"
+    ))
+    .await?;
     let e = sse.next().await?;
     if e.event != "error" {
         fail!("expected `event: error` rules_changed, got {}", e.raw);

@@ -30,9 +30,15 @@ pub async fn wrong_method_is_method_not_allowed(c: Arc<Ctx>) -> R {
 }
 
 pub async fn malformed_json_is_bad_request(c: Arc<Ctx>) -> R {
-    c.raw("POST", "/v1/query", Some(b"{\"sql\": ".to_vec()), &Auth::Admin, &[])
-        .await?
-        .err(400, "bad_request")?;
+    c.raw(
+        "POST",
+        "/v1/query",
+        Some(b"{\"sql\": ".to_vec()),
+        &Auth::Admin,
+        &[],
+    )
+    .await?
+    .err(400, "bad_request")?;
     Ok(())
 }
 
@@ -52,7 +58,10 @@ pub async fn body_over_max_body_bytes_is_limit(c: Arc<Ctx>) -> R {
     body.resize(33 << 20, b'x');
     body.extend_from_slice(b"\"}");
     let before = seq(&c).await?;
-    match c.raw("POST", "/v1/mutate", Some(body), &Auth::Admin, &[]).await {
+    match c
+        .raw("POST", "/v1/mutate", Some(body), &Auth::Admin, &[])
+        .await
+    {
         Ok(resp) => {
             let e = resp.err(413, "limit")?;
             names(&e, &["max-body-bytes"])?;
@@ -65,7 +74,10 @@ pub async fn body_over_max_body_bytes_is_limit(c: Arc<Ctx>) -> R {
         }
         Err(e) => return Err(e),
     }
-    ensure!(seq(&c).await? == before, "the refused request moved the seq");
+    ensure!(
+        seq(&c).await? == before,
+        "the refused request moved the seq"
+    );
     Ok(())
 }
 
@@ -75,16 +87,25 @@ pub async fn body_over_max_body_bytes_is_limit(c: Arc<Ctx>) -> R {
 pub async fn create_table_reports_seq_and_changed(c: Arc<Ctx>) -> R {
     let name = c.name("t");
     let before = seq(&c).await?;
-    let v = c.sql(&format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY, body TEXT)")).await?;
+    let v = c
+        .sql(&format!(
+            "CREATE TABLE {name} (id INTEGER PRIMARY KEY, body TEXT)"
+        ))
+        .await?;
     let s = uint(&v, "seq")?;
-    ensure!(s > before, "the schema commit's seq {s} is not above the seq before it ({before})");
+    ensure!(
+        s > before,
+        "the schema commit's seq {s} is not above the seq before it ({before})"
+    );
     same("changed", &v["changed"], &json!(true))?;
     Ok(())
 }
 
 pub async fn create_table_reply_lists_a_ddl_entry(c: Arc<Ctx>) -> R {
     let name = c.name("t");
-    let v = c.sql(&format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY)")).await?;
+    let v = c
+        .sql(&format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY)"))
+        .await?;
     same(
         "results",
         &v["results"],
@@ -109,10 +130,15 @@ pub async fn create_if_not_exists_changes_nothing(c: Arc<Ctx>) -> R {
     let name = table(&c, "t", "id INTEGER PRIMARY KEY").await?;
     let before = seq(&c).await?;
     let v = c
-        .sql(&format!("CREATE TABLE IF NOT EXISTS {name} (id INTEGER PRIMARY KEY)"))
+        .sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {name} (id INTEGER PRIMARY KEY)"
+        ))
         .await?;
     same("changed", &v["changed"], &json!(false))?;
-    ensure!(seq(&c).await? == before, "a DDL that changed nothing consumed a seq");
+    ensure!(
+        seq(&c).await? == before,
+        "a DDL that changed nothing consumed a seq"
+    );
     Ok(())
 }
 
@@ -155,7 +181,8 @@ pub async fn tables_lists_columns_types_and_primary_key(c: Arc<Ctx>) -> R {
         "id INTEGER PRIMARY KEY, body TEXT NOT NULL, score REAL DEFAULT 1.5, ok BOOLEAN, ts TIMESTAMP, doc JSON, bin BLOB",
     )
     .await?;
-    c.sql(&format!("CREATE INDEX {name}_by_body ON {name} (body)")).await?;
+    c.sql(&format!("CREATE INDEX {name}_by_body ON {name} (body)"))
+        .await?;
     let v = c.get("/v1/tables").await?;
     uint(&v, "seq")?;
     let Some(t) = arr(&v, "tables")?.iter().find(|t| t["name"] == json!(name)) else {
@@ -169,7 +196,16 @@ pub async fn tables_lists_columns_types_and_primary_key(c: Arc<Ctx>) -> R {
         .map(|c| c["type"].as_str().unwrap_or("?").to_ascii_lowercase())
         .collect();
     ensure!(
-        types == ["integer", "text", "real", "boolean", "timestamp", "json", "blob"],
+        types
+            == [
+                "integer",
+                "text",
+                "real",
+                "boolean",
+                "timestamp",
+                "json",
+                "blob"
+            ],
         "column types {types:?}"
     );
     for col in cols {
@@ -187,10 +223,16 @@ pub async fn tables_lists_columns_types_and_primary_key(c: Arc<Ctx>) -> R {
 
 pub async fn policies_lists_created_policy(c: Arc<Ctx>) -> R {
     let name = table(&c, "t", "id INTEGER PRIMARY KEY, owner TEXT").await?;
-    c.sql(&format!("CREATE POLICY own ON {name} FOR SELECT USING (owner = auth.sub)")).await?;
+    c.sql(&format!(
+        "CREATE POLICY own ON {name} FOR SELECT USING (owner = auth.sub)"
+    ))
+    .await?;
     let v = c.get("/v1/policies").await?;
     uint(&v, "seq")?;
-    let Some(p) = arr(&v, "policies")?.iter().find(|p| p["table"] == json!(name)) else {
+    let Some(p) = arr(&v, "policies")?
+        .iter()
+        .find(|p| p["table"] == json!(name))
+    else {
         fail!("the policy on {name} is not listed");
     };
     has(p, &["name", "table", "command", "using", "check"])?;
@@ -217,7 +259,9 @@ pub async fn sql_text_over_sql_bytes_max_is_limit(c: Arc<Ctx>) -> R {
         .call(
             "POST",
             "/v1/sql",
-            Some(json!({"sql": long_sql(&format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY)"))})),
+            Some(
+                json!({"sql": long_sql(&format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY)"))}),
+            ),
         )
         .await?
         .err(413, "limit")?;
@@ -228,19 +272,31 @@ pub async fn sql_text_over_sql_bytes_max_is_limit(c: Arc<Ctx>) -> R {
 // Mutations
 
 async fn kv(c: &Ctx) -> R<String> {
-    table(c, "kv", "id INTEGER PRIMARY KEY, body TEXT, n INTEGER NOT NULL DEFAULT 0").await
+    table(
+        c,
+        "kv",
+        "id INTEGER PRIMARY KEY, body TEXT, n INTEGER NOT NULL DEFAULT 0",
+    )
+    .await
 }
 
 pub async fn insert_reports_table_id_and_version_equal_to_seq(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    let v = c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "body": "a"}}])).await?;
+    let v = c
+        .mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "body": "a"}}]))
+        .await?;
     let s = uint(&v, "seq")?;
-    same("results", &v["results"], &json!([{"table": t, "id": 1, "version": s}]))
+    same(
+        "results",
+        &v["results"],
+        &json!([{"table": t, "id": 1, "version": s}]),
+    )
 }
 
 pub async fn every_op_kind_applies_in_one_commit(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 3, "body": "c"}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 3, "body": "c"}}]))
+        .await?;
     let v = c
         .mutate(json!([
             {"op": "insert", "table": t, "row": {"id": 1, "body": "a"}},
@@ -260,17 +316,31 @@ pub async fn every_op_kind_applies_in_one_commit(c: Arc<Ctx>) -> R {
         "a delete reports the version it deleted (below {s}): {}",
         show(&results[3])
     );
-    let q = c.post("/v1/query", json!({"sql": format!("SELECT id, body FROM {t} ORDER BY id")})).await?;
-    same("rows", &q["rows"], &json!([{"id": 1, "body": "edited"}, {"id": 2, "body": "b"}]))
+    let q = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id, body FROM {t} ORDER BY id")}),
+        )
+        .await?;
+    same(
+        "rows",
+        &q["rows"],
+        &json!([{"id": 1, "body": "edited"}, {"id": 2, "body": "b"}]),
+    )
 }
 
 pub async fn insert_of_existing_key_is_already_exists_with_op(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     let e = c
-        .call("POST", "/v1/mutate", Some(json!({"ops": [
+        .call(
+            "POST",
+            "/v1/mutate",
+            Some(json!({"ops": [
             {"op": "insert", "table": t, "row": {"id": 2}},
-            {"op": "insert", "table": t, "row": {"id": 1}}]})))
+            {"op": "insert", "table": t, "row": {"id": 1}}]})),
+        )
         .await?
         .err(409, "already_exists")?;
     same("op", &e["op"], &json!(1))
@@ -279,59 +349,91 @@ pub async fn insert_of_existing_key_is_already_exists_with_op(c: Arc<Ctx>) -> R 
 pub async fn patch_of_missing_row_is_not_found(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
     let e = c
-        .call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "patch", "table": t, "id": 9, "set": {"body": "x"}}]})))
+        .call(
+            "POST",
+            "/v1/mutate",
+            Some(json!({"ops": [{"op": "patch", "table": t, "id": 9, "set": {"body": "x"}}]})),
+        )
         .await?
         .err(404, "not_found")?;
     same("op", &e["op"], &json!(0))
 }
 
 pub async fn unknown_table_is_not_found(c: Arc<Ctx>) -> R {
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "insert", "table": c.name("missing"), "row": {"id": 1}}]})))
-        .await?
-        .err(404, "not_found")?;
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [{"op": "insert", "table": c.name("missing"), "row": {"id": 1}}]})),
+    )
+    .await?
+    .err(404, "not_found")?;
     Ok(())
 }
 
 pub async fn unknown_column_is_schema(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "insert", "table": t, "row": {"id": 1, "nope": 1}}]})))
-        .await?
-        .err(400, "schema")?;
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [{"op": "insert", "table": t, "row": {"id": 1, "nope": 1}}]})),
+    )
+    .await?
+    .err(400, "schema")?;
     Ok(())
 }
 
 pub async fn wrong_value_type_is_schema(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "insert", "table": t, "row": {"id": 1, "n": "many"}}]})))
-        .await?
-        .err(400, "schema")?;
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [{"op": "insert", "table": t, "row": {"id": 1, "n": "many"}}]})),
+    )
+    .await?
+    .err(400, "schema")?;
     Ok(())
 }
 
 pub async fn missing_primary_key_is_schema(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "insert", "table": t, "row": {"body": "no id"}}]})))
-        .await?
-        .err(400, "schema")?;
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [{"op": "insert", "table": t, "row": {"body": "no id"}}]})),
+    )
+    .await?
+    .err(400, "schema")?;
     Ok(())
 }
 
 pub async fn stale_if_version_is_conflict(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    let v = c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    let v = c
+        .mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     let first = uint(&v, "seq")?;
-    c.mutate(json!([{"op": "patch", "table": t, "id": 1, "set": {"body": "b"}}])).await?;
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "upsert", "table": t, "row": {"id": 1}, "if_version": first}]})))
-        .await?
-        .err(409, "conflict")?;
+    c.mutate(json!([{"op": "patch", "table": t, "id": 1, "set": {"body": "b"}}]))
+        .await?;
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [{"op": "upsert", "table": t, "row": {"id": 1}, "if_version": first}]})),
+    )
+    .await?
+    .err(409, "conflict")?;
     Ok(())
 }
 
 pub async fn patch_naming_the_primary_key_is_bad_request(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     let e = c
-        .call("POST", "/v1/mutate", Some(json!({"ops": [{"op": "patch", "table": t, "id": 1, "set": {"id": 1}}]})))
+        .call(
+            "POST",
+            "/v1/mutate",
+            Some(json!({"ops": [{"op": "patch", "table": t, "id": 1, "set": {"id": 1}}]})),
+        )
         .await?
         .err(400, "bad_request")?;
     names(&e, &["id"])
@@ -339,13 +441,18 @@ pub async fn patch_naming_the_primary_key_is_bad_request(c: Arc<Ctx>) -> R {
 
 pub async fn failing_op_changes_nothing_and_keeps_the_seq(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     let before = seq(&c).await?;
-    c.call("POST", "/v1/mutate", Some(json!({"ops": [
+    c.call(
+        "POST",
+        "/v1/mutate",
+        Some(json!({"ops": [
         {"op": "insert", "table": t, "row": {"id": 2}},
-        {"op": "insert", "table": t, "row": {"id": 1}}]})))
-        .await?
-        .err(409, "already_exists")?;
+        {"op": "insert", "table": t, "row": {"id": 1}}]})),
+    )
+    .await?
+    .err(409, "already_exists")?;
     ensure!(seq(&c).await? == before, "a refused mutate moved the seq");
     c.call("GET", &format!("/v1/tables/{t}/rows/2"), None)
         .await?
@@ -363,7 +470,11 @@ pub async fn ops_over_max_ops_is_limit(c: Arc<Ctx>) -> R {
         .call("POST", "/v1/mutate", Some(json!({"ops": ops})))
         .await?;
     let status = e.status;
-    let e = if status == 429 { e.err(429, "limit")? } else { e.err(413, "limit")? };
+    let e = if status == 429 {
+        e.err(429, "limit")?
+    } else {
+        e.err(413, "limit")?
+    };
     names(&e, &["max-ops", "max-body-bytes"])
 }
 
@@ -372,7 +483,9 @@ pub async fn ops_over_max_ops_is_limit(c: Arc<Ctx>) -> R {
 
 pub async fn get_row_answers_row_version_seq(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    let v = c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 7, "body": "x"}}])).await?;
+    let v = c
+        .mutate(json!([{"op": "insert", "table": t, "row": {"id": 7, "body": "x"}}]))
+        .await?;
     let s = uint(&v, "seq")?;
     let r = c.get(&format!("/v1/tables/{t}/rows/7")).await?;
     same("row", &r["row"], &json!({"id": 7, "body": "x", "n": 0}))?;
@@ -386,9 +499,13 @@ pub async fn get_missing_row_is_not_found(c: Arc<Ctx>) -> R {
     c.call("GET", &format!("/v1/tables/{t}/rows/404"), None)
         .await?
         .err(404, "not_found")?;
-    c.call("GET", &format!("/v1/tables/{}/rows/1", c.name("missing")), None)
-        .await?
-        .err(404, "not_found")?;
+    c.call(
+        "GET",
+        &format!("/v1/tables/{}/rows/1", c.name("missing")),
+        None,
+    )
+    .await?
+    .err(404, "not_found")?;
     Ok(())
 }
 
@@ -419,16 +536,31 @@ pub async fn scan_pages_in_key_order_with_next(c: Arc<Ctx>) -> R {
 pub async fn changes_list_schema_and_row_changes_in_seq_order(c: Arc<Ctx>) -> R {
     let before = seq(&c).await?;
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
-    c.mutate(json!([{"op": "patch", "table": t, "id": 1, "set": {"body": "b"}}])).await?;
-    c.mutate(json!([{"op": "delete", "table": t, "id": 1}])).await?;
-    let v = c.get(&format!("/v1/changes?since={before}&tables={t}")).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
+    c.mutate(json!([{"op": "patch", "table": t, "id": 1, "set": {"body": "b"}}]))
+        .await?;
+    c.mutate(json!([{"op": "delete", "table": t, "id": 1}]))
+        .await?;
+    let v = c
+        .get(&format!("/v1/changes?since={before}&tables={t}"))
+        .await?;
     uint(&v, "next")?;
     let changes = arr(&v, "changes")?;
-    let ops: Vec<&str> = changes.iter().map(|ch| ch["op"].as_str().unwrap_or("?")).collect();
-    ensure!(ops == ["schema", "insert", "update", "delete"], "ops {ops:?} in {}", show(&v));
+    let ops: Vec<&str> = changes
+        .iter()
+        .map(|ch| ch["op"].as_str().unwrap_or("?"))
+        .collect();
+    ensure!(
+        ops == ["schema", "insert", "update", "delete"],
+        "ops {ops:?} in {}",
+        show(&v)
+    );
     let seqs: Vec<u64> = changes.iter().filter_map(|ch| ch["seq"].as_u64()).collect();
-    ensure!(seqs.windows(2).all(|w| w[0] < w[1]) && seqs.len() == 4, "seqs {seqs:?}");
+    ensure!(
+        seqs.windows(2).all(|w| w[0] < w[1]) && seqs.len() == 4,
+        "seqs {seqs:?}"
+    );
     has(&changes[1], &["seq", "table", "op", "id", "row", "version"])?;
     string(&changes[0], "sql")?;
     Ok(())
@@ -449,28 +581,57 @@ pub async fn changes_below_the_retained_window_is_horizon(c: Arc<Ctx>) -> R {
 
 pub async fn select_answers_seq_columns_rows(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "body": "a", "n": 2}}])).await?;
-    let v = c.post("/v1/query", json!({"sql": format!("SELECT id, body AS text, n * 10 AS big FROM {t}")})).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "body": "a", "n": 2}}]))
+        .await?;
+    let v = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id, body AS text, n * 10 AS big FROM {t}")}),
+        )
+        .await?;
     uint(&v, "seq")?;
     same("columns", &v["columns"], &json!(["id", "text", "big"]))?;
-    same("rows", &v["rows"], &json!([{"id": 1, "text": "a", "big": 20}]))
+    same(
+        "rows",
+        &v["rows"],
+        &json!([{"id": 1, "text": "a", "big": 20}]),
+    )
 }
 
 pub async fn select_carries_column_types(c: Arc<Ctx>) -> R {
-    let t = table(&c, "ty", "id INTEGER PRIMARY KEY, b TEXT, r REAL, f BOOLEAN, ts TIMESTAMP, j JSON, bl BLOB").await?;
+    let t = table(
+        &c,
+        "ty",
+        "id INTEGER PRIMARY KEY, b TEXT, r REAL, f BOOLEAN, ts TIMESTAMP, j JSON, bl BLOB",
+    )
+    .await?;
     let v = c
         .post("/v1/query", json!({"sql": format!("SELECT id, b, r, f, ts, j, bl, COUNT(*) AS n, id + 1 AS e FROM {t} GROUP BY id, b, r, f, ts, j, bl")}))
         .await;
     let v = match v {
         Ok(v) => v,
         // GROUP BY over every column may be refused; fall back to the plain columns.
-        Err(_) => c.post("/v1/query", json!({"sql": format!("SELECT id, b, r, f, ts, j, bl FROM {t}")})).await?,
+        Err(_) => {
+            c.post(
+                "/v1/query",
+                json!({"sql": format!("SELECT id, b, r, f, ts, j, bl FROM {t}")}),
+            )
+            .await?
+        }
     };
     let types = match v.get("types") {
         Some(Value::Array(a)) => a.clone(),
         _ => fail!("no `types` array in {}", show(&v)),
     };
-    let want = ["integer", "text", "real", "boolean", "timestamp", "json", "blob"];
+    let want = [
+        "integer",
+        "text",
+        "real",
+        "boolean",
+        "timestamp",
+        "json",
+        "blob",
+    ];
     for (i, w) in want.iter().enumerate() {
         same(&format!("types[{i}]"), &types[i], &json!(w))?;
     }
@@ -486,25 +647,43 @@ pub async fn positional_and_named_params_bind(c: Arc<Ctx>) -> R {
         {"op": "insert", "table": t, "row": {"id": 1, "body": "a"}},
         {"op": "insert", "table": t, "row": {"id": 2, "body": "b"}}]))
         .await?;
-    let v = c.post("/v1/query", json!({"sql": format!("SELECT id FROM {t} WHERE body = $1"), "params": ["b"]})).await?;
+    let v = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id FROM {t} WHERE body = $1"), "params": ["b"]}),
+        )
+        .await?;
     same("rows with $1", &v["rows"], &json!([{"id": 2}]))?;
-    let v = c.post("/v1/query", json!({"sql": format!("SELECT id FROM {t} WHERE body = :b"), "params": {"b": "a"}})).await?;
+    let v = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id FROM {t} WHERE body = :b"), "params": {"b": "a"}}),
+        )
+        .await?;
     same("rows with :b", &v["rows"], &json!([{"id": 1}]))
 }
 
 pub async fn unsupported_construct_is_unsupported_naming_it(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
     let e = c
-        .call("POST", "/v1/query", Some(json!({"sql": format!("SELECT id FROM {t} UNION SELECT id FROM {t}")})))
+        .call(
+            "POST",
+            "/v1/query",
+            Some(json!({"sql": format!("SELECT id FROM {t} UNION SELECT id FROM {t}")})),
+        )
         .await?
         .err(400, "unsupported")?;
     names(&e, &["UNION", "union", "Union"])
 }
 
 pub async fn unknown_table_is_not_found_query(c: Arc<Ctx>) -> R {
-    c.call("POST", "/v1/query", Some(json!({"sql": format!("SELECT * FROM {}", c.name("missing"))})))
-        .await?
-        .err(404, "not_found")?;
+    c.call(
+        "POST",
+        "/v1/query",
+        Some(json!({"sql": format!("SELECT * FROM {}", c.name("missing"))})),
+    )
+    .await?
+    .err(404, "not_found")?;
     Ok(())
 }
 
@@ -518,7 +697,11 @@ pub async fn bad_syntax_is_bad_request(c: Arc<Ctx>) -> R {
 pub async fn sql_text_over_sql_bytes_max_is_limit_query(c: Arc<Ctx>) -> R {
     let t = kv(&c).await?;
     let e = c
-        .call("POST", "/v1/query", Some(json!({"sql": long_sql(&format!("SELECT id FROM {t}"))})))
+        .call(
+            "POST",
+            "/v1/query",
+            Some(json!({"sql": long_sql(&format!("SELECT id FROM {t}"))})),
+        )
         .await?
         .err(413, "limit")?;
     names(&e, &["sql_bytes_max"])
@@ -526,13 +709,19 @@ pub async fn sql_text_over_sql_bytes_max_is_limit_query(c: Arc<Ctx>) -> R {
 
 pub async fn admin_as_claims_reads_through_policies(c: Arc<Ctx>) -> R {
     let t = table(&c, "own", "id INTEGER PRIMARY KEY, owner TEXT").await?;
-    c.sql(&format!("CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)")).await?;
+    c.sql(&format!(
+        "CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)"
+    ))
+    .await?;
     c.mutate(json!([
         {"op": "insert", "table": t, "row": {"id": 1, "owner": "alice"}},
         {"op": "insert", "table": t, "row": {"id": 2, "owner": "bob"}}]))
         .await?;
     let v = c
-        .post("/v1/query", json!({"sql": format!("SELECT id FROM {t} ORDER BY id"), "as": {"sub": "alice"}}))
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id FROM {t} ORDER BY id"), "as": {"sub": "alice"}}),
+        )
         .await?;
     same("rows as alice", &v["rows"], &json!([{"id": 1}]))
 }

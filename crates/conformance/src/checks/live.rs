@@ -48,7 +48,12 @@ impl View {
         self.types = d["types"].as_array().cloned().unwrap_or_default();
         let keys = arr(d, "keys")?;
         let rows = arr(d, "rows")?;
-        ensure!(keys.len() == rows.len(), "{} keys for {} rows", keys.len(), rows.len());
+        ensure!(
+            keys.len() == rows.len(),
+            "{} keys for {} rows",
+            keys.len(),
+            rows.len()
+        );
         self.rows = keys.iter().cloned().zip(rows.iter().cloned()).collect();
         self.verify(d)
     }
@@ -57,29 +62,46 @@ impl View {
     pub fn diff(&mut self, d: &Value) -> R {
         has(d, &["seq", "changes", "checksum"])?;
         let s = uint(d, "seq")?;
-        ensure!(s > self.seq, "diff seq {s} is not above the previous event's seq {}", self.seq);
+        ensure!(
+            s > self.seq,
+            "diff seq {s} is not above the previous event's seq {}",
+            self.seq
+        );
         self.seq = s;
         for ch in arr(d, "changes")? {
             let op = string(ch, "op")?;
-            let key = ch.get("key").cloned().ok_or_else(|| format!("a change without `key`: {}", show(ch)))?;
+            let key = ch
+                .get("key")
+                .cloned()
+                .ok_or_else(|| format!("a change without `key`: {}", show(ch)))?;
             if op == "remove" || op == "change" {
                 let Some(at) = self.rows.iter().position(|(k, _)| *k == key) else {
                     fail!("`{op}` of key {key} that the client does not hold");
                 };
                 if op == "remove" {
                     if let Some(i) = ch.get("index").and_then(Value::as_u64) {
-                        ensure!(i as usize == at, "remove of key {key} at index {i}, but it is at {at}");
+                        ensure!(
+                            i as usize == at,
+                            "remove of key {key} at index {i}, but it is at {at}"
+                        );
                     }
                 }
                 self.rows.remove(at);
             }
             if op == "add" || op == "change" {
-                let row = ch.get("row").cloned().ok_or_else(|| format!("`{op}` without `row`: {}", show(ch)))?;
+                let row = ch
+                    .get("row")
+                    .cloned()
+                    .ok_or_else(|| format!("`{op}` without `row`: {}", show(ch)))?;
                 let at = match ch.get("index").and_then(Value::as_u64) {
                     Some(i) => i as usize,
                     None => self.rows.len(),
                 };
-                ensure!(at <= self.rows.len(), "index {at} past the end ({} rows)", self.rows.len());
+                ensure!(
+                    at <= self.rows.len(),
+                    "index {at} past the end ({} rows)",
+                    self.rows.len()
+                );
                 self.rows.insert(at, (key, row));
             }
             if !["add", "remove", "change"].contains(&op) {
@@ -91,12 +113,17 @@ impl View {
 
     fn verify(&self, d: &Value) -> R {
         let want = string(d, "checksum")?;
-        let got = crate::rows_checksum(self.rows.iter().map(|(_, r)| r), &self.columns, &self.types)?;
+        let got =
+            crate::rows_checksum(self.rows.iter().map(|(_, r)| r), &self.columns, &self.types)?;
         ensure!(
             got == want,
             "checksum {want} from the server, {got} recomputed over the client's {} rows {}",
             self.rows.len(),
-            show(&json!(self.rows.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>()))
+            show(&json!(self
+                .rows
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect::<Vec<_>>()))
         );
         Ok(())
     }
@@ -109,7 +136,11 @@ impl View {
 /// The event's `id:` must be its `seq`.
 fn id_is_seq(e: &Event) -> R {
     let s = uint(&e.data, "seq")?;
-    ensure!(e.id.as_deref() == Some(s.to_string().as_str()), "`id: {:?}` is not the seq {s}", e.id);
+    ensure!(
+        e.id.as_deref() == Some(s.to_string().as_str()),
+        "`id: {:?}` is not the seq {s}",
+        e.id
+    );
     Ok(())
 }
 
@@ -118,11 +149,18 @@ async fn open(c: &Ctx, sql: &str, extra: &str, headers: &[(&str, &str)]) -> R<Ss
 }
 
 async fn items(c: &Ctx) -> R<String> {
-    table(c, "items", "id INTEGER PRIMARY KEY, label TEXT, score REAL, done BOOLEAN, n INTEGER").await
+    table(
+        c,
+        "items",
+        "id INTEGER PRIMARY KEY, label TEXT, score REAL, done BOOLEAN, n INTEGER",
+    )
+    .await
 }
 
 async fn put(c: &Ctx, t: &str, id: i64, label: &str, n: i64) -> R<u64> {
-    let v = c.mutate(json!([{"op": "upsert", "table": t, "row": {"id": id, "label": label, "n": n}}])).await?;
+    let v = c
+        .mutate(json!([{"op": "upsert", "table": t, "row": {"id": id, "label": label, "n": n}}]))
+        .await?;
     uint(&v, "seq")
 }
 
@@ -132,7 +170,11 @@ pub async fn first_event_is_a_snapshot_with_id_equal_to_seq(c: Arc<Ctx>) -> R {
     let mut sse = open(&c, &format!("SELECT id, label FROM {t}"), "", &[]).await?;
     let e = sse.expect("snapshot").await?;
     id_is_seq(&e)?;
-    ensure!(e.data.get("reset").is_none_or(|r| r == &json!(false)), "a first subscription without since has no reset: {}", e.raw);
+    ensure!(
+        e.data.get("reset").is_none_or(|r| r == &json!(false)),
+        "a first subscription without since has no reset: {}",
+        e.raw
+    );
     let mut v = View::default();
     v.snapshot(&e.data)?;
     same("columns", &json!(v.columns), &json!(["id", "label"]))?;
@@ -142,40 +184,78 @@ pub async fn first_event_is_a_snapshot_with_id_equal_to_seq(c: Arc<Ctx>) -> R {
 
 pub async fn snapshot_carries_column_types(c: Arc<Ctx>) -> R {
     let t = items(&c).await?;
-    let mut sse = open(&c, &format!("SELECT id, label, score, done FROM {t}"), "", &[]).await?;
+    let mut sse = open(
+        &c,
+        &format!("SELECT id, label, score, done FROM {t}"),
+        "",
+        &[],
+    )
+    .await?;
     let e = sse.expect("snapshot").await?;
-    same("types", &e.data["types"], &json!(["integer", "text", "real", "boolean"]))
+    same(
+        "types",
+        &e.data["types"],
+        &json!(["integer", "text", "real", "boolean"]),
+    )
 }
 
 pub async fn insert_update_delete_send_add_change_remove(c: Arc<Ctx>) -> R {
     let t = items(&c).await?;
-    let mut sse = open(&c, &format!("SELECT id, label FROM {t} WHERE n > 0"), "", &[]).await?;
+    let mut sse = open(
+        &c,
+        &format!("SELECT id, label FROM {t} WHERE n > 0"),
+        "",
+        &[],
+    )
+    .await?;
     let mut v = View::default();
     v.snapshot(&sse.expect("snapshot").await?.data)?;
     let s = put(&c, &t, 1, "a", 1).await?;
     let e = sse.expect("diff").await?;
     id_is_seq(&e)?;
     same("diff seq", &e.data["seq"], &json!(s))?;
-    same("changes", &e.data["changes"], &json!([{"op": "add", "key": 1, "row": {"id": 1, "label": "a"}}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "add", "key": 1, "row": {"id": 1, "label": "a"}}]),
+    )?;
     v.diff(&e.data)?;
     put(&c, &t, 1, "b", 1).await?;
     let e = sse.expect("diff").await?;
-    same("changes", &e.data["changes"], &json!([{"op": "change", "key": 1, "row": {"id": 1, "label": "b"}}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "change", "key": 1, "row": {"id": 1, "label": "b"}}]),
+    )?;
     v.diff(&e.data)?;
     // Leaving the filter is a remove.
     put(&c, &t, 1, "b", 0).await?;
     let e = sse.expect("diff").await?;
-    same("changes", &e.data["changes"], &json!([{"op": "remove", "key": 1}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "remove", "key": 1}]),
+    )?;
     v.diff(&e.data)?;
     // A write that does not change the result sends nothing; the next one does.
     put(&c, &t, 2, "x", 0).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 3, "label": "c", "n": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 3, "label": "c", "n": 1}}]))
+        .await?;
     let e = sse.expect("diff").await?;
-    same("changes", &e.data["changes"], &json!([{"op": "add", "key": 3, "row": {"id": 3, "label": "c"}}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "add", "key": 3, "row": {"id": 3, "label": "c"}}]),
+    )?;
     v.diff(&e.data)?;
-    c.mutate(json!([{"op": "delete", "table": t, "id": 3}])).await?;
+    c.mutate(json!([{"op": "delete", "table": t, "id": 3}]))
+        .await?;
     let e = sse.expect("diff").await?;
-    same("changes", &e.data["changes"], &json!([{"op": "remove", "key": 3}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "remove", "key": 3}]),
+    )?;
     v.diff(&e.data)
 }
 
@@ -184,21 +264,43 @@ pub async fn ordered_view_diffs_carry_index(c: Arc<Ctx>) -> R {
     for (id, n) in [(1, 10), (2, 30)] {
         put(&c, &t, id, "x", n).await?;
     }
-    let mut sse = open(&c, &format!("SELECT id, n FROM {t} ORDER BY n DESC LIMIT 3"), "", &[]).await?;
+    let mut sse = open(
+        &c,
+        &format!("SELECT id, n FROM {t} ORDER BY n DESC LIMIT 3"),
+        "",
+        &[],
+    )
+    .await?;
     let mut v = View::default();
     v.snapshot(&sse.expect("snapshot").await?.data)?;
-    same("snapshot rows", &v.row_values(), &json!([{"id": 2, "n": 30}, {"id": 1, "n": 10}]))?;
+    same(
+        "snapshot rows",
+        &v.row_values(),
+        &json!([{"id": 2, "n": 30}, {"id": 1, "n": 10}]),
+    )?;
     put(&c, &t, 3, "x", 20).await?;
     let e = sse.expect("diff").await?;
-    same("changes", &e.data["changes"], &json!([{"op": "add", "key": 3, "row": {"id": 3, "n": 20}, "index": 1}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "add", "key": 3, "row": {"id": 3, "n": 20}, "index": 1}]),
+    )?;
     v.diff(&e.data)?;
     // A fourth row above the others pushes the last one out of the window.
     put(&c, &t, 4, "x", 40).await?;
     let e = sse.expect("diff").await?;
     v.diff(&e.data)?;
-    same("rows", &v.row_values(), &json!([{"id": 4, "n": 40}, {"id": 2, "n": 30}, {"id": 3, "n": 20}]))?;
+    same(
+        "rows",
+        &v.row_values(),
+        &json!([{"id": 4, "n": 40}, {"id": 2, "n": 30}, {"id": 3, "n": 20}]),
+    )?;
     for ch in arr(&e.data, "changes")? {
-        ensure!(ch.get("index").is_some(), "a change of an ordered view without index: {}", show(ch));
+        ensure!(
+            ch.get("index").is_some(),
+            "a change of an ordered view without index: {}",
+            show(ch)
+        );
     }
     Ok(())
 }
@@ -208,12 +310,26 @@ pub async fn aggregate_view_keys_are_group_values(c: Arc<Ctx>) -> R {
     put(&c, &t, 1, "a", 1).await?;
     let mut total = open(&c, &format!("SELECT COUNT(*) AS k FROM {t}"), "", &[]).await?;
     let e = total.expect("snapshot").await?;
-    same("keys of an aggregate without GROUP BY", &e.data["keys"], &json!([[]]))?;
-    let mut grouped = open(&c, &format!("SELECT label, COUNT(*) AS k FROM {t} GROUP BY label"), "", &[]).await?;
+    same(
+        "keys of an aggregate without GROUP BY",
+        &e.data["keys"],
+        &json!([[]]),
+    )?;
+    let mut grouped = open(
+        &c,
+        &format!("SELECT label, COUNT(*) AS k FROM {t} GROUP BY label"),
+        "",
+        &[],
+    )
+    .await?;
     let mut v = View::default();
     let e = grouped.expect("snapshot").await?;
     v.snapshot(&e.data)?;
-    same("keys of GROUP BY one column", &e.data["keys"], &json!(["a"]))?;
+    same(
+        "keys of GROUP BY one column",
+        &e.data["keys"],
+        &json!(["a"]),
+    )?;
     put(&c, &t, 2, "a", 1).await?;
     let e = grouped.expect("diff").await?;
     v.diff(&e.data)?;
@@ -226,7 +342,13 @@ pub async fn checksum_matches_rows_after_every_event(c: Arc<Ctx>) -> R {
         {"op": "insert", "table": t, "row": {"id": 1, "label": "é ü", "score": 1.5, "done": true, "n": -7}},
         {"op": "insert", "table": t, "row": {"id": 2, "label": null, "score": 0.25, "done": false, "n": 0}}]))
         .await?;
-    let mut sse = open(&c, &format!("SELECT id, label, score, done, n FROM {t} WHERE id < 100"), "", &[]).await?;
+    let mut sse = open(
+        &c,
+        &format!("SELECT id, label, score, done, n FROM {t} WHERE id < 100"),
+        "",
+        &[],
+    )
+    .await?;
     let mut v = View::default();
     v.snapshot(&sse.expect("snapshot").await?.data)?;
     let writes = [
@@ -239,12 +361,21 @@ pub async fn checksum_matches_rows_after_every_event(c: Arc<Ctx>) -> R {
         c.mutate(w).await?;
         v.diff(&sse.expect("diff").await?.data)?;
     }
-    let q = c.post("/v1/query", json!({"sql": format!("SELECT id, label, score, done, n FROM {t} WHERE id < 100")})).await?;
+    let q = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT id, label, score, done, n FROM {t} WHERE id < 100")}),
+        )
+        .await?;
     let mut want: Vec<Value> = arr(&q, "rows")?.clone();
     let mut got: Vec<Value> = v.rows.iter().map(|(_, r)| r.clone()).collect();
     want.sort_by_key(|r| r["id"].as_i64());
     got.sort_by_key(|r| r["id"].as_i64());
-    same("the live rows against a one-shot query", &json!(got), &json!(want))
+    same(
+        "the live rows against a one-shot query",
+        &json!(got),
+        &json!(want),
+    )
 }
 
 /// Subscribes, takes one diff, drops the stream, writes twice while away, and returns the
@@ -264,12 +395,25 @@ async fn miss_two(c: &Ctx, t: &str, sql: &str) -> R<(u64, u64, u64)> {
 
 async fn resumed_exactly(mut sse: Sse, s1: u64, s2: u64) -> R {
     let e = sse.next().await?;
-    ensure!(e.event == "diff", "expected the missed diffs, got `event: {}` {}", e.event, e.raw);
+    ensure!(
+        e.event == "diff",
+        "expected the missed diffs, got `event: {}` {}",
+        e.event,
+        e.raw
+    );
     same("first resumed seq", &e.data["seq"], &json!(s1))?;
-    same("changes", &e.data["changes"], &json!([{"op": "add", "key": 2, "row": {"id": 2, "label": "b"}}]))?;
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "add", "key": 2, "row": {"id": 2, "label": "b"}}]),
+    )?;
     let e = sse.expect("diff").await?;
     same("second resumed seq", &e.data["seq"], &json!(s2))?;
-    same("changes", &e.data["changes"], &json!([{"op": "change", "key": 1, "row": {"id": 1, "label": "a2"}}]))
+    same(
+        "changes",
+        &e.data["changes"],
+        &json!([{"op": "change", "key": 1, "row": {"id": 1, "label": "a2"}}]),
+    )
 }
 
 pub async fn resume_with_since_sends_exactly_the_missed_diffs(c: Arc<Ctx>) -> R {
@@ -319,7 +463,8 @@ pub async fn alter_table_sends_a_reset_snapshot(c: Arc<Ctx>) -> R {
     put(&c, &t, 1, "a", 1).await?;
     let mut sse = open(&c, &format!("SELECT * FROM {t}"), "", &[]).await?;
     sse.expect("snapshot").await?;
-    c.sql(&format!("ALTER TABLE {t} ADD COLUMN extra TEXT")).await?;
+    c.sql(&format!("ALTER TABLE {t} ADD COLUMN extra TEXT"))
+        .await?;
     let e = sse.expect("snapshot").await?;
     same("reset", &e.data["reset"], &json!(true))?;
     ensure!(
@@ -337,8 +482,22 @@ pub async fn drop_table_ends_the_stream_with_an_error_event(c: Arc<Ctx>) -> R {
     sse.expect("snapshot").await?;
     c.sql(&format!("DROP TABLE {t}")).await?;
     let e = sse.expect("error").await?;
-    ensure!(e.data.pointer("/error/code").and_then(Value::as_str).is_some(), "no error code: {}", e.raw);
-    ensure!(e.data.pointer("/error/message").and_then(Value::as_str).is_some(), "no message: {}", e.raw);
+    ensure!(
+        e.data
+            .pointer("/error/code")
+            .and_then(Value::as_str)
+            .is_some(),
+        "no error code: {}",
+        e.raw
+    );
+    ensure!(
+        e.data
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .is_some(),
+        "no message: {}",
+        e.raw
+    );
     Ok(())
 }
 
@@ -377,7 +536,10 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
     // Fill the socket and the subscriber's queue without reading: 200 diffs of 64 KiB.
     let pad = "p".repeat(64 << 10);
     for i in 0..200 {
-        c.mutate(json!([{"op": "upsert", "table": t, "row": {"id": i % 8, "pad": format!("{i}{pad}")}}])).await?;
+        c.mutate(
+            json!([{"op": "upsert", "table": t, "row": {"id": i % 8, "pad": format!("{i}{pad}")}}]),
+        )
+        .await?;
     }
     let last = super::seq(&c).await?;
     let mut saw_reset = false;
@@ -400,25 +562,40 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
             break;
         }
     }
-    ensure!(saw_reset, "200 unread diffs of 64 KiB never turned into a reset snapshot");
+    ensure!(
+        saw_reset,
+        "200 unread diffs of 64 KiB never turned into a reset snapshot"
+    );
     Ok(())
 }
 
 pub async fn unsupported_query_is_a_json_error_before_the_stream(c: Arc<Ctx>) -> R {
     let t = items(&c).await?;
     let resp = c
-        .sse_or_error(&live_path(&format!("SELECT id FROM {t} UNION SELECT id FROM {t}"), ""), &Auth::Admin, &[])
+        .sse_or_error(
+            &live_path(&format!("SELECT id FROM {t} UNION SELECT id FROM {t}"), ""),
+            &Auth::Admin,
+            &[],
+        )
         .await?;
-    let Err(resp) = resp else { fail!("an unsupported query opened a stream") };
+    let Err(resp) = resp else {
+        fail!("an unsupported query opened a stream")
+    };
     let e = resp.err(400, "unsupported")?;
     names(&e, &["UNION", "union"])
 }
 
 pub async fn unknown_table_is_not_found_before_the_stream(c: Arc<Ctx>) -> R {
     let resp = c
-        .sse_or_error(&live_path(&format!("SELECT id FROM {}", c.name("missing")), ""), &Auth::Admin, &[])
+        .sse_or_error(
+            &live_path(&format!("SELECT id FROM {}", c.name("missing")), ""),
+            &Auth::Admin,
+            &[],
+        )
         .await?;
-    let Err(resp) = resp else { fail!("a query of a missing table opened a stream") };
+    let Err(resp) = resp else {
+        fail!("a query of a missing table opened a stream")
+    };
     resp.err(404, "not_found")?;
     Ok(())
 }
@@ -426,9 +603,15 @@ pub async fn unknown_table_is_not_found_before_the_stream(c: Arc<Ctx>) -> R {
 pub async fn bad_params_is_bad_request_before_the_stream(c: Arc<Ctx>) -> R {
     let t = items(&c).await?;
     let resp = c
-        .sse_or_error(&live_path(&format!("SELECT id FROM {t} WHERE n = $1"), "&params=%5B1"), &Auth::Admin, &[])
+        .sse_or_error(
+            &live_path(&format!("SELECT id FROM {t} WHERE n = $1"), "&params=%5B1"),
+            &Auth::Admin,
+            &[],
+        )
         .await?;
-    let Err(resp) = resp else { fail!("malformed params opened a stream") };
+    let Err(resp) = resp else {
+        fail!("malformed params opened a stream")
+    };
     resp.err(400, "bad_request")?;
     Ok(())
 }

@@ -76,7 +76,10 @@ pub(crate) fn all() -> Vec<Check> {
         // Tables, DDL and policies through /v1/sql.
         check!("schema", create_table_reports_seq_and_changed),
         check!("schema", create_table_reply_lists_a_ddl_entry),
-        check!("schema", create_existing_table_is_already_exists_with_statement),
+        check!(
+            "schema",
+            create_existing_table_is_already_exists_with_statement
+        ),
         check!("schema", create_if_not_exists_changes_nothing),
         check!("schema", bad_sql_syntax_is_bad_request),
         check!("schema", restrictive_policy_is_unsupported),
@@ -124,16 +127,30 @@ pub(crate) fn all() -> Vec<Check> {
         check!("sql", ddl_mixed_with_data_is_unsupported),
         check!("sql", insert_select_is_unsupported),
         check!("sql", select_entry_carries_types),
+        check!(
+            "sql",
+            client_write_outside_policies_is_forbidden_naming_statement
+        ),
         // Server functions.
         check!("functions", list_answers_exports),
-        check!("functions", module_that_does_not_compile_is_compile_error_with_line),
+        check!(
+            "functions",
+            module_that_does_not_compile_is_compile_error_with_line
+        ),
         check!("functions", call_answers_seq_and_result),
-        check!("functions", throwing_function_is_function_error_and_keeps_nothing),
+        check!(
+            "functions",
+            throwing_function_is_function_error_and_keeps_nothing
+        ),
         check!("functions", unknown_function_is_not_found),
+        check!("functions", call_over_function_time_ms_is_limit),
         // Row policies with client tokens.
         check!("policies", client_reads_only_rows_its_policies_pass),
         check!("policies", client_reads_nothing_without_a_policy),
-        check!("policies", client_write_refused_is_forbidden_naming_policies),
+        check!(
+            "policies",
+            client_write_refused_is_forbidden_naming_policies
+        ),
         check!("policies", client_live_view_ends_with_rules_changed),
         // Live queries over SSE.
         check!("live", first_event_is_a_snapshot_with_id_equal_to_seq),
@@ -143,7 +160,10 @@ pub(crate) fn all() -> Vec<Check> {
         check!("live", aggregate_view_keys_are_group_values),
         check!("live", checksum_matches_rows_after_every_event),
         check!("live", resume_with_since_sends_exactly_the_missed_diffs),
-        check!("live", resume_with_last_event_id_sends_exactly_the_missed_diffs),
+        check!(
+            "live",
+            resume_with_last_event_id_sends_exactly_the_missed_diffs
+        ),
         check!("live", since_zero_is_a_reset_snapshot),
         check!("live", since_ahead_of_the_view_is_a_reset_snapshot),
         check!("live", alter_table_sends_a_reset_snapshot),
@@ -203,6 +223,7 @@ pub(crate) fn all() -> Vec<Check> {
         ws_check!(missing_type_is_bad_request),
         ws_check!(nesting_deeper_than_128_is_bad_request),
         ws_check!(unsupported_query_is_unsupported),
+        ws_check!(client_mutate_refused_is_forbidden),
     ] {
         v.extend(pair);
     }
@@ -225,7 +246,13 @@ pub(crate) async fn cleanup(c: &Arc<Ctx>) {
         for t in tables["tables"].as_array().into_iter().flatten() {
             if let Some(name) = t["name"].as_str() {
                 if name.starts_with(&c.prefix) {
-                    let _ = c.call("POST", "/v1/sql", Some(json!({"sql": format!("DROP TABLE IF EXISTS {name}")}))).await;
+                    let _ = c
+                        .call(
+                            "POST",
+                            "/v1/sql",
+                            Some(json!({"sql": format!("DROP TABLE IF EXISTS {name}")})),
+                        )
+                        .await;
                 }
             }
         }
@@ -323,7 +350,11 @@ pub(crate) fn client(c: &Ctx, sub: Option<&str>, extra: Value) -> R<(String, Str
         }
         return Ok((crate::jwt::hs256(secret, &claims), sub));
     }
-    if let (Some(token), None, true) = (&c.opts.client_token, sub, extra.as_object().is_none_or(|m| m.is_empty())) {
+    if let (Some(token), None, true) = (
+        &c.opts.client_token,
+        sub,
+        extra.as_object().is_none_or(|m| m.is_empty()),
+    ) {
         let claims = crate::jwt::claims(token).unwrap_or(Value::Null);
         let Some(sub) = claims["sub"].as_str() else {
             skip!("the --client-token has no `sub` claim");

@@ -11,12 +11,18 @@ use crate::{ensure, fail, show, skip, Ctx, R};
 
 pub(crate) async fn topic(c: &Ctx, body: Value) -> R<String> {
     let name = c.name("tp");
-    c.call("PUT", &format!("/v1/topics/{name}"), Some(body)).await?.ok()?;
+    c.call("PUT", &format!("/v1/topics/{name}"), Some(body))
+        .await?
+        .ok()?;
     Ok(name)
 }
 
 pub(crate) async fn append(c: &Ctx, t: &str, records: Value) -> R<Value> {
-    c.post(&format!("/v1/topics/{t}/records"), json!({"records": records})).await
+    c.post(
+        &format!("/v1/topics/{t}/records"),
+        json!({"records": records}),
+    )
+    .await
 }
 
 /// Appends one record per tag list, data `{"i": i}`.
@@ -27,21 +33,48 @@ async fn append_each(c: &Ctx, t: &str, tags: &[&[&str]]) -> R {
     Ok(())
 }
 
-const INFO: &[&str] = &["name", "first", "last", "next", "records", "bytes", "retain_records", "retain_bytes", "retain_secs"];
+const INFO: &[&str] = &[
+    "name",
+    "first",
+    "last",
+    "next",
+    "records",
+    "bytes",
+    "retain_records",
+    "retain_bytes",
+    "retain_secs",
+];
 
 pub async fn put_creates_then_alters_and_no_change_has_null_seq(c: Arc<Ctx>) -> R {
     let name = c.name("tp");
     let path = format!("/v1/topics/{name}");
-    let v = c.call("PUT", &path, Some(json!({"retain_records": 10}))).await?.ok()?;
+    let v = c
+        .call("PUT", &path, Some(json!({"retain_records": 10})))
+        .await?
+        .ok()?;
     uint(&v, "seq")?;
     same("created", &v["created"], &json!(true))?;
     has(&v["topic"], INFO)?;
-    same("topic.retain_records", &v["topic"]["retain_records"], &json!(10))?;
-    let v = c.call("PUT", &path, Some(json!({"retain_records": 20}))).await?.ok()?;
+    same(
+        "topic.retain_records",
+        &v["topic"]["retain_records"],
+        &json!(10),
+    )?;
+    let v = c
+        .call("PUT", &path, Some(json!({"retain_records": 20})))
+        .await?
+        .ok()?;
     uint(&v, "seq")?;
     same("created", &v["created"], &json!(false))?;
-    same("topic.retain_records", &v["topic"]["retain_records"], &json!(20))?;
-    let v = c.call("PUT", &path, Some(json!({"retain_records": 20}))).await?.ok()?;
+    same(
+        "topic.retain_records",
+        &v["topic"]["retain_records"],
+        &json!(20),
+    )?;
+    let v = c
+        .call("PUT", &path, Some(json!({"retain_records": 20})))
+        .await?
+        .ok()?;
     same("seq of a PUT that changes nothing", &v["seq"], &Value::Null)
 }
 
@@ -66,33 +99,57 @@ pub async fn get_and_list_answer_topic_info(c: Arc<Ctx>) -> R {
 
 pub async fn bad_topic_name_is_bad_request(c: Arc<Ctx>) -> R {
     let long = format!("{}_{}", c.prefix, "x".repeat(130));
-    c.call("PUT", &format!("/v1/topics/{long}"), None).await?.err(400, "bad_request")?;
-    c.call("PUT", &format!("/v1/topics/{}%21bang", c.prefix), None).await?.err(400, "bad_request")?;
+    c.call("PUT", &format!("/v1/topics/{long}"), None)
+        .await?
+        .err(400, "bad_request")?;
+    c.call("PUT", &format!("/v1/topics/{}%21bang", c.prefix), None)
+        .await?
+        .err(400, "bad_request")?;
     Ok(())
 }
 
 pub async fn unknown_topic_is_not_found(c: Arc<Ctx>) -> R {
     let name = c.name("missing");
-    c.call("GET", &format!("/v1/topics/{name}"), None).await?.err(404, "not_found")?;
-    c.call("GET", &format!("/v1/topics/{name}/records"), None).await?.err(404, "not_found")?;
-    c.call("POST", &format!("/v1/topics/{name}/records"), Some(json!({"records": [{"data": 1}]})))
+    c.call("GET", &format!("/v1/topics/{name}"), None)
         .await?
         .err(404, "not_found")?;
+    c.call("GET", &format!("/v1/topics/{name}/records"), None)
+        .await?
+        .err(404, "not_found")?;
+    c.call(
+        "POST",
+        &format!("/v1/topics/{name}/records"),
+        Some(json!({"records": [{"data": 1}]})),
+    )
+    .await?
+    .err(404, "not_found")?;
     Ok(())
 }
 
 pub async fn delete_answers_seq_then_topic_is_gone(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
-    let v = c.call("DELETE", &format!("/v1/topics/{t}"), None).await?.ok()?;
+    let v = c
+        .call("DELETE", &format!("/v1/topics/{t}"), None)
+        .await?
+        .ok()?;
     uint(&v, "seq")?;
-    c.call("GET", &format!("/v1/topics/{t}"), None).await?.err(404, "not_found")?;
-    c.call("DELETE", &format!("/v1/topics/{t}"), None).await?.err(404, "not_found")?;
+    c.call("GET", &format!("/v1/topics/{t}"), None)
+        .await?
+        .err(404, "not_found")?;
+    c.call("DELETE", &format!("/v1/topics/{t}"), None)
+        .await?
+        .err(404, "not_found")?;
     Ok(())
 }
 
 pub async fn append_answers_consecutive_offsets(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
-    let v = append(&c, &t, json!([{"tags": ["a"], "data": {"x": 1}}, {"data": 42}, {}])).await?;
+    let v = append(
+        &c,
+        &t,
+        json!([{"tags": ["a"], "data": {"x": 1}}, {"data": 42}, {}]),
+    )
+    .await?;
     uint(&v, "seq")?;
     same("first", &v["first"], &json!(0))?;
     same("last", &v["last"], &json!(2))?;
@@ -103,7 +160,11 @@ pub async fn append_answers_consecutive_offsets(c: Arc<Ctx>) -> R {
 pub async fn append_with_bad_tag_is_bad_request_with_op(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
     let e = c
-        .call("POST", &format!("/v1/topics/{t}/records"), Some(json!({"records": [{"tags": ["ok"]}, {"tags": ["bad*"]}]})))
+        .call(
+            "POST",
+            &format!("/v1/topics/{t}/records"),
+            Some(json!({"records": [{"tags": ["ok"]}, {"tags": ["bad*"]}]})),
+        )
         .await?
         .err(400, "bad_request")?;
     same("op", &e["op"], &json!(1))?;
@@ -116,13 +177,20 @@ pub async fn record_over_max_record_bytes_is_limit(c: Arc<Ctx>) -> R {
     // 4 MiB of data: over the default --max-record-bytes (1 MiB).
     let big = "r".repeat(4 << 20);
     let resp = c
-        .call("POST", &format!("/v1/topics/{t}/records"), Some(json!({"records": [{"data": big}]})))
+        .call(
+            "POST",
+            &format!("/v1/topics/{t}/records"),
+            Some(json!({"records": [{"data": big}]})),
+        )
         .await?;
     if resp.status == 200 {
         skip!("the server takes 4 MiB records (its --max-record-bytes is larger than the default)");
     }
     let e = resp.err(413, "limit")?;
-    names(&e, &["max-record-bytes", "max-body-bytes", "max-commit-bytes"])
+    names(
+        &e,
+        &["max-record-bytes", "max-body-bytes", "max-commit-bytes"],
+    )
 }
 
 pub async fn read_pages_in_offset_order_with_next(c: Arc<Ctx>) -> R {
@@ -132,14 +200,25 @@ pub async fn read_pages_in_offset_order_with_next(c: Arc<Ctx>) -> R {
     same("first", &v["first"], &json!(0))?;
     same("next", &v["next"], &json!(2))?;
     let recs = arr(&v, "records")?;
-    ensure!(recs.len() == 2, "a page of limit 2 has {} records", recs.len());
+    ensure!(
+        recs.len() == 2,
+        "a page of limit 2 has {} records",
+        recs.len()
+    );
     for (i, r) in recs.iter().enumerate() {
         has(r, &["offset", "ts", "tags", "data"])?;
         same("offset", &r["offset"], &json!(i))?;
         same("data", &r["data"], &json!(i))?;
     }
     let v = c.get(&format!("/v1/topics/{t}/records?from=2")).await?;
-    same("offsets from 2", &json!(arr(&v, "records")?.iter().map(|r| r["offset"].clone()).collect::<Vec<_>>()), &json!([2]))?;
+    same(
+        "offsets from 2",
+        &json!(arr(&v, "records")?
+            .iter()
+            .map(|r| r["offset"].clone())
+            .collect::<Vec<_>>()),
+        &json!([2]),
+    )?;
     let v = c.get(&format!("/v1/topics/{t}/records?from=3")).await?;
     same("records at the end", &v["records"], &json!([]))?;
     same("next at the end", &v["next"], &json!(3))
@@ -147,30 +226,58 @@ pub async fn read_pages_in_offset_order_with_next(c: Arc<Ctx>) -> R {
 
 pub async fn read_with_tag_filter_returns_only_matching_records(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
-    append_each(&c, &t, &[&["user:1"], &["room:7"], &[], &["user:2", "x"], &["room:8"]]).await?;
-    let v = c.get(&format!("/v1/topics/{t}/records?tag=user:2&tag=room:*")).await?;
-    let offsets: Vec<Value> = arr(&v, "records")?.iter().map(|r| r["offset"].clone()).collect();
-    same("offsets matching user:2 or room:*", &json!(offsets), &json!([1, 3, 4]))?;
+    append_each(
+        &c,
+        &t,
+        &[&["user:1"], &["room:7"], &[], &["user:2", "x"], &["room:8"]],
+    )
+    .await?;
+    let v = c
+        .get(&format!("/v1/topics/{t}/records?tag=user:2&tag=room:*"))
+        .await?;
+    let offsets: Vec<Value> = arr(&v, "records")?
+        .iter()
+        .map(|r| r["offset"].clone())
+        .collect();
+    same(
+        "offsets matching user:2 or room:*",
+        &json!(offsets),
+        &json!([1, 3, 4]),
+    )?;
     let v = c.get(&format!("/v1/topics/{t}/records?tag=*")).await?;
-    same("records matching *", &json!(arr(&v, "records")?.len()), &json!(5))
+    same(
+        "records matching *",
+        &json!(arr(&v, "records")?.len()),
+        &json!(5),
+    )
 }
 
 pub async fn read_below_first_is_horizon_with_first(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({"retain_records": 2})).await?;
     append_each(&c, &t, &[&[], &[], &[], &[]]).await?;
-    let e = c.call("GET", &format!("/v1/topics/{t}/records?from=0"), None).await?.err(410, "horizon")?;
+    let e = c
+        .call("GET", &format!("/v1/topics/{t}/records?from=0"), None)
+        .await?
+        .err(410, "horizon")?;
     same("first", &e["first"], &json!(2))
 }
 
 pub async fn read_past_next_is_bad_request(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
     append_each(&c, &t, &[&[]]).await?;
-    c.call("GET", &format!("/v1/topics/{t}/records?from=5"), None).await?.err(400, "bad_request")?;
+    c.call("GET", &format!("/v1/topics/{t}/records?from=5"), None)
+        .await?
+        .err(400, "bad_request")?;
     Ok(())
 }
 
 async fn watch(c: &Ctx, t: &str, query: &str, headers: &[(&str, &str)]) -> R<Sse> {
-    c.sse(&format!("/v1/topics/{t}/watch{query}"), &Auth::Admin, headers).await
+    c.sse(
+        &format!("/v1/topics/{t}/watch{query}"),
+        &Auth::Admin,
+        headers,
+    )
+    .await
 }
 
 async fn record(sse: &mut Sse, offset: u64) -> R<Value> {
@@ -220,8 +327,12 @@ pub async fn watch_resumes_after_last_event_id(c: Arc<Ctx>) -> R {
 pub async fn watch_below_first_is_horizon_before_the_stream(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({"retain_records": 1})).await?;
     append_each(&c, &t, &[&[], &[], &[]]).await?;
-    let resp = c.sse_or_error(&format!("/v1/topics/{t}/watch?from=0"), &Auth::Admin, &[]).await?;
-    let Err(resp) = resp else { fail!("a watch below the horizon opened a stream") };
+    let resp = c
+        .sse_or_error(&format!("/v1/topics/{t}/watch?from=0"), &Auth::Admin, &[])
+        .await?;
+    let Err(resp) = resp else {
+        fail!("a watch below the horizon opened a stream")
+    };
     let e = resp.err(410, "horizon")?;
     same("first", &e["first"], &json!(2))
 }
@@ -230,7 +341,9 @@ pub async fn watch_of_dropped_topic_ends_with_not_found(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
     let mut sse = watch(&c, &t, "", &[]).await?;
     sse.expect("watching").await?;
-    c.call("DELETE", &format!("/v1/topics/{t}"), None).await?.ok()?;
+    c.call("DELETE", &format!("/v1/topics/{t}"), None)
+        .await?
+        .ok()?;
     let e = sse.expect("error").await?;
     same("code", &e.data["error"]["code"], &json!("not_found"))
 }
@@ -267,36 +380,68 @@ pub async fn client_read_without_rules_is_forbidden(c: Arc<Ctx>) -> R {
     let (token, _) = client(&c, None, json!({}))?;
     let t = topic(&c, json!({})).await?;
     let auth = Auth::Bearer(token);
-    c.call_as("GET", &format!("/v1/topics/{t}/records"), None, &auth).await?.err(403, "forbidden")?;
-    c.call_as("POST", &format!("/v1/topics/{t}/records"), Some(json!({"records": [{"data": 1}]})), &auth)
+    c.call_as("GET", &format!("/v1/topics/{t}/records"), None, &auth)
         .await?
         .err(403, "forbidden")?;
-    let resp = c.sse_or_error(&format!("/v1/topics/{t}/watch"), &auth, &[]).await?;
-    let Err(resp) = resp else { fail!("a watch without read rules opened a stream") };
+    c.call_as(
+        "POST",
+        &format!("/v1/topics/{t}/records"),
+        Some(json!({"records": [{"data": 1}]})),
+        &auth,
+    )
+    .await?
+    .err(403, "forbidden")?;
+    let resp = c
+        .sse_or_error(&format!("/v1/topics/{t}/watch"), &auth, &[])
+        .await?;
+    let Err(resp) = resp else {
+        fail!("a watch without read rules opened a stream")
+    };
     resp.err(403, "forbidden")?;
     Ok(())
 }
 
 pub async fn client_read_and_append_within_rules(c: Arc<Ctx>) -> R {
     let (token, sub) = client(&c, None, json!({}))?;
-    let t = topic(&c, json!({"read": ["user:{auth.sub}"], "append": ["user:{auth.sub}"]})).await?;
+    let t = topic(
+        &c,
+        json!({"read": ["user:{auth.sub}"], "append": ["user:{auth.sub}"]}),
+    )
+    .await?;
     let auth = Auth::Bearer(token);
     let mine = format!("user:{sub}");
     let v = c
-        .call_as("POST", &format!("/v1/topics/{t}/records"), Some(json!({"records": [{"tags": [mine], "data": 1}]})), &auth)
+        .call_as(
+            "POST",
+            &format!("/v1/topics/{t}/records"),
+            Some(json!({"records": [{"tags": [mine], "data": 1}]})),
+            &auth,
+        )
         .await?
         .ok()?;
     same("first", &v["first"], &json!(0))?;
     let e = c
-        .call_as("POST", &format!("/v1/topics/{t}/records"), Some(json!({"records": [{"tags": ["user:someone-else"], "data": 2}]})), &auth)
+        .call_as(
+            "POST",
+            &format!("/v1/topics/{t}/records"),
+            Some(json!({"records": [{"tags": ["user:someone-else"], "data": 2}]})),
+            &auth,
+        )
         .await?
         .err(403, "forbidden")?;
     let _ = show(&e);
     let v = c
-        .call_as("GET", &format!("/v1/topics/{t}/records?tag={mine}"), None, &auth)
+        .call_as(
+            "GET",
+            &format!("/v1/topics/{t}/records?tag={mine}"),
+            None,
+            &auth,
+        )
         .await?
         .ok()?;
     same("records read", &json!(arr(&v, "records")?.len()), &json!(1))?;
-    c.call_as("GET", &format!("/v1/topics/{t}/records"), None, &auth).await?.err(403, "forbidden")?;
+    c.call_as("GET", &format!("/v1/topics/{t}/records"), None, &auth)
+        .await?
+        .err(403, "forbidden")?;
     Ok(())
 }

@@ -28,7 +28,10 @@ pub async fn default_subprotocol_is_json(c: Arc<Ctx>) -> R {
         Ok(ws) => ws,
         Err((status, body)) => fail!("upgrade refused with {status}: {body}"),
     };
-    ws.send_raw(Message::text(json!({"id": "p", "type": "ping"}).to_string())).await?;
+    ws.send_raw(Message::text(
+        json!({"id": "p", "type": "ping"}).to_string(),
+    ))
+    .await?;
     match ws.frame().await? {
         Frame::Msg { value, text: true } => reply_type(&value, "pong"),
         other => fail!("expected a JSON text frame, got {other:?}"),
@@ -40,14 +43,20 @@ pub async fn access_token_parameter_authenticates_the_upgrade(c: Arc<Ctx>) -> R 
         Ok((t, _)) => t,
         Err(_) => c.opts.token.clone(),
     };
-    let mut ws = c.ws_as(Enc::Json, &Auth::None, &format!("?access_token={token}")).await?;
+    let mut ws = c
+        .ws_as(Enc::Json, &Auth::None, &format!("?access_token={token}"))
+        .await?;
     let v = ws.request(json!({"id": 1, "type": "ping"})).await?;
     reply_type(&v, "pong")
 }
 
 pub async fn negotiates_the_subprotocol(c: Arc<Ctx>, enc: Enc) -> R {
     let ws = c.ws(enc).await?;
-    same("Sec-WebSocket-Protocol", &json!(ws.negotiated), &json!(enc.subprotocol()))
+    same(
+        "Sec-WebSocket-Protocol",
+        &json!(ws.negotiated),
+        &json!(enc.subprotocol()),
+    )
 }
 
 pub async fn ping_answers_pong_with_seq(c: Arc<Ctx>, enc: Enc) -> R {
@@ -59,12 +68,18 @@ pub async fn ping_answers_pong_with_seq(c: Arc<Ctx>, enc: Enc) -> R {
 }
 
 async fn items(c: &Ctx) -> R<String> {
-    table(c, "wsitems", "id INTEGER PRIMARY KEY, label TEXT, n INTEGER").await
+    table(
+        c,
+        "wsitems",
+        "id INTEGER PRIMARY KEY, label TEXT, n INTEGER",
+    )
+    .await
 }
 
 pub async fn query_answers_result_with_columns_types_rows(c: Arc<Ctx>, enc: Enc) -> R {
     let t = items(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a", "n": 5}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a", "n": 5}}]))
+        .await?;
     let mut ws = c.ws(enc).await?;
     let v = ws
         .request(json!({"id": 4, "type": "query", "sql": format!("SELECT id, label FROM {t} WHERE n = $1"), "params": [5]}))
@@ -84,12 +99,17 @@ pub async fn mutate_answers_results(c: Arc<Ctx>, enc: Enc) -> R {
         .await?;
     reply_type(&v, "result")?;
     let s = uint(&v, "seq")?;
-    same("results", &v["results"], &json!([{"table": t, "id": 1, "version": s}]))
+    same(
+        "results",
+        &v["results"],
+        &json!([{"table": t, "id": 1, "version": s}]),
+    )
 }
 
 pub async fn mutate_error_carries_code_and_op(c: Arc<Ctx>, enc: Enc) -> R {
     let t = items(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     let mut ws = c.ws(enc).await?;
     let v = ws
         .request(json!({"id": "m", "type": "mutate", "ops": [{"op": "insert", "table": t, "row": {"id": 2}}, {"op": "insert", "table": t, "row": {"id": 1}}]}))
@@ -101,10 +121,14 @@ pub async fn mutate_error_carries_code_and_op(c: Arc<Ctx>, enc: Enc) -> R {
         .await?;
     ws_error(&v, "schema")?;
     let v = ws
-        .request(json!({"id": "n", "type": "mutate", "ops": [{"op": "delete", "table": t, "id": 99}]}))
+        .request(
+            json!({"id": "n", "type": "mutate", "ops": [{"op": "delete", "table": t, "id": 99}]}),
+        )
         .await?;
     ws_error(&v, "not_found")?;
-    let v = ws.request(json!({"id": "b", "type": "mutate", "ops": "none"})).await?;
+    let v = ws
+        .request(json!({"id": "b", "type": "mutate", "ops": "none"}))
+        .await?;
     ws_error(&v, "bad_request")?;
     Ok(())
 }
@@ -129,7 +153,9 @@ pub async fn call_answers_result(c: Arc<Ctx>, enc: Enc) -> R {
 pub async fn call_of_unknown_function_is_not_found(c: Arc<Ctx>, enc: Enc) -> R {
     let mut ws = c.ws(enc).await?;
     let v = ws
-        .request(json!({"id": 1, "type": "call", "name": format!("{}_missing", c.prefix), "args": null}))
+        .request(
+            json!({"id": 1, "type": "call", "name": format!("{}_missing", c.prefix), "args": null}),
+        )
         .await?;
     ws_error(&v, "not_found")?;
     Ok(())
@@ -141,20 +167,37 @@ fn is_event(v: &Value, kind: &str, qid: &Value) -> bool {
 
 pub async fn subscribe_sends_snapshot_then_diffs(c: Arc<Ctx>, enc: Enc) -> R {
     let t = items(&c).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a", "n": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a", "n": 1}}]))
+        .await?;
     let mut ws = c.ws(enc).await?;
     let qid = json!("inbox");
     ws.send(&json!({"id": 5, "type": "subscribe", "qid": qid, "sql": format!("SELECT id, label FROM {t} ORDER BY id")}))
         .await?;
-    let snap = ws.until("the snapshot", |v| v["type"] != json!("pong")).await?;
-    ensure!(is_event(&snap, "snapshot", &qid), "expected a snapshot for qid inbox, got {}", show(&snap));
+    let snap = ws
+        .until("the snapshot", |v| v["type"] != json!("pong"))
+        .await?;
+    ensure!(
+        is_event(&snap, "snapshot", &qid),
+        "expected a snapshot for qid inbox, got {}",
+        show(&snap)
+    );
     let mut view = View::default();
     view.snapshot(&snap)?;
-    same("snapshot types", &snap["types"], &json!(["integer", "text"]))?;
-    let v = c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 0, "label": "z", "n": 1}}])).await?;
+    same(
+        "snapshot types",
+        &snap["types"],
+        &json!(["integer", "text"]),
+    )?;
+    let v = c
+        .mutate(json!([{"op": "insert", "table": t, "row": {"id": 0, "label": "z", "n": 1}}]))
+        .await?;
     let diff = ws.until("a diff", |v| is_event(v, "diff", &qid)).await?;
     same("diff seq", &diff["seq"], &v["seq"])?;
-    same("changes", &diff["changes"], &json!([{"op": "add", "key": 0, "row": {"id": 0, "label": "z"}, "index": 0}]))?;
+    same(
+        "changes",
+        &diff["changes"],
+        &json!([{"op": "add", "key": 0, "row": {"id": 0, "label": "z"}, "index": 0}]),
+    )?;
     view.diff(&diff)
 }
 
@@ -163,19 +206,35 @@ pub async fn subscribe_resumes_with_since(c: Arc<Ctx>, enc: Enc) -> R {
     let sql = format!("SELECT id, label FROM {t}");
     let mut ws = c.ws(enc).await?;
     let qid = json!(7);
-    ws.send(&json!({"id": 1, "type": "subscribe", "qid": qid, "sql": sql})).await?;
-    ws.until("the snapshot", |v| is_event(v, "snapshot", &qid)).await?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a"}}])).await?;
+    ws.send(&json!({"id": 1, "type": "subscribe", "qid": qid, "sql": sql}))
+        .await?;
+    ws.until("the snapshot", |v| is_event(v, "snapshot", &qid))
+        .await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "label": "a"}}]))
+        .await?;
     let d = ws.until("a diff", |v| is_event(v, "diff", &qid)).await?;
     let last = uint(&d, "seq")?;
     ws.close().await;
-    let missed = c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 2, "label": "b"}}])).await?;
+    let missed = c
+        .mutate(json!([{"op": "insert", "table": t, "row": {"id": 2, "label": "b"}}]))
+        .await?;
     let mut ws = c.ws(enc).await?;
-    ws.send(&json!({"id": 2, "type": "subscribe", "qid": qid, "sql": sql, "since": last})).await?;
-    let e = ws.until("the resumed events", |v| v.get("qid") == Some(&qid)).await?;
-    ensure!(e["type"] == json!("diff"), "expected exactly the missed diff, got {}", show(&e));
+    ws.send(&json!({"id": 2, "type": "subscribe", "qid": qid, "sql": sql, "since": last}))
+        .await?;
+    let e = ws
+        .until("the resumed events", |v| v.get("qid") == Some(&qid))
+        .await?;
+    ensure!(
+        e["type"] == json!("diff"),
+        "expected exactly the missed diff, got {}",
+        show(&e)
+    );
     same("resumed seq", &e["seq"], &missed["seq"])?;
-    same("changes", &e["changes"], &json!([{"op": "add", "key": 2, "row": {"id": 2, "label": "b"}}]))
+    same(
+        "changes",
+        &e["changes"],
+        &json!([{"op": "add", "key": 2, "row": {"id": 2, "label": "b"}}]),
+    )
 }
 
 pub async fn refused_subscribe_carries_id_and_qid(c: Arc<Ctx>, enc: Enc) -> R {
@@ -191,12 +250,19 @@ pub async fn unsubscribe_answers_unsubscribed_and_stops_events(c: Arc<Ctx>, enc:
     let t = items(&c).await?;
     let mut ws = c.ws(enc).await?;
     let qid = json!("u");
-    ws.send(&json!({"id": 1, "type": "subscribe", "qid": qid, "sql": format!("SELECT id FROM {t}")})).await?;
-    ws.until("the snapshot", |v| is_event(v, "snapshot", &qid)).await?;
-    let v = ws.request(json!({"id": 6, "type": "unsubscribe", "qid": qid})).await?;
+    ws.send(
+        &json!({"id": 1, "type": "subscribe", "qid": qid, "sql": format!("SELECT id FROM {t}")}),
+    )
+    .await?;
+    ws.until("the snapshot", |v| is_event(v, "snapshot", &qid))
+        .await?;
+    let v = ws
+        .request(json!({"id": 6, "type": "unsubscribe", "qid": qid}))
+        .await?;
     reply_type(&v, "unsubscribed")?;
     same("qid", &v["qid"], &qid)?;
-    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}])).await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
+        .await?;
     // The ping's pong comes after anything sent for the write; no diff may come before it.
     let v = ws.request(json!({"id": "after", "type": "ping"})).await;
     match v {
@@ -220,27 +286,53 @@ pub async fn append_answers_first_and_last(c: Arc<Ctx>, enc: Enc) -> R {
 
 pub async fn watch_answers_watching_then_records(c: Arc<Ctx>, enc: Enc) -> R {
     let t = topic(&c, json!({})).await?;
-    append(&c, &t, json!([{"tags": ["user:42"], "data": 0}, {"tags": ["other"], "data": 1}])).await?;
+    append(
+        &c,
+        &t,
+        json!([{"tags": ["user:42"], "data": 0}, {"tags": ["other"], "data": 1}]),
+    )
+    .await?;
     let mut ws = c.ws(enc).await?;
     let v = ws
         .request(json!({"id": 8, "type": "watch", "qid": "w1", "topic": t, "from": 0, "tags": ["user:42", "room:*"]}))
         .await?;
     reply_type(&v, "watching")?;
-    same("watching", &json!({"qid": v["qid"], "topic": v["topic"], "next": v["next"]}), &json!({"qid": "w1", "topic": t, "next": 0}))?;
-    let r = ws.until("a record", |v| v["type"] == json!("record")).await?;
+    same(
+        "watching",
+        &json!({"qid": v["qid"], "topic": v["topic"], "next": v["next"]}),
+        &json!({"qid": "w1", "topic": t, "next": 0}),
+    )?;
+    let r = ws
+        .until("a record", |v| v["type"] == json!("record"))
+        .await?;
     has(&r, &["topic", "offset", "ts", "tags", "data"])?;
-    same("record", &json!([r["topic"].clone(), r["offset"].clone(), r["data"].clone()]), &json!([t, 0, 0]))?;
-    append(&c, &t, json!([{"tags": ["other"], "data": 2}, {"tags": ["room:1"], "data": 3}])).await?;
-    let r = ws.until("a record", |v| v["type"] == json!("record")).await?;
+    same(
+        "record",
+        &json!([r["topic"].clone(), r["offset"].clone(), r["data"].clone()]),
+        &json!([t, 0, 0]),
+    )?;
+    append(
+        &c,
+        &t,
+        json!([{"tags": ["other"], "data": 2}, {"tags": ["room:1"], "data": 3}]),
+    )
+    .await?;
+    let r = ws
+        .until("a record", |v| v["type"] == json!("record"))
+        .await?;
     same("next matching offset", &r["offset"], &json!(3))
 }
 
 pub async fn second_watch_of_a_topic_is_already_exists(c: Arc<Ctx>, enc: Enc) -> R {
     let t = topic(&c, json!({})).await?;
     let mut ws = c.ws(enc).await?;
-    let v = ws.request(json!({"id": 1, "type": "watch", "qid": "a", "topic": t})).await?;
+    let v = ws
+        .request(json!({"id": 1, "type": "watch", "qid": "a", "topic": t}))
+        .await?;
     reply_type(&v, "watching")?;
-    let v = ws.request(json!({"id": 2, "type": "watch", "qid": "b", "topic": t})).await?;
+    let v = ws
+        .request(json!({"id": 2, "type": "watch", "qid": "b", "topic": t}))
+        .await?;
     ws_error(&v, "already_exists")?;
     Ok(())
 }
@@ -248,19 +340,27 @@ pub async fn second_watch_of_a_topic_is_already_exists(c: Arc<Ctx>, enc: Enc) ->
 pub async fn unwatch_answers_unwatched(c: Arc<Ctx>, enc: Enc) -> R {
     let t = topic(&c, json!({})).await?;
     let mut ws = c.ws(enc).await?;
-    let v = ws.request(json!({"id": 1, "type": "watch", "qid": "w", "topic": t})).await?;
+    let v = ws
+        .request(json!({"id": 1, "type": "watch", "qid": "w", "topic": t}))
+        .await?;
     reply_type(&v, "watching")?;
-    let v = ws.request(json!({"id": 9, "type": "unwatch", "qid": "w"})).await?;
+    let v = ws
+        .request(json!({"id": 9, "type": "unwatch", "qid": "w"}))
+        .await?;
     reply_type(&v, "unwatched")?;
     same("qid", &v["qid"], &json!("w"))?;
     // The topic may be watched again on this connection.
-    let v = ws.request(json!({"id": 2, "type": "watch", "qid": "w2", "topic": t})).await?;
+    let v = ws
+        .request(json!({"id": 2, "type": "watch", "qid": "w2", "topic": t}))
+        .await?;
     reply_type(&v, "watching")
 }
 
 pub async fn watch_of_unknown_topic_is_not_found(c: Arc<Ctx>, enc: Enc) -> R {
     let mut ws = c.ws(enc).await?;
-    let v = ws.request(json!({"id": 1, "type": "watch", "qid": "w", "topic": c.name("missing")})).await?;
+    let v = ws
+        .request(json!({"id": 1, "type": "watch", "qid": "w", "topic": c.name("missing")}))
+        .await?;
     ws_error(&v, "not_found")?;
     Ok(())
 }
@@ -277,8 +377,12 @@ pub async fn pipelined_requests_are_answered_by_id(c: Arc<Ctx>, enc: Enc) -> R {
         };
         let req = match i % 3 {
             0 => json!({"id": id, "type": "ping"}),
-            1 => json!({"id": id, "type": "mutate", "ops": [{"op": "insert", "table": t, "row": {"id": i}}]}),
-            _ => json!({"id": id, "type": "query", "sql": format!("SELECT COUNT(*) AS k FROM {t}")}),
+            1 => {
+                json!({"id": id, "type": "mutate", "ops": [{"op": "insert", "table": t, "row": {"id": i}}]})
+            }
+            _ => {
+                json!({"id": id, "type": "query", "sql": format!("SELECT COUNT(*) AS k FROM {t}")})
+            }
         };
         ws.send(&req).await?;
         ids.push(id);
@@ -287,17 +391,29 @@ pub async fn pipelined_requests_are_answered_by_id(c: Arc<Ctx>, enc: Enc) -> R {
     while answered.len() < ids.len() {
         let v = ws.recv().await?;
         let id = v["id"].clone();
-        ensure!(ids.contains(&id), "a reply with an id nobody sent: {}", show(&v));
+        ensure!(
+            ids.contains(&id),
+            "a reply with an id nobody sent: {}",
+            show(&v)
+        );
         ensure!(!answered.contains(&id), "two replies to id {id}");
         ensure!(v["type"] != json!("error"), "an error: {}", show(&v));
         answered.push(id);
     }
     // Writes from one connection apply in request order.
-    let q = c.post("/v1/query", json!({"sql": format!("SELECT COUNT(*) AS k FROM {t}")})).await?;
+    let q = c
+        .post(
+            "/v1/query",
+            json!({"sql": format!("SELECT COUNT(*) AS k FROM {t}")}),
+        )
+        .await?;
     same("rows written", &q["rows"], &json!([{"k": 10}]))
 }
 
-pub async fn undecodable_frame_is_error_with_null_id_and_connection_stays(c: Arc<Ctx>, enc: Enc) -> R {
+pub async fn undecodable_frame_is_error_with_null_id_and_connection_stays(
+    c: Arc<Ctx>,
+    enc: Enc,
+) -> R {
     let mut ws = c.ws(enc).await?;
     let garbage = match enc {
         Enc::Json => Message::text("{\"id\": 1, \"type\": "),
@@ -317,7 +433,8 @@ pub async fn other_encoding_frame_is_decoded_too(c: Arc<Ctx>, enc: Enc) -> R {
         Enc::Json => Enc::Msgpack,
         Enc::Msgpack => Enc::Json,
     };
-    ws.send_raw(other.encode(&json!({"id": "x", "type": "ping"}))).await?;
+    ws.send_raw(other.encode(&json!({"id": "x", "type": "ping"})))
+        .await?;
     // The answer comes in the negotiated encoding (recv checks the frame kind).
     let v = ws.reply(&json!("x")).await?;
     reply_type(&v, "pong")
@@ -335,7 +452,11 @@ pub async fn missing_type_is_bad_request(c: Arc<Ctx>, enc: Enc) -> R {
     ws.send(&json!({"id": 1, "sql": "SELECT 1"})).await?;
     let v = ws.recv().await?;
     ws_error(&v, "bad_request")?;
-    ensure!(v["id"] == json!(1) || v["id"].is_null(), "the error answers id {}", v["id"]);
+    ensure!(
+        v["id"] == json!(1) || v["id"].is_null(),
+        "the error answers id {}",
+        v["id"]
+    );
     Ok(())
 }
 
@@ -345,7 +466,8 @@ pub async fn nesting_deeper_than_128_is_bad_request(c: Arc<Ctx>, enc: Enc) -> R 
     for _ in 0..200 {
         deep = json!([deep]);
     }
-    ws.send(&json!({"id": 1, "type": "query", "sql": "SELECT 1", "params": deep})).await?;
+    ws.send(&json!({"id": 1, "type": "query", "sql": "SELECT 1", "params": deep}))
+        .await?;
     let v = ws.recv().await?;
     ws_error(&v, "bad_request")?;
     let v = ws.request(json!({"id": 2, "type": "ping"})).await?;
@@ -359,7 +481,32 @@ pub async fn unsupported_query_is_unsupported(c: Arc<Ctx>, enc: Enc) -> R {
         .request(json!({"id": 1, "type": "query", "sql": format!("SELECT id FROM {t} UNION SELECT id FROM {t}")}))
         .await?;
     let e = ws_error(&v, "unsupported")?;
-    ensure!(e["message"].as_str().unwrap_or("").to_uppercase().contains("UNION"), "the message does not name UNION: {}", show(&e));
+    ensure!(
+        e["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_uppercase()
+            .contains("UNION"),
+        "the message does not name UNION: {}",
+        show(&e)
+    );
     let _ = arr;
     Ok(())
+}
+
+pub async fn client_mutate_refused_is_forbidden(c: Arc<Ctx>, enc: Enc) -> R {
+    let (token, sub) = super::client(&c, None, json!({}))?;
+    let t = table(&c, "own", "id INTEGER PRIMARY KEY, owner TEXT").await?;
+    c.sql(&format!("CREATE POLICY write_own ON {t} FOR ALL USING (owner = auth.sub) WITH CHECK (owner = auth.sub)")).await?;
+    let mut ws = c.ws_as(enc, &Auth::Bearer(token), "").await?;
+    let v = ws
+        .request(json!({"id": 1, "type": "mutate", "ops": [{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}]}))
+        .await?;
+    reply_type(&v, "result")?;
+    let v = ws
+        .request(json!({"id": 2, "type": "mutate", "ops": [{"op": "insert", "table": t, "row": {"id": 2, "owner": "someone-else"}}]}))
+        .await?;
+    let e = ws_error(&v, "forbidden")?;
+    same("table", &e["table"], &json!(t))?;
+    same("policies", &e["policies"], &json!(["write_own"]))
 }
