@@ -533,9 +533,10 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
     let mut sse = open(&c, &sql, "", &[]).await?;
     let mut v = View::default();
     v.snapshot(&sse.expect("snapshot").await?.data)?;
-    // Fill the socket and the subscriber's queue without reading: 200 diffs of 64 KiB.
-    let pad = "p".repeat(64 << 10);
-    for i in 0..200 {
+    // Fill the socket buffers and the subscriber's queue without reading: 160 diffs of
+    // 256 KiB (40 MiB, more than loopback socket buffers hold).
+    let pad = "p".repeat(256 << 10);
+    for i in 0..160 {
         c.mutate(
             json!([{"op": "upsert", "table": t, "row": {"id": i % 8, "pad": format!("{i}{pad}")}}]),
         )

@@ -224,6 +224,7 @@ pub(crate) fn all() -> Vec<Check> {
         ws_check!(nesting_deeper_than_128_is_bad_request),
         ws_check!(unsupported_query_is_unsupported),
         ws_check!(client_mutate_refused_is_forbidden),
+        ws_check!(client_watch_without_rules_is_forbidden),
     ] {
         v.extend(pair);
     }

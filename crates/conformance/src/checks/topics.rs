@@ -356,9 +356,10 @@ pub async fn lagging_watcher_ends_with_lagging_and_next(c: Arc<Ctx>) -> R {
     let t = topic(&c, json!({})).await?;
     let mut sse = watch(&c, &t, "", &[]).await?;
     sse.expect("watching").await?;
-    // Without reading: appends of 256 KiB records until the socket and the queue are full.
+    // Without reading: appends of 256 KiB records (over 40 MiB: more than loopback socket
+    // buffers hold) until the watcher's queue is full.
     let pad = "w".repeat(256 << 10);
-    for _ in 0..(n * 4 + 64) {
+    for _ in 0..(n * 4 + 160) {
         append(&c, &t, json!([{"data": pad}])).await?;
     }
     for _ in 0..10_000 {
@@ -408,6 +409,9 @@ pub async fn client_read_and_append_within_rules(c: Arc<Ctx>) -> R {
         json!({"read": ["user:{auth.sub}"], "append": ["user:{auth.sub}"]}),
     )
     .await?;
+    let info = c.get(&format!("/v1/topics/{t}")).await?;
+    same("read rules", &info["read"], &json!(["user:{auth.sub}"]))?;
+    same("append rules", &info["append"], &json!(["user:{auth.sub}"]))?;
     let auth = Auth::Bearer(token);
     let mine = format!("user:{sub}");
     let v = c

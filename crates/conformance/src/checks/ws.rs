@@ -263,12 +263,33 @@ pub async fn unsubscribe_answers_unsubscribed_and_stops_events(c: Arc<Ctx>, enc:
     same("qid", &v["qid"], &qid)?;
     c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1}}]))
         .await?;
-    // The ping's pong comes after anything sent for the write; no diff may come before it.
-    let v = ws.request(json!({"id": "after", "type": "ping"})).await;
-    match v {
-        Ok(p) => reply_type(&p, "pong"),
-        Err(e) => Err(e),
-    }?;
+    // No event of the ended subscription may arrive (checked up to the pong of a ping).
+    ws.send(&json!({"id": "after", "type": "ping"})).await?;
+    loop {
+        let v = ws.recv().await?;
+        ensure!(
+            v.get("qid") != Some(&qid),
+            "an event after unsubscribed: {}",
+            show(&v)
+        );
+        if v["id"] == json!("after") {
+            return reply_type(&v, "pong");
+        }
+    }
+}
+
+pub async fn client_watch_without_rules_is_forbidden(c: Arc<Ctx>, enc: Enc) -> R {
+    let (token, _) = super::client(&c, None, json!({}))?;
+    let t = topic(&c, json!({})).await?;
+    let mut ws = c.ws_as(enc, &Auth::Bearer(token), "").await?;
+    let v = ws
+        .request(json!({"id": 1, "type": "watch", "qid": "w", "topic": t}))
+        .await?;
+    ws_error(&v, "forbidden")?;
+    let v = ws
+        .request(json!({"id": 2, "type": "append", "topic": t, "records": [{"data": 1}]}))
+        .await?;
+    ws_error(&v, "forbidden")?;
     Ok(())
 }
 
