@@ -65,6 +65,11 @@ pub struct ServerSettings {
     pub watch_queue_records: Option<u64>,
     /// `--live-queue-events`: enables the reset-on-backlog check when small (≤ 16).
     pub live_queue_events: Option<u64>,
+    /// `--max-body-bytes`: enables the WebSocket frame-size checks (a frame over it is a
+    /// `limit` error; over twice it, at least 1 MiB, the connection is closed).
+    pub max_body_bytes: Option<u64>,
+    /// `--live-subscriptions-per-connection`: enables its `limit` check when small (≤ 64).
+    pub live_subscriptions_per_connection: Option<u64>,
 }
 
 impl Options {

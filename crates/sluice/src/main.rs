@@ -76,6 +76,13 @@ struct ConformanceArgs {
     /// The server's --live-queue-events, when known and small (enables the backlog check).
     #[arg(long)]
     live_queue_events: Option<u64>,
+    /// The server's --max-body-bytes, when known (enables the WebSocket frame-size checks).
+    #[arg(long)]
+    max_body_bytes: Option<u64>,
+    /// The server's --live-subscriptions-per-connection, when known and small (enables its
+    /// `limit` check).
+    #[arg(long)]
+    live_subscriptions_per_connection: Option<u64>,
     /// Seconds one check may take.
     #[arg(long, default_value_t = 20)]
     check_timeout_secs: u64,
@@ -456,6 +463,8 @@ fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
     opts.server.live_heartbeat_ms = args.live_heartbeat_ms;
     opts.server.watch_queue_records = args.watch_queue_records;
     opts.server.live_queue_events = args.live_queue_events;
+    opts.server.max_body_bytes = args.max_body_bytes;
+    opts.server.live_subscriptions_per_connection = args.live_subscriptions_per_connection;
     opts.check_timeout = std::time::Duration::from_secs(args.check_timeout_secs.max(1));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -198,6 +198,12 @@ pub(crate) fn all() -> Vec<Check> {
         check!("ws", upgrade_without_token_is_unauthorized),
         check!("ws", default_subprotocol_is_json),
         check!("ws", access_token_parameter_authenticates_the_upgrade),
+        check!(
+            "ws",
+            frame_over_max_body_bytes_is_limit_and_connection_stays
+        ),
+        check!("ws", frame_over_twice_max_body_bytes_closes_the_connection),
+        check!("ws", subscriptions_over_the_per_connection_limit_are_limit),
     ];
     for pair in [
         ws_check!(negotiates_the_subprotocol),
@@ -238,7 +244,9 @@ use sql::*;
 use topics::*;
 use ws::{
     access_token_parameter_authenticates_the_upgrade, default_subprotocol_is_json,
-    upgrade_without_token_is_unauthorized,
+    frame_over_max_body_bytes_is_limit_and_connection_stays,
+    frame_over_twice_max_body_bytes_closes_the_connection,
+    subscriptions_over_the_per_connection_limit_are_limit, upgrade_without_token_is_unauthorized,
 };
 
 /// Drops every table and topic of the run, and the suite's functions module.

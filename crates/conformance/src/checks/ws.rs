@@ -531,3 +531,87 @@ pub async fn client_mutate_refused_is_forbidden(c: Arc<Ctx>, enc: Enc) -> R {
     same("table", &e["table"], &json!(t))?;
     same("policies", &e["policies"], &json!(["write_own"]))
 }
+
+pub async fn frame_over_max_body_bytes_is_limit_and_connection_stays(c: Arc<Ctx>) -> R {
+    let Some(max) = c.opts.server.max_body_bytes else {
+        crate::skip!("needs the server's --max-body-bytes, passed to the suite");
+    };
+    let mut ws = c.ws(Enc::Json).await?;
+    let pad = "x".repeat(max as usize + 1024);
+    ws.send(&json!({"id": 1, "type": "ping", "pad": pad}))
+        .await?;
+    let v = ws.recv().await?;
+    let e = ws_error(&v, "limit")?;
+    super::names(&e, &["max-body-bytes"])?;
+    let v = ws.request(json!({"id": 2, "type": "ping"})).await?;
+    reply_type(&v, "pong")
+}
+
+pub async fn frame_over_twice_max_body_bytes_closes_the_connection(c: Arc<Ctx>) -> R {
+    let Some(max) = c.opts.server.max_body_bytes else {
+        crate::skip!("needs the server's --max-body-bytes, passed to the suite");
+    };
+    let size = (2 * max).max(1 << 20) as usize + 1024;
+    if size > 40 << 20 {
+        crate::skip!("--max-body-bytes is large: a {size}-byte frame is too much to send");
+    }
+    let ws = c.ws(Enc::Json).await?;
+    let frame = Enc::Json.encode(&json!({"id": 1, "type": "ping", "pad": "x".repeat(size)}));
+    // Write and read at once: the server may close while the frame is still being written.
+    use futures_util::{SinkExt, StreamExt};
+    let (mut sink, mut stream) = ws.stream.split();
+    let writer = tokio::spawn(async move {
+        let _ = sink.send(frame).await;
+        sink
+    });
+    let mut outcome = None;
+    while let Ok(Some(next)) =
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.next()).await
+    {
+        match next {
+            Ok(Message::Close(Some(close))) => {
+                outcome = Some((u16::from(close.code), close.reason.to_string()));
+                break;
+            }
+            Ok(Message::Close(None)) => fail!("a close frame without a code or reason"),
+            Ok(Message::Text(t)) => fail!("expected a close frame, got {t}"),
+            Ok(_) => continue,
+            Err(e) => fail!("expected a close frame, the connection broke: {e}"),
+        }
+    }
+    writer.abort();
+    match outcome {
+        Some((code, reason)) => {
+            ensure!(
+                !reason.is_empty(),
+                "the close frame (code {code}) says no reason"
+            );
+            Ok(())
+        }
+        None => fail!("the connection ended without a close frame"),
+    }
+}
+
+pub async fn subscriptions_over_the_per_connection_limit_are_limit(c: Arc<Ctx>) -> R {
+    let n = match c.opts.server.live_subscriptions_per_connection {
+        Some(n) if n <= 64 => n,
+        _ => crate::skip!(
+            "needs a small --live-subscriptions-per-connection (≤ 64), passed to the suite"
+        ),
+    };
+    let t = items(&c).await?;
+    let mut ws = c.ws(Enc::Json).await?;
+    for i in 0..n {
+        ws.send(&json!({"id": i, "type": "subscribe", "qid": i, "sql": format!("SELECT id FROM {t} WHERE n = {i}")}))
+            .await?;
+        ws.until("a snapshot", |v| {
+            v["type"] == json!("snapshot") && v["qid"] == json!(i)
+        })
+        .await?;
+    }
+    let v = ws
+        .request(json!({"id": "over", "type": "subscribe", "qid": "over", "sql": format!("SELECT id FROM {t}")}))
+        .await?;
+    let e = ws_error(&v, "limit")?;
+    super::names(&e, &["live-subscriptions-per-connection"])
+}
