@@ -231,6 +231,7 @@ pub(crate) fn all() -> Vec<Check> {
         ws_check!(unsupported_query_is_unsupported),
         ws_check!(client_mutate_refused_is_forbidden),
         ws_check!(client_watch_without_rules_is_forbidden),
+        ws_check!(client_subscription_ends_with_rules_changed),
     ] {
         v.extend(pair);
     }

@@ -615,3 +615,35 @@ pub async fn subscriptions_over_the_per_connection_limit_are_limit(c: Arc<Ctx>) 
     let e = ws_error(&v, "limit")?;
     super::names(&e, &["live-subscriptions-per-connection"])
 }
+
+pub async fn client_subscription_ends_with_rules_changed(c: Arc<Ctx>, enc: Enc) -> R {
+    let (token, sub) = super::client(&c, None, json!({}))?;
+    let t = table(&c, "own", "id INTEGER PRIMARY KEY, owner TEXT, body TEXT").await?;
+    c.sql(&format!(
+        "CREATE POLICY mine ON {t} FOR SELECT USING (owner = auth.sub)"
+    ))
+    .await?;
+    c.mutate(json!([{"op": "insert", "table": t, "row": {"id": 1, "owner": sub}}]))
+        .await?;
+    let mut ws = c.ws_as(enc, &Auth::Bearer(token), "").await?;
+    let qid = json!("mine");
+    ws.send(
+        &json!({"id": 1, "type": "subscribe", "qid": qid, "sql": format!("SELECT id FROM {t}")}),
+    )
+    .await?;
+    let snap = ws
+        .until("the snapshot", |v| v.get("qid") == Some(&qid))
+        .await?;
+    reply_type(&snap, "snapshot")?;
+    same("rows", &snap["rows"], &json!([{"id": 1}]))?;
+    // A policy reading a claim the old ones did not read: the view cannot follow.
+    c.sql(&format!(
+        "CREATE POLICY by_nick ON {t} FOR SELECT USING (body = auth.nick)"
+    ))
+    .await?;
+    let e = ws
+        .until("the rules_changed error", |v| v.get("qid") == Some(&qid))
+        .await?;
+    ws_error(&e, "rules_changed")?;
+    Ok(())
+}
