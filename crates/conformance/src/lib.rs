@@ -53,6 +53,20 @@ pub struct Options {
     pub server: ServerSettings,
     /// Time one check may take before it fails as timed out.
     pub check_timeout: Duration,
+    /// Stops the server (e.g. sends it SIGTERM): enables the `shutdown/*` checks, which run
+    /// last, after the clean-up, and leave their table and topic behind. Without it they
+    /// are skipped (the CLI cannot stop a server).
+    pub stop_server: Option<StopServer>,
+}
+
+/// A way to stop the server under test, for the `shutdown/*` checks.
+#[derive(Clone)]
+pub struct StopServer(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for StopServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StopServer(..)")
+    }
 }
 
 /// Server settings the caller knows (all optional).
@@ -83,6 +97,7 @@ impl Options {
             exclude: Vec::new(),
             server: ServerSettings::default(),
             check_timeout: Duration::from_secs(20),
+            stop_server: None,
         }
     }
 }
@@ -209,10 +224,16 @@ pub(crate) struct Check {
 
 /// The `area/name` of every check, in the order [`run`] runs them.
 pub fn check_names() -> Vec<String> {
-    checks::all()
+    let mut names: Vec<String> = checks::all()
         .iter()
         .map(|c| format!("{}/{}", c.area, c.name))
-        .collect()
+        .collect();
+    names.extend(
+        checks::shutdown::NAMES
+            .iter()
+            .map(|n| format!("shutdown/{n}")),
+    );
+    names
 }
 
 /// What every check gets: the server, the tokens and the run's unique prefix.
@@ -299,6 +320,58 @@ pub async fn run(opts: &Options, mut on_result: impl FnMut(&CheckResult)) -> Rep
         report.results.push(result);
     }
     checks::cleanup(&ctx).await;
+    // Last: the checks that stop the server.
+    let selected_shutdown: Vec<(&'static str, Result<(), String>)> = checks::shutdown::NAMES
+        .iter()
+        .filter_map(|n| match selected(opts, &format!("shutdown/{n}")) {
+            Err(why) if why.is_empty() => None,
+            other => Some((*n, other)),
+        })
+        .collect();
+    if !selected_shutdown.is_empty() {
+        let results = match (&opts.stop_server, selected_shutdown.iter().all(|(_, s)| s.is_ok())) {
+            (Some(stop), true) => {
+                match tokio::time::timeout(opts.check_timeout, checks::shutdown::run(&ctx, stop))
+                    .await
+                {
+                    Ok(results) => results
+                        .into_iter()
+                        .map(|r| match r {
+                            Ok(()) => Outcome::Passed,
+                            Err(Verdict::Fail(why)) => Outcome::Failed(why),
+                            Err(Verdict::Skip(why)) => Outcome::Skipped(why),
+                        })
+                        .collect(),
+                    Err(_) => vec![
+                        Outcome::Failed(format!("timed out after {:?}", opts.check_timeout));
+                        checks::shutdown::NAMES.len()
+                    ],
+                }
+            }
+            (Some(_), false) => vec![
+                Outcome::Skipped("the shutdown checks run together or not at all".into());
+                checks::shutdown::NAMES.len()
+            ],
+            (None, _) => vec![
+                Outcome::Skipped(
+                    "needs a server the suite may stop (the library's Options::stop_server; the CLI cannot)".into()
+                );
+                checks::shutdown::NAMES.len()
+            ],
+        };
+        for (name, outcome) in checks::shutdown::NAMES.iter().zip(results) {
+            if !selected_shutdown.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            let result = CheckResult {
+                area: "shutdown",
+                name,
+                outcome,
+            };
+            on_result(&result);
+            report.results.push(result);
+        }
+    }
     report
 }
 

@@ -72,75 +72,17 @@ fn conformance_passes_against_the_server() {
     let data = dir.join("data");
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let server = Server::start(&data, &logs, SERVER_FLAGS);
+    let mut server = Server::start(&data, &logs, SERVER_FLAGS);
     let url = server.base_url();
 
-    // 1. As a library call.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let report = runtime.block_on(sluice_conformance::run(&options(&url), |r| {
-        println!("{}", r.line())
-    }));
-    println!("{}", report.summary());
-    assert_eq!(
-        report.failed(),
-        0,
-        "conformance checks failed:\n{}\n--- server stderr\n{}",
-        failures(&report),
-        server.stderr()
-    );
-    assert!(
-        report.passed() >= PASSED_MIN,
-        "only {} checks passed (expected at least {PASSED_MIN}): {}",
-        report.passed(),
-        report.summary()
-    );
-    assert_eq!(
-        report.results.len(),
-        sluice_conformance::check_names().len(),
-        "every check ran"
-    );
-    // With client tokens and small limits, the only checks not run are the one for a
-    // server without client tokens and the known gaps.
-    let skipped: Vec<String> = report
-        .results
-        .iter()
-        .filter(|r| matches!(r.outcome, sluice_conformance::Outcome::Skipped(_)))
-        .map(|r| r.id())
-        .collect();
-    let mut allowed = vec!["auth/jwt_without_client_tokens_is_no_client_tokens".to_string()];
-    allowed.extend(KNOWN_GAPS.iter().map(|s| s.to_string()));
-    assert_eq!(skipped, allowed, "unexpected skips");
-
-    // The suite dropped what it created.
-    let api = server.api();
-    let tables: serde_json::Value = runtime.block_on(async {
-        let resp = api.client.get(format!("{url}/v1/tables")).send().await;
-        resp.expect("GET /v1/tables").json().await.expect("JSON")
-    });
-    let leftover: Vec<&str> = tables["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .filter(|n| n.starts_with("conf_"))
-        .collect();
-    assert!(leftover.is_empty(), "tables left behind: {leftover:?}");
-
-    // 2. Through the CLI: same checks, printed one per line, then the summary; exit 0.
+    // 1. Through the CLI: each check printed on its line, then the summary; exit 0. (The
+    //    CLI cannot stop the server, so the shutdown checks are skipped here.)
     let out = Command::new(BIN)
         .args(["conformance", "--url", &url, "--token", ADMIN_TOKEN])
         .args(["--jwt-secret", SECRET, "--live-heartbeat-ms", "200"])
         .args(["--watch-queue-records", "8", "--live-queue-events", "4"])
-        .args([
-            "--max-body-bytes",
-            "8388608",
-            "--live-subscriptions-per-connection",
-            "6",
-        ])
+        .args(["--max-body-bytes", "8388608"])
+        .args(["--live-subscriptions-per-connection", "6"])
         .args(KNOWN_GAPS.iter().flat_map(|g| ["--exclude", g]))
         .env_remove("SLUICE_ADMIN_TOKEN")
         .env_remove("SLUICE_JWT_SECRET")
@@ -168,8 +110,14 @@ fn conformance_passes_against_the_server() {
             .any(|l| l == "ok   ws.msgpack/ping_answers_pong_with_seq"),
         "the CLI prints each check as `ok   area/name`:\n{stdout}"
     );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("skip shutdown/websocket_closes_with_1001_and_the_reason: ")),
+        "the CLI skips the shutdown checks, saying why:\n{stdout}"
+    );
 
-    // 3. `--only` narrows the run; a wrong admin token fails and exits 1.
+    // 2. `--only` narrows the run; a wrong admin token fails and exits 1.
     let out = Command::new(BIN)
         .args(["conformance", "--url", &url, "--token", "not-the-token"])
         .args(["--only", "http/unknown_route_is_not_found"])
@@ -184,6 +132,76 @@ fn conformance_passes_against_the_server() {
         "{stdout}"
     );
     assert!(stdout.contains("0 passed, 1 failed, 0 skipped"), "{stdout}");
+
+    // 3. As a library call, with a way to stop the server (SIGTERM) for the shutdown
+    //    checks, which run last.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut opts = options(&url);
+    let pid = server.pid().to_string();
+    opts.stop_server = Some(sluice_conformance::StopServer(std::sync::Arc::new(
+        move || {
+            let status = Command::new("kill").args(["-TERM", &pid]).status();
+            assert!(status.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        },
+    )));
+    let report = runtime.block_on(sluice_conformance::run(&opts, |r| println!("{}", r.line())));
+    println!("{}", report.summary());
+    assert_eq!(
+        report.failed(),
+        0,
+        "conformance checks failed:\n{}\n--- server stderr\n{}",
+        failures(&report),
+        server.stderr()
+    );
+    assert!(
+        report.passed() >= PASSED_MIN,
+        "only {} checks passed (expected at least {PASSED_MIN}): {}",
+        report.passed(),
+        report.summary()
+    );
+    assert_eq!(
+        report.results.len(),
+        sluice_conformance::check_names().len(),
+        "every check ran"
+    );
+    // With client tokens, small limits and a server it may stop, the only checks not run
+    // are the one for a server without client tokens and the known gaps.
+    let skipped: Vec<String> = report
+        .results
+        .iter()
+        .filter(|r| matches!(r.outcome, sluice_conformance::Outcome::Skipped(_)))
+        .map(|r| r.id())
+        .collect();
+    let mut allowed = vec!["auth/jwt_without_client_tokens_is_no_client_tokens".to_string()];
+    allowed.extend(KNOWN_GAPS.iter().map(|s| s.to_string()));
+    assert_eq!(skipped, allowed, "unexpected skips");
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the server did not exit 0 after SIGTERM: {status:?}"
+    );
+
+    // The suite dropped what it created before the shutdown checks (which leave one
+    // table and one topic): look at the data directory through a restarted server.
+    let server = Server::start(&data, &logs, SERVER_FLAGS);
+    let api = server.api();
+    let url = server.base_url();
+    let tables: serde_json::Value = runtime.block_on(async {
+        let resp = api.client.get(format!("{url}/v1/tables")).send().await;
+        resp.expect("GET /v1/tables").json().await.expect("JSON")
+    });
+    let leftover: Vec<&str> = tables["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .filter(|n| n.starts_with("conf_") && !n.contains("_shutdown_"))
+        .collect();
+    assert!(leftover.is_empty(), "tables left behind: {leftover:?}");
     drop(server);
 }
 

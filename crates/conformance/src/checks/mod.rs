@@ -10,6 +10,7 @@ use crate::{fail, show, skip, Check, Ctx, R};
 mod auth;
 mod http;
 mod live;
+pub(crate) mod shutdown;
 mod sql;
 mod topics;
 mod ws;
