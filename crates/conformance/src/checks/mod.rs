@@ -13,6 +13,7 @@ mod live;
 pub(crate) mod shutdown;
 mod sql;
 mod topics;
+mod web;
 mod ws;
 
 /// A check `async fn f(Arc<Ctx>) -> R` in `area`.
@@ -195,6 +196,15 @@ pub(crate) fn all() -> Vec<Check> {
         check!("topics", lagging_watcher_ends_with_lagging_and_next),
         check!("topics", client_read_without_rules_is_forbidden),
         check!("topics", client_read_and_append_within_rules),
+        // The console and compression.
+        check!(
+            "web",
+            root_redirects_to_the_console_or_serves_the_public_index
+        ),
+        check!("web", console_page_loads_without_a_token),
+        check!("web", json_reply_over_1_kib_is_compressed_when_accepted),
+        check!("web", sse_stream_is_compressed_and_flushed_per_event),
+        check!("web", websocket_offers_no_permessage_deflate),
         // WebSocket, both encodings.
         check!("ws", upgrade_without_token_is_unauthorized),
         check!("ws", default_subprotocol_is_json),
@@ -244,6 +254,7 @@ use http::*;
 use live::*;
 use sql::*;
 use topics::*;
+use web::*;
 use ws::{
     access_token_parameter_authenticates_the_upgrade, default_subprotocol_is_json,
     frame_over_max_body_bytes_is_limit_and_connection_stays,
