@@ -788,3 +788,21 @@ pub async fn admin_as_claims_reads_through_policies(c: Arc<Ctx>) -> R {
         .await?;
     same("rows as alice", &v["rows"], &json!([{"id": 1}]))
 }
+
+pub async fn page_limit_over_max_page_rows_is_limit(c: Arc<Ctx>) -> R {
+    let t = kv(&c).await?;
+    let e = c
+        .call("GET", &format!("/v1/tables/{t}/rows?limit=100000000"), None)
+        .await?
+        .err(413, "limit")?;
+    names(&e, &["max-page-rows"])?;
+    let e = c
+        .call(
+            "GET",
+            &format!("/v1/changes?since={}&limit=100000000", seq(&c).await?),
+            None,
+        )
+        .await?
+        .err(413, "limit")?;
+    names(&e, &["max-page-rows"])
+}

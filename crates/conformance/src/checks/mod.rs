@@ -106,6 +106,7 @@ pub(crate) fn all() -> Vec<Check> {
         check!("reads", get_row_answers_row_version_seq),
         check!("reads", get_missing_row_is_not_found),
         check!("reads", scan_pages_in_key_order_with_next),
+        check!("reads", page_limit_over_max_page_rows_is_limit),
         check!("reads", changes_list_schema_and_row_changes_in_seq_order),
         check!("reads", changes_below_the_retained_window_is_horizon),
         // Queries.
@@ -184,6 +185,9 @@ pub(crate) fn all() -> Vec<Check> {
         check!("topics", append_answers_consecutive_offsets),
         check!("topics", append_with_bad_tag_is_bad_request_with_op),
         check!("topics", record_over_max_record_bytes_is_limit),
+        check!("topics", record_with_more_than_16_tags_is_limit_with_op),
+        check!("topics", bad_tag_pattern_is_bad_request),
+        check!("topics", read_limit_over_max_page_rows_is_limit),
         check!("topics", read_pages_in_offset_order_with_next),
         check!("topics", read_with_tag_filter_returns_only_matching_records),
         check!("topics", read_below_first_is_horizon_with_first),

@@ -449,3 +449,46 @@ pub async fn client_read_and_append_within_rules(c: Arc<Ctx>) -> R {
         .err(403, "forbidden")?;
     Ok(())
 }
+
+pub async fn record_with_more_than_16_tags_is_limit_with_op(c: Arc<Ctx>) -> R {
+    let t = topic(&c, json!({})).await?;
+    let tags: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    let e = c
+        .call(
+            "POST",
+            &format!("/v1/topics/{t}/records"),
+            Some(json!({"records": [{"data": 1}, {"tags": tags}]})),
+        )
+        .await?
+        .err(413, "limit")?;
+    same("op", &e["op"], &json!(1))?;
+    names(&e, &["tags_per_record_max"])
+}
+
+pub async fn bad_tag_pattern_is_bad_request(c: Arc<Ctx>) -> R {
+    let t = topic(&c, json!({})).await?;
+    c.call("GET", &format!("/v1/topics/{t}/records?tag=a*b"), None)
+        .await?
+        .err(400, "bad_request")?;
+    let resp = c
+        .sse_or_error(&format!("/v1/topics/{t}/watch?tag=a*b"), &Auth::Admin, &[])
+        .await?;
+    let Err(resp) = resp else {
+        fail!("a watch with a bad tag pattern opened a stream")
+    };
+    resp.err(400, "bad_request")?;
+    Ok(())
+}
+
+pub async fn read_limit_over_max_page_rows_is_limit(c: Arc<Ctx>) -> R {
+    let t = topic(&c, json!({})).await?;
+    let e = c
+        .call(
+            "GET",
+            &format!("/v1/topics/{t}/records?limit=100000000"),
+            None,
+        )
+        .await?
+        .err(413, "limit")?;
+    names(&e, &["max-page-rows"])
+}
