@@ -806,3 +806,14 @@ pub async fn page_limit_over_max_page_rows_is_limit(c: Arc<Ctx>) -> R {
         .err(413, "limit")?;
     names(&e, &["max-page-rows"])
 }
+
+// ---------------------------------------------------------------------------------------
+// Codes a black-box client cannot provoke
+
+pub async fn log_poisoned_after_a_failed_sync(_c: Arc<Ctx>) -> R {
+    skip!("needs a failing disk: `log_poisoned` (503, writes refused until restart; /health answers 503 \"poisoned\") cannot be provoked from a client")
+}
+
+pub async fn busy_asks_to_try_again(_c: Arc<Ctx>) -> R {
+    skip!("needs an overloaded server: `busy` (503) cannot be provoked deterministically from a client")
+}

@@ -200,6 +200,9 @@ pub(crate) fn all() -> Vec<Check> {
         check!("topics", lagging_watcher_ends_with_lagging_and_next),
         check!("topics", client_read_without_rules_is_forbidden),
         check!("topics", client_read_and_append_within_rules),
+        // Codes only a broken or overloaded server answers (listed, skipped with why).
+        check!("unreachable", log_poisoned_after_a_failed_sync),
+        check!("unreachable", busy_asks_to_try_again),
         // The console and compression.
         check!(
             "web",
