@@ -52,8 +52,13 @@ struct ConformanceArgs {
     #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:7070")]
     url: String,
     /// The server's admin token.
-    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
-    token: String,
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "list"
+    )]
+    token: Option<String>,
     /// A client token (JWT) the server accepts, for the checks of client refusals and rules.
     #[arg(long, hide_env_values = true)]
     client_token: Option<String>,
@@ -455,7 +460,10 @@ fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut opts = sluice_conformance::Options::new(&args.url, &args.token);
+    let token = args
+        .token
+        .context("--token (the admin token) is required")?;
+    let mut opts = sluice_conformance::Options::new(&args.url, &token);
     opts.client_token = args.client_token;
     opts.jwt_secret = args.jwt_secret;
     opts.only = args.only;
