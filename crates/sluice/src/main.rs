@@ -1,4 +1,4 @@
-//! `sluice`: the single binary — `serve`, `check`, `bench`, `token`, `sql`.
+//! `sluice`: the single binary — `serve`, `check`, `bench`, `token`, `sql`, `conformance`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,6 +41,59 @@ enum Command {
     /// An interactive SQL shell against a running server (reads stdin when it is not a
     /// terminal).
     Sql(sluice_shell::SqlArgs),
+    /// Run the protocol conformance checks against a running server (black-box: HTTP,
+    /// SSE, WebSocket JSON and MessagePack); exit status 1 if any check failed.
+    Conformance(ConformanceArgs),
+}
+
+#[derive(Args)]
+struct ConformanceArgs {
+    /// The server's base URL.
+    #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:7070")]
+    url: String,
+    /// The server's admin token.
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "list"
+    )]
+    token: Option<String>,
+    /// A client token (JWT) the server accepts, for the checks of client refusals and rules.
+    #[arg(long, hide_env_values = true)]
+    client_token: Option<String>,
+    /// The server's --jwt-secret: the suite mints its own client tokens (enables every
+    /// token and policy check).
+    #[arg(long, env = "SLUICE_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// Run only the checks whose `area/name` contains this text (repeatable).
+    #[arg(long = "only", value_name = "PATTERN")]
+    only: Vec<String>,
+    /// Report as skipped the checks whose `area/name` contains this text (repeatable).
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// The server's --live-heartbeat-ms, when known (the heartbeat check waits for it).
+    #[arg(long)]
+    live_heartbeat_ms: Option<u64>,
+    /// The server's --watch-queue-records, when known and small (enables the `lagging` check).
+    #[arg(long)]
+    watch_queue_records: Option<u64>,
+    /// The server's --live-queue-events, when known and small (enables the backlog check).
+    #[arg(long)]
+    live_queue_events: Option<u64>,
+    /// The server's --max-body-bytes, when known (enables the WebSocket frame-size checks).
+    #[arg(long)]
+    max_body_bytes: Option<u64>,
+    /// The server's --live-subscriptions-per-connection, when known and small (enables its
+    /// `limit` check).
+    #[arg(long)]
+    live_subscriptions_per_connection: Option<u64>,
+    /// Seconds one check may take.
+    #[arg(long, default_value_t = 20)]
+    check_timeout_secs: u64,
+    /// Print the check names and exit.
+    #[arg(long)]
+    list: bool,
 }
 
 #[derive(Args)]
@@ -389,6 +442,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => sluice_bench::run(args),
         Command::Token(args) => token(args),
         Command::Sql(args) => Ok(sluice_shell::run(args)),
+        Command::Conformance(args) => conformance(args),
     };
     match result {
         Ok(code) => code,
@@ -397,6 +451,42 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
+    if args.list {
+        for name in sluice_conformance::check_names() {
+            println!("{name}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let token = args
+        .token
+        .context("--token (the admin token) is required")?;
+    let mut opts = sluice_conformance::Options::new(&args.url, &token);
+    opts.client_token = args.client_token;
+    opts.jwt_secret = args.jwt_secret;
+    opts.only = args.only;
+    opts.exclude = args.exclude;
+    opts.server.live_heartbeat_ms = args.live_heartbeat_ms;
+    opts.server.watch_queue_records = args.watch_queue_records;
+    opts.server.live_queue_events = args.live_queue_events;
+    opts.server.max_body_bytes = args.max_body_bytes;
+    opts.server.live_subscriptions_per_connection = args.live_subscriptions_per_connection;
+    opts.check_timeout = std::time::Duration::from_secs(args.check_timeout_secs.max(1));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(sluice_conformance::run(&opts, |r| {
+        println!("{}", r.line());
+    }));
+    println!("{}", report.summary());
+    Ok(if report.failed() > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
