@@ -100,6 +100,32 @@ fn encode(encoding: Encoding, value: &Value) -> Message {
     }
 }
 
+/// The close frame for a frame the connection could not read: 1009 (too big) naming the
+/// limit, or 1002 (protocol error) with the reason, cut to what a close frame holds.
+fn violation_frame(error: &str, body_max: usize) -> CloseFrame {
+    let too_big = ["Space limit", "too long", "too big", "Capacity"]
+        .iter()
+        .any(|s| error.contains(s));
+    let (code, reason) = if too_big {
+        let hard_max = body_max.saturating_mul(2).max(1 << 20);
+        (
+            close_code::SIZE,
+            format!("frame over {hard_max} bytes (twice --max-body-bytes, at least 1 MiB)"),
+        )
+    } else {
+        (close_code::PROTOCOL, format!("protocol violation: {error}"))
+    };
+    // A close frame's reason is at most 123 bytes.
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    CloseFrame {
+        code,
+        reason: reason[..end].to_string().into(),
+    }
+}
+
 fn error_reply(id: &Value, e: ApiError) -> Value {
     let mut error = Map::new();
     error.insert("code".into(), Value::from(e.code));
@@ -135,6 +161,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
     // New topic watches, handed to the sender (which polls them all).
     let (watches_tx, mut watches_rx) = mpsc::unbounded_channel::<WatchStream>();
     let sender_closing = core.closing();
+    // A frame the reader cannot take (over twice --max-body-bytes) ends the connection with
+    // a close frame saying why, sent by the sender after the replies in flight.
+    let (violation_tx, mut violation_rx) = tokio::sync::oneshot::channel::<CloseFrame>();
     let sender = tokio::spawn(async move {
         let mut inflight = Inflight {
             replies: FuturesOrdered::new(),
@@ -202,7 +231,9 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                 else => break,
             }
         }
-        if *sender_closing.borrow() {
+        if let Ok(frame) = violation_rx.try_recv() {
+            let _ = sink.send(Message::Close(Some(frame))).await;
+        } else if *sender_closing.borrow() {
             let frame = CloseFrame {
                 code: close_code::AWAY,
                 reason: "the server is shutting down".into(),
@@ -255,7 +286,11 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         .map_err(|e| ApiError::bad_request(format!("malformed MessagePack: {e}")))
                 }
             }
-            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(Message::Close(_)) => break,
+            Err(e) => {
+                let _ = violation_tx.send(violation_frame(&e.to_string(), body_max));
+                break;
+            }
             Ok(_) => continue,
         };
         let reply = match parsed {

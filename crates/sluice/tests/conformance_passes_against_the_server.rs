@@ -50,11 +50,9 @@ fn options(url: &str) -> sluice_conformance::Options {
     opts
 }
 
-/// Checks the server does not pass yet (each a gap between the server and the docs,
-/// reported to the lead); left out here so that this test guards everything else.
-/// - protocol.md: "A frame larger than twice `--max-body-bytes` … the connection is closed
-///   with a close frame saying why": the server closes with an empty close frame.
-const KNOWN_GAPS: &[&str] = &["ws/frame_over_twice_max_body_bytes_closes_the_connection"];
+/// Checks the server does not pass yet (each a gap between the server and the docs); left
+/// out here so that this test guards everything else. None today.
+const KNOWN_GAPS: &[&str] = &[];
 
 fn failures(report: &sluice_conformance::Report) -> String {
     report
