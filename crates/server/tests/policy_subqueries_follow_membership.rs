@@ -35,6 +35,17 @@ struct Client {
 }
 
 impl Client {
+    /// A server with client tokens and the chat schema, and a client of it.
+    async fn start(dir: &common::TempDir) -> (Client, std::net::SocketAddr) {
+        let (_core, addr) =
+            common::serve(dir.path(), |c| c.auth.jwt_secret = Some(SECRET.into()), DDL).await;
+        let client = Client {
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            base: format!("http://{addr}"),
+        };
+        (client, addr)
+    }
+
     async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         let reply = self
             .http
@@ -81,12 +92,7 @@ fn bodies(rows: &Value) -> Vec<String> {
 #[tokio::test]
 async fn a_live_view_follows_room_membership_and_never_shows_other_rooms() {
     let dir = common::TempDir::new("policy-subquery");
-    let (_core, addr) =
-        common::serve(dir.path(), |c| c.auth.jwt_secret = Some(SECRET.into()), DDL).await;
-    let c = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{addr}"),
-    };
+    let (c, addr) = Client::start(&dir).await;
     c.admin(
         "INSERT INTO members VALUES ('general:bob', 'general', 'bob'), ('general:alice', 'general', 'alice'), ('secret:alice', 'secret', 'alice');
          INSERT INTO messages VALUES (1, 'general', 'hello all'), (2, 'secret', 'alice only')",
@@ -278,12 +284,7 @@ async fn a_live_view_follows_room_membership_and_never_shows_other_rooms() {
 #[tokio::test]
 async fn subqueries_are_refused_in_write_policies() {
     let dir = common::TempDir::new("policy-subquery-write");
-    let (_core, addr) =
-        common::serve(dir.path(), |c| c.auth.jwt_secret = Some(SECRET.into()), DDL).await;
-    let c = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{addr}"),
-    };
+    let (c, _) = Client::start(&dir).await;
     for cmd in ["ALL", "INSERT", "UPDATE", "DELETE"] {
         let (status, body) = c
             .post(
