@@ -250,7 +250,41 @@ pub fn router(core: Core) -> Router {
             crate::static_files::compress_event_streams,
         ))
         .layer(crate::static_files::compression())
+        // Outermost: a browser's preflight carries no token and is answered here.
+        .layer(cors(&core.config().cors_origins))
         .with_state(core)
+}
+
+/// CORS for `--cors-origin`: none (same origin only) unless origins are named. Tokens travel
+/// in `Authorization`, never in cookies, so no credentials mode is needed.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origin = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| axum::http::HeaderValue::from_str(o).ok()),
+        )
+    };
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
+    CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods([
+            axum::http::Method::GET,
+            axum::http::Method::POST,
+            axum::http::Method::PUT,
+            axum::http::Method::DELETE,
+        ])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static("last-event-id"),
+        ])
+        .max_age(std::time::Duration::from_secs(600))
 }
 
 type St = State<Arc<Core>>;

@@ -61,6 +61,9 @@ pub struct Config {
     /// `/console/`, `/metrics` and `/health` (`--public DIR`); checked at start by
     /// [`check_public_dir`](crate::static_files::check_public_dir).
     pub public_dir: Option<PathBuf>,
+    /// Origins whose pages may call the API from the browser (`--cors-origin`): exact
+    /// origins such as `http://localhost:5173`, or `*` for any. Empty: same origin only.
+    pub cors_origins: Vec<String>,
 }
 
 impl Config {
@@ -89,6 +92,7 @@ impl Config {
             watch_queue_records: 4096,
             auth: crate::auth::AuthConfig::default(),
             public_dir: None,
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -326,6 +326,16 @@ struct ServeArgs {
     /// that names no file serves it too, for single-page apps).
     #[arg(long, env = "SLUICE_PUBLIC", value_name = "DIR")]
     public: Option<PathBuf>,
+    /// Let pages from ORIGIN call the API from the browser (CORS), e.g.
+    /// `--cors-origin http://localhost:5173` for a dev server; repeat it or separate origins
+    /// with commas; `*` allows any origin. Default: same origin only.
+    #[arg(
+        long,
+        env = "SLUICE_CORS_ORIGIN",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    cors_origin: Vec<String>,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -423,6 +433,23 @@ impl ServeArgs {
         if let Some(dir) = &self.public {
             config.public_dir = Some(sluice_server::static_files::check_public_dir(dir)?);
         }
+        let mut origins = Vec::with_capacity(self.cors_origin.len());
+        for origin in &self.cors_origin {
+            // A browser sends `Origin: scheme://host[:port]`, never a path or a slash.
+            let o = origin.trim().trim_end_matches('/');
+            let host = o
+                .strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"));
+            let valid =
+                o == "*" || host.is_some_and(|h| !h.is_empty() && !h.contains(['/', ' ', '*']));
+            if !valid {
+                anyhow::bail!(
+                    "--cors-origin {origin:?}: expected an origin such as http://localhost:5173 (scheme and host, no path) or *"
+                );
+            }
+            origins.push(o.to_string());
+        }
+        config.cors_origins = origins;
         Ok(config)
     }
 }
