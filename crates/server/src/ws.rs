@@ -58,8 +58,18 @@ const WS_READ_BUFFER_BYTES: usize = 16 << 10;
 pub(crate) async fn upgrade(
     State(core): State<Arc<Core>>,
     axum::Extension(caller): axum::Extension<Caller>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    // A plain GET (or a broken handshake) gets a JSON error like every other route.
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            return axum::response::IntoResponse::into_response(ApiError::bad_request(format!(
+                "/v1/ws needs a WebSocket upgrade request: {}",
+                e.body_text()
+            )))
+        }
+    };
     let guard = match core.authenticator().connect(&caller) {
         Ok(guard) => guard,
         Err(e) => return axum::response::IntoResponse::into_response(e),

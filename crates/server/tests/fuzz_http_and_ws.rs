@@ -234,7 +234,9 @@ async fn fuzz_route(server: &Server, route: Route<'_>) {
             let context = format!("{uri} {}", String::from_utf8_lossy(&input));
             // `/` and the console are not the JSON API (docs/api.md, "Console, static files
             // and compression"): a redirect or a page; a missing console asset is a JSON 404.
-            let path = uri.split('?').next().unwrap_or("");
+            // The path as the router sees it (`?query` and `#fragment` cut off).
+            let parsed = uri.parse::<axum::http::Uri>().ok();
+            let path = parsed.as_ref().map_or("", |u| u.path());
             let is_static = path == "/" || path == "/console" || path.starts_with("/console/");
             if is_static && status != 404 {
                 assert!(
