@@ -7,7 +7,7 @@
 //! `DELETE` is planned as the `SELECT` of its target rows (through the caller's read
 //! policies) and then written row by row through the transaction, like a mutate's ops.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value as Json};
 use sluice_engine::{
@@ -139,12 +139,15 @@ impl Script {
         params: &Params,
         claims: Option<&Map<String, Json>>,
     ) -> Result<Vec<QueryResult>, Failed<QueryError>> {
+        self.check_params(params).map_err(|error| Failed {
+            statement: 0,
+            error,
+        })?;
         self.statements
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                self.check_params(params)
-                    .and_then(|()| self.select(s, db, claims.is_some()))
+                self.select(s, db, claims.is_some())
                     .and_then(|plan| execute(plan, db, params, claims))
                     .map_err(|error| Failed {
                         statement: i,
@@ -295,15 +298,8 @@ fn select_statement(
     from: Option<TableWithJoins>,
     selection: Option<ast::Expr>,
 ) -> Statement {
-    let mut parsed = Parser::parse_sql(&GenericDialect {}, "SELECT 1 FROM t")
-        .expect("a constant statement parses");
-    let mut statement = parsed.pop().expect("one statement");
-    let Statement::Query(q) = &mut statement else {
-        unreachable!("SELECT parses as a query")
-    };
-    let SetExpr::Select(select) = q.body.as_mut() else {
-        unreachable!("SELECT parses as a select")
-    };
+    let mut statement = template();
+    let select = template_select(&mut statement);
     select.projection = projection;
     select.from = from.into_iter().collect();
     select.selection = selection;
@@ -312,19 +308,39 @@ fn select_statement(
 
 /// `FROM <name>`, as a relation to plan.
 fn table_ref(name: &ast::ObjectName) -> TableWithJoins {
-    let mut parsed = Parser::parse_sql(&GenericDialect {}, "SELECT 1 FROM t")
-        .expect("a constant statement parses");
-    let Some(Statement::Query(mut q)) = parsed.pop() else {
+    let mut statement = template();
+    let mut from = template_select(&mut statement)
+        .from
+        .pop()
+        .expect("the template reads FROM t");
+    if let ast::TableFactor::Table { name: n, .. } = &mut from.relation {
+        *n = name.clone();
+    }
+    from
+}
+
+/// `SELECT 1 FROM t`, parsed once: the statements built for writes are copies of it with
+/// their parts replaced.
+fn template() -> Statement {
+    static TEMPLATE: OnceLock<Statement> = OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| {
+            Parser::parse_sql(&GenericDialect {}, "SELECT 1 FROM t")
+                .expect("a constant statement parses")
+                .pop()
+                .expect("one statement")
+        })
+        .clone()
+}
+
+fn template_select(statement: &mut Statement) -> &mut ast::Select {
+    let Statement::Query(q) = statement else {
         unreachable!("SELECT parses as a query")
     };
     let SetExpr::Select(select) = q.body.as_mut() else {
         unreachable!("SELECT parses as a select")
     };
-    let mut from = select.from.pop().expect("FROM t");
-    if let ast::TableFactor::Table { name: n, .. } = &mut from.relation {
-        *n = name.clone();
-    }
-    from
+    select
 }
 
 fn column_item(name: &str) -> SelectItem {
@@ -454,7 +470,9 @@ impl Run<'_, '_> {
             Some(_) => return Err(QueryError::unsupported("ON DUPLICATE KEY UPDATE").into()),
         };
 
-        let mut results = Vec::with_capacity(rows.len());
+        // Every VALUES row is evaluated by one planned `SELECT e1, e2, …` without FROM (its
+        // expressions are constants and parameters), before any row is written.
+        let mut projection = Vec::with_capacity(rows.len() * columns.len());
         for row in rows {
             let exprs = &row.content;
             if exprs.len() != columns.len() {
@@ -465,16 +483,17 @@ impl Run<'_, '_> {
                 ))
                 .into());
             }
-            let projection = exprs
-                .iter()
-                .map(|e| SelectItem::UnnamedExpr(e.clone()))
-                .collect();
-            let values = self
-                .query(&select_statement(projection, None, None), None)?
-                .pop()
-                .expect("a SELECT without FROM or WHERE has one row");
+            projection.extend(exprs.iter().map(|e| SelectItem::UnnamedExpr(e.clone())));
+        }
+        let evaluated = self
+            .query(&select_statement(projection, None, None), None)?
+            .pop()
+            .expect("a SELECT without FROM or WHERE has one row");
+        let mut results = Vec::with_capacity(rows.len());
+        // A table has at least its key column, so `columns` is never empty.
+        for values in evaluated.chunks(columns.len()) {
             let mut object = Map::with_capacity(columns.len());
-            for (c, v) in columns.iter().zip(&values) {
+            for (c, v) in columns.iter().zip(values) {
                 let col = &schema.columns[*c];
                 object.insert(col.name.clone(), column_json(col.ty, v));
             }

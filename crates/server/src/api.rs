@@ -259,6 +259,9 @@ pub fn router(core: Core) -> Router {
 /// in `Authorization`, never in cookies, so no credentials mode is needed.
 fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
     use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
     let origin = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
@@ -268,9 +271,6 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
                 .filter_map(|o| axum::http::HeaderValue::from_str(o).ok()),
         )
     };
-    if origins.is_empty() {
-        return CorsLayer::new();
-    }
     CorsLayer::new()
         .allow_origin(origin)
         .allow_methods([
@@ -397,13 +397,10 @@ async fn sql(State(core): St, Extension(caller): Extension<Caller>, body: Body) 
         .enumerate()
         .map(|(i, (outcome, kind))| match outcome {
             sluice_query::script::Outcome::Rows(result) => {
-                let mut r = query_json(result, ok.seq);
-                let object = r.as_object_mut().expect("a query reply is an object");
-                object.remove("seq");
                 let mut entry = Map::new();
                 entry.insert("statement".into(), i.into());
                 entry.insert("kind".into(), kind.as_str().into());
-                entry.extend(std::mem::take(object));
+                entry.extend(result_fields(result));
                 Value::Object(entry)
             }
             sluice_query::script::Outcome::Written { results, .. } => json!({
@@ -497,6 +494,15 @@ async fn query(State(core): St, Extension(caller): Extension<Caller>, body: Body
 
 /// The reply to a one-shot query: `{"seq", "columns", "types", "rows": [{…}, …]}`.
 pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value {
+    let mut reply = Map::new();
+    reply.insert("seq".into(), seq.into());
+    reply.extend(result_fields(result));
+    Value::Object(reply)
+}
+
+/// A query result's `columns`, `types` and `rows` (as objects), for a query reply or a
+/// `/v1/sql` `select` entry.
+fn result_fields(result: &sluice_query::QueryResult) -> Map<String, Value> {
     let rows: Vec<Value> = result
         .rows
         .iter()
@@ -508,12 +514,14 @@ pub(crate) fn query_json(result: &sluice_query::QueryResult, seq: u64) -> Value 
             Value::Object(object)
         })
         .collect();
-    json!({
-        "seq": seq,
-        "columns": result.columns,
-        "types": sluice_query::plan::types_json(&result.types),
-        "rows": rows,
-    })
+    let mut fields = Map::new();
+    fields.insert("columns".into(), json!(result.columns));
+    fields.insert(
+        "types".into(),
+        sluice_query::plan::types_json(&result.types),
+    );
+    fields.insert("rows".into(), Value::Array(rows));
+    fields
 }
 
 /// Parses (and takes) the `ops` array of a mutate; rows move into the ops, uncopied.
