@@ -127,6 +127,10 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                 truncate(&seg.path, end.valid_len)?;
             }
             torn_tail = Some(torn);
+        } else if end.padding > 0 && opts.repair {
+            // Space the log reserved ahead of its appends: not damage, but the log reopens
+            // the segment right after its last frame.
+            truncate(&seg.path, end.valid_len)?;
         }
         files.push(bytes);
     }
