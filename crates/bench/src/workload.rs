@@ -52,6 +52,19 @@ pub fn row_json(id: u64) -> Map<String, Value> {
     row
 }
 
+/// Row `id` as typed values in the table's column order (the in-process cases build rows
+/// this way, as the typed mutate decoder would from [`row_json`]).
+pub fn row_values(id: u64) -> Vec<sluice_engine::Value> {
+    use sluice_engine::Value;
+    vec![
+        Value::Integer(id as i64),
+        Value::Text(room(id).into()),
+        Value::Text(author(id).into()),
+        Value::Text(body(id).into()),
+        Value::Integer(ts(id)),
+    ]
+}
+
 /// The body of `POST /v1/mutate` inserting rows `first..first + count`, written directly
 /// (no `serde_json::Value` in between) so the client spends little CPU per row.
 pub fn mutate_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {

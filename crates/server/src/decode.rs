@@ -66,8 +66,24 @@ pub struct TypedMutate {
     /// The body's `"durability"`, if it named one.
     pub durability: Option<Durability>,
     /// The body as received: re-parsed the general way if a schema changed before the
-    /// writer got to it.
-    pub body: axum::body::Bytes,
+    /// writer got to it. `None` for ops built in-process ([`TypedMutate::from_ops`]).
+    pub body: Option<axum::body::Bytes>,
+}
+
+impl TypedMutate {
+    /// Ops built in-process against the tables' current schemas (the fastest way in for
+    /// an embedding program or a bench). Each `Put` must carry the whole row — every
+    /// column converted to its type, defaults filled, the key its primary-key column's
+    /// value, NOT NULL columns set — as [`decode_mutate`] builds it. If a schema changed
+    /// before the writer applies them, the mutate is refused (`schema`) and nothing is
+    /// written: build the ops again.
+    pub fn from_ops(ops: Vec<TypedOp>, durability: Option<Durability>) -> TypedMutate {
+        TypedMutate {
+            ops,
+            durability,
+            body: None,
+        }
+    }
 }
 
 /// Table schemas by name, as last seen: request tasks decode against it without taking the
@@ -156,7 +172,7 @@ pub fn decode_mutate(
     Some(TypedMutate {
         ops,
         durability,
-        body,
+        body: Some(body),
     })
 }
 

@@ -806,7 +806,13 @@ fn apply_mutate(
     }
     if !current {
         shared.schemas.refresh(db);
-        let ops = crate::api::parse_ops_json(&decoded.body, usize::MAX).map_err(|e| {
+        let Some(body) = &decoded.body else {
+            return Err(CoreError::Tx(TxError::new(
+                sluice_engine::ErrorCode::Schema,
+                "a table's schema changed since these rows were built; nothing was written",
+            )));
+        };
+        let ops = crate::api::parse_ops_json(body, usize::MAX).map_err(|e| {
             CoreError::Tx(TxError::new(
                 sluice_engine::ErrorCode::BadRequest,
                 format!("a decoded mutate does not parse again: {}", e.message),
