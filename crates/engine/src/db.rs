@@ -1245,13 +1245,7 @@ impl TxRef<'_> {
         check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
         let version = self.st.seq;
-        self.write(
-            &schema,
-            key,
-            Some(values.into()),
-            ChangeOp::Update,
-            version,
-        )
+        self.write(&schema, key, Some(values.into()), ChangeOp::Update, version)
     }
 
     pub fn delete(
@@ -1287,7 +1281,10 @@ impl TxRef<'_> {
     ) -> Result<WriteResult, TxError> {
         let table_name = schema.name.as_str();
         let table = self.db.table(table_name)?;
-        debug_assert!(Arc::ptr_eq(&table.schema, schema), "decoded against another schema");
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
         self.check_row_size(table_name, &values)?;
         let existing = table.rows.get(&key);
         check_version(table_name, &key, existing, if_version)?;
@@ -1316,7 +1313,10 @@ impl TxRef<'_> {
     ) -> Result<WriteResult, TxError> {
         let table_name = schema.name.as_str();
         let table = self.db.table(table_name)?;
-        debug_assert!(Arc::ptr_eq(&table.schema, schema), "decoded against another schema");
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
         let existing = table.rows.get(&key);
         check_version(table_name, &key, existing, if_version)?;
         let Some(old) = existing else {
@@ -1342,7 +1342,10 @@ impl TxRef<'_> {
     ) -> Result<WriteResult, TxError> {
         let table_name = schema.name.as_str();
         let table = self.db.table(table_name)?;
-        debug_assert!(Arc::ptr_eq(&table.schema, schema), "decoded against another schema");
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
         let existing = table.rows.get(&key);
         check_version(table_name, &key, existing, if_version)?;
         let Some(old) = existing else {

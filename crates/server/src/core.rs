@@ -369,9 +369,7 @@ impl Core {
         caller: &crate::auth::Caller,
         decoded: crate::decode::TypedMutate,
     ) -> Result<MutateOk, CoreError> {
-        let durability = decoded
-            .durability
-            .unwrap_or(self.shared.config.durability);
+        let durability = decoded.durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
         self.call(|reply| Request::Mutate {
             ops: MutateOps::Typed(decoded),

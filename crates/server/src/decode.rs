@@ -90,15 +90,18 @@ impl TypedMutate {
 /// database lock (the writer holds it for whole rounds). It may be stale — the writer checks
 /// every op's schema — and is refreshed when a table is missing or the writer finds a
 /// schema changed.
+/// Table schemas by name.
+pub type SchemaMap = Arc<HashMap<String, Arc<TableSchema>>>;
+
 #[derive(Default)]
 pub struct SchemaCache {
     /// The schemas and the `Db::schema_seq` they were read at.
-    current: Mutex<(u64, Arc<HashMap<String, Arc<TableSchema>>>)>,
+    current: Mutex<(u64, SchemaMap)>,
 }
 
 impl SchemaCache {
     /// The schemas as last seen.
-    pub fn get(&self) -> Arc<HashMap<String, Arc<TableSchema>>> {
+    pub fn get(&self) -> SchemaMap {
         self.current.lock().1.clone()
     }
 
@@ -108,7 +111,7 @@ impl SchemaCache {
     }
 
     /// Replaces the cache with `db`'s schemas.
-    pub fn refresh(&self, db: &Db) -> Arc<HashMap<String, Arc<TableSchema>>> {
+    pub fn refresh(&self, db: &Db) -> SchemaMap {
         let map: HashMap<String, Arc<TableSchema>> = db
             .tables
             .iter()
@@ -136,7 +139,7 @@ impl Schemas for &Db {
 pub(crate) struct CachedSchemas<'c> {
     pub cache: &'c SchemaCache,
     pub db: &'c parking_lot::RwLock<Db>,
-    pub map: Arc<HashMap<String, Arc<TableSchema>>>,
+    pub map: SchemaMap,
     pub refreshed: bool,
 }
 
@@ -165,9 +168,7 @@ pub fn decode_mutate(
     ops_max: usize,
 ) -> Option<TypedMutate> {
     let mut de = serde_json::Deserializer::from_slice(&body);
-    let (ops, durability) = BodySeed { schemas, ops_max }
-        .deserialize(&mut de)
-        .ok()?;
+    let (ops, durability) = BodySeed { schemas, ops_max }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(TypedMutate {
         ops,

@@ -49,7 +49,9 @@ async fn ddl(core: &Core, sql: &str) {
         .into_iter()
         .map(|d| d.change)
         .collect();
-    core.ddl(changes, sql.into(), None).await.expect("the DDL applies");
+    core.ddl(changes, sql.into(), None)
+        .await
+        .expect("the DDL applies");
 }
 
 /// What a mutate came to, as the API reports it.
@@ -86,7 +88,11 @@ fn ok(m: sluice_server::MutateOk) -> Outcome {
 async fn general(core: &Core, body: &[u8]) -> Outcome {
     let map: serde_json::Map<String, Value> = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => return refused(ApiError::bad_request("the request body must be a JSON object")),
+        Ok(_) => {
+            return refused(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ))
+        }
         Err(e) => return refused(ApiError::bad_request(format!("malformed JSON: {e}"))),
     };
     let durability = match map.get("durability") {
@@ -97,8 +103,13 @@ async fn general(core: &Core, body: &[u8]) -> Outcome {
         },
         Some(_) => return refused(ApiError::bad_request("durability")),
     };
-    if let Some(extra) = map.keys().find(|k| !["ops", "durability"].contains(&k.as_str())) {
-        return refused(ApiError::bad_request(format!("unknown field {extra:?} in a mutate")));
+    if let Some(extra) = map
+        .keys()
+        .find(|k| !["ops", "durability"].contains(&k.as_str()))
+    {
+        return refused(ApiError::bad_request(format!(
+            "unknown field {extra:?} in a mutate"
+        )));
     }
     let ops = match parse_ops_json(body, OPS_MAX) {
         Ok(ops) => ops,
@@ -116,7 +127,10 @@ fn dump(db: &Db) -> Vec<String> {
     let mut out = Vec::new();
     for (name, t) in &db.tables {
         for (key, entry) in t.rows.iter() {
-            out.push(format!("{name} {key:?} v{} {:?}", entry.version, entry.values));
+            out.push(format!(
+                "{name} {key:?} v{} {:?}",
+                entry.version, entry.values
+            ));
         }
     }
     out
@@ -175,7 +189,9 @@ fn value(rng: &mut Rng, ty: &str) -> String {
         return rng.pick(VALUES).to_string();
     }
     match ty {
-        "int" => rng.pick(&["0", "1", "2", "3", "5", "-7", "100"]).to_string(),
+        "int" => rng
+            .pick(&["0", "1", "2", "3", "5", "-7", "100"])
+            .to_string(),
         "text" => format!("\"{}\"", rng.pick(&["a", "b", "c", "x y", "", "zz"])),
         "real" => rng.pick(&["0.5", "3", "-2.25", "1e10"]).to_string(),
         "bool" => rng.pick(&["true", "false"]).to_string(),
@@ -190,7 +206,12 @@ fn value(rng: &mut Rng, ty: &str) -> String {
 }
 
 /// (table, [(column, type)], pk column, pk type)
-fn tables() -> Vec<(&'static str, Vec<(&'static str, &'static str)>, &'static str, &'static str)> {
+fn tables() -> Vec<(
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    &'static str,
+    &'static str,
+)> {
     vec![
         (
             "t",
@@ -208,7 +229,12 @@ fn tables() -> Vec<(&'static str, Vec<(&'static str, &'static str)>, &'static st
             "id",
             "int",
         ),
-        ("s", vec![("v", "int"), ("note", "text"), ("flag", "bool")], "k", "text"),
+        (
+            "s",
+            vec![("v", "int"), ("note", "text"), ("flag", "bool")],
+            "k",
+            "text",
+        ),
         ("u", vec![("x", "real")], "id", "int"),
         ("nope", vec![("a", "int")], "id", "int"),
     ]
@@ -270,7 +296,9 @@ fn op(rng: &mut Rng) -> String {
     }
     let (table, cols, pk, pk_ty) = &tables[ti];
     let kinds: &[&str] = if noisy {
-        &["insert", "insert", "upsert", "upsert", "patch", "delete", "replace"]
+        &[
+            "insert", "insert", "upsert", "upsert", "patch", "delete", "replace",
+        ]
     } else {
         &["insert", "upsert", "upsert", "upsert", "patch", "delete"]
     };
@@ -380,7 +408,9 @@ async fn typed_mutate_decoder_matches_the_json_path() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1500);
-    eprintln!("typed decoder differential: seed {seed} (SLUICE_DECODE_SEED={seed}), {cases} bodies");
+    eprintln!(
+        "typed decoder differential: seed {seed} (SLUICE_DECODE_SEED={seed}), {cases} bodies"
+    );
     let (dir_a, dir_b) = (TempDir::new("decode-a"), TempDir::new("decode-b"));
     let (a, b) = (open(&dir_a), open(&dir_b));
     ddl(&a, SCHEMA).await;
@@ -428,5 +458,8 @@ async fn typed_mutate_decoder_matches_the_json_path() {
     eprintln!(
         "{cases} bodies: {typed} decoded typed ({typed_ok} committed), {stale} applied after a schema change"
     );
-    assert!(typed_ok > cases / 20, "the typed decoder took too few bodies to mean anything");
+    assert!(
+        typed_ok > cases / 20,
+        "the typed decoder took too few bodies to mean anything"
+    );
 }
