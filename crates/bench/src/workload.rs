@@ -137,7 +137,7 @@ impl Shape {
                 Value::Integer(ts(id)),
                 Value::Text(KINDS[(id % 5) as usize].into()),
                 Value::Real(score(id)),
-                Value::Boolean(id % 3 == 0),
+                Value::Boolean(id.is_multiple_of(3)),
                 Value::Text(COUNTRIES[(id % 6) as usize].into()),
                 Value::Integer((id / 2) as i64),
             ],
@@ -166,7 +166,7 @@ impl Shape {
                 ts(id),
                 KINDS[(id % 5) as usize],
                 score(id),
-                id % 3 == 0,
+                id.is_multiple_of(3),
                 COUNTRIES[(id % 6) as usize],
                 id / 2
             );
@@ -214,7 +214,7 @@ impl Shape {
                 Box::new(ts(id)),
                 Box::new(KINDS[(id % 5) as usize]),
                 Box::new(score(id)),
-                Box::new(id % 3 == 0),
+                Box::new(id.is_multiple_of(3)),
                 Box::new(COUNTRIES[(id % 6) as usize]),
                 Box::new((id / 2) as i64),
             ]),

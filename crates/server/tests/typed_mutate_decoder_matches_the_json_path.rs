@@ -205,13 +205,15 @@ fn value(rng: &mut Rng, ty: &str) -> String {
     }
 }
 
-/// (table, [(column, type)], pk column, pk type)
-fn tables() -> Vec<(
+/// A table the generator writes: name, [(column, type)], pk column, pk type.
+type TableSpec = (
     &'static str,
     Vec<(&'static str, &'static str)>,
     &'static str,
     &'static str,
-)> {
+);
+
+fn tables() -> Vec<TableSpec> {
     vec![
         (
             "t",
