@@ -52,6 +52,187 @@ pub fn row_json(id: u64) -> Map<String, Value> {
     row
 }
 
+/// Row `id` as typed values in the table's column order (the in-process cases build rows
+/// this way, as the typed mutate decoder would from [`row_json`]).
+pub fn row_values(id: u64) -> Vec<sluice_engine::Value> {
+    use sluice_engine::Value;
+    vec![
+        Value::Integer(id as i64),
+        Value::Text(room(id).into()),
+        Value::Text(author(id).into()),
+        Value::Text(body(id).into()),
+        Value::Integer(ts(id)),
+    ]
+}
+
+/// Which rows a case writes: today's 5-column `events`, or the 10-column, ~200-byte
+/// `wide_events` (issue 12 asks for both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    /// `events`: id, room, author, ~100-byte body, ts.
+    Events,
+    /// `wide_events`: 10 columns, ~200 bytes of values per row.
+    Wide,
+}
+
+/// Bytes in every `body` of a wide row.
+pub const WIDE_BODY_BYTES: usize = 120;
+const _: () = assert!(BODY_SOURCE.len() >= BODY_BYTES + WIDE_BODY_BYTES);
+const KINDS: [&str; 5] = ["message", "join", "leave", "edit", "react"];
+const COUNTRIES: [&str; 6] = ["us", "de", "fr", "jp", "br", "in"];
+
+impl Shape {
+    pub const fn table(self) -> &'static str {
+        match self {
+            Shape::Events => TABLE,
+            Shape::Wide => "wide_events",
+        }
+    }
+
+    pub const fn create_sluice(self) -> &'static str {
+        match self {
+            Shape::Events => CREATE_SLUICE,
+            Shape::Wide => "CREATE TABLE wide_events (id INTEGER PRIMARY KEY, room TEXT NOT NULL, author TEXT, body TEXT, ts INTEGER, kind TEXT, score REAL, flag BOOLEAN, country TEXT, ref_id INTEGER)",
+        }
+    }
+
+    pub const fn create_postgres(self) -> &'static str {
+        match self {
+            Shape::Events => CREATE_POSTGRES,
+            Shape::Wide => "CREATE TABLE wide_events (id BIGINT PRIMARY KEY, room TEXT NOT NULL, author TEXT, body TEXT, ts BIGINT, kind TEXT, score DOUBLE PRECISION, flag BOOLEAN, country TEXT, ref_id BIGINT)",
+        }
+    }
+
+    pub const fn columns(self) -> usize {
+        match self {
+            Shape::Events => 5,
+            Shape::Wide => 10,
+        }
+    }
+
+    /// How the summary names the rows.
+    pub fn describe(self) -> String {
+        match self {
+            Shape::Events => {
+                format!("`events` rows (5 columns: id, room, author, ~{BODY_BYTES}-byte body, ts)")
+            }
+            Shape::Wide => format!(
+                "`wide_events` rows (10 columns, ~200 bytes of values: id, room, author, \
+                 {WIDE_BODY_BYTES}-byte body, ts, kind, score REAL, flag BOOLEAN, country, ref_id)"
+            ),
+        }
+    }
+
+    /// Row `id` as typed values in the table's column order.
+    pub fn row_values(self, id: u64) -> Vec<sluice_engine::Value> {
+        use sluice_engine::Value;
+        match self {
+            Shape::Events => row_values(id),
+            Shape::Wide => vec![
+                Value::Integer(id as i64),
+                Value::Text(room(id).into()),
+                Value::Text(author(id).into()),
+                Value::Text(wide_body(id).into()),
+                Value::Integer(ts(id)),
+                Value::Text(KINDS[(id % 5) as usize].into()),
+                Value::Real(score(id)),
+                Value::Boolean(id.is_multiple_of(3)),
+                Value::Text(COUNTRIES[(id % 6) as usize].into()),
+                Value::Integer((id / 2) as i64),
+            ],
+        }
+    }
+
+    /// The body of `POST /v1/mutate` inserting rows `first..first + count`.
+    pub fn mutate_body(self, first: u64, count: u64, durability: Durability) -> Vec<u8> {
+        if self == Shape::Events {
+            return mutate_body(first, count, durability);
+        }
+        let mut s = String::with_capacity(count as usize * 330 + 64);
+        s.push_str(r#"{"durability":""#);
+        s.push_str(durability.as_str());
+        s.push_str(r#"","ops":["#);
+        for id in first..first + count {
+            if id != first {
+                s.push(',');
+            }
+            let _ = write!(
+                s,
+                r#"{{"op":"insert","table":"wide_events","row":{{"id":{id},"room":"room-{}","author":"user-{}","body":"{}","ts":{},"kind":"{}","score":{:?},"flag":{},"country":"{}","ref_id":{}}}}}"#,
+                id % ROOMS,
+                id % AUTHORS,
+                wide_body(id),
+                ts(id),
+                KINDS[(id % 5) as usize],
+                score(id),
+                id.is_multiple_of(3),
+                COUNTRIES[(id % 6) as usize],
+                id / 2
+            );
+        }
+        s.push_str("]}");
+        s.into_bytes()
+    }
+
+    /// `INSERT INTO <table> (...) VALUES (...), ...` with parameters for `rows` rows.
+    pub fn postgres_insert(self, rows: usize) -> String {
+        if self == Shape::Events {
+            return postgres_insert(rows);
+        }
+        let n = self.columns();
+        let mut sql = String::from(
+            "INSERT INTO wide_events (id, room, author, body, ts, kind, score, flag, country, ref_id) VALUES ",
+        );
+        for r in 0..rows {
+            if r > 0 {
+                sql.push(',');
+            }
+            let params: Vec<String> = (1..=n).map(|i| format!("${}", r * n + i)).collect();
+            let _ = write!(sql, "({})", params.join(","));
+        }
+        sql
+    }
+
+    /// Row `id`'s parameters for [`Shape::postgres_insert`].
+    pub fn postgres_params(
+        self,
+        id: u64,
+    ) -> Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> {
+        let mut p: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = vec![
+            Box::new(id as i64),
+            Box::new(room(id)),
+            Box::new(author(id)),
+        ];
+        match self {
+            Shape::Events => p.extend([
+                Box::new(body(id)) as Box<dyn tokio_postgres::types::ToSql + Sync + Send>,
+                Box::new(ts(id)),
+            ]),
+            Shape::Wide => p.extend([
+                Box::new(wide_body(id)) as Box<dyn tokio_postgres::types::ToSql + Sync + Send>,
+                Box::new(ts(id)),
+                Box::new(KINDS[(id % 5) as usize]),
+                Box::new(score(id)),
+                Box::new(id.is_multiple_of(3)),
+                Box::new(COUNTRIES[(id % 6) as usize]),
+                Box::new((id / 2) as i64),
+            ]),
+        }
+        p
+    }
+}
+
+/// A [`WIDE_BODY_BYTES`]-byte body for wide row `id`.
+pub fn wide_body(id: u64) -> &'static str {
+    let start = (id % BODY_BYTES as u64) as usize;
+    &BODY_SOURCE[start..start + WIDE_BODY_BYTES]
+}
+
+fn score(id: u64) -> f64 {
+    (id % 1000) as f64 / 8.0
+}
+
 /// The body of `POST /v1/mutate` inserting rows `first..first + count`, written directly
 /// (no `serde_json::Value` in between) so the client spends little CPU per row.
 pub fn mutate_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
@@ -113,6 +294,29 @@ mod tests {
             assert_eq!(op["row"], Value::Object(row_json(7 + i as u64)));
         }
         assert_eq!(body(12345).len(), BODY_BYTES);
+    }
+
+    #[test]
+    fn wide_mutate_body_is_the_json_of_the_typed_rows() {
+        let v: Value =
+            serde_json::from_slice(&Shape::Wide.mutate_body(7, 3, Durability::Disk)).unwrap();
+        let ops = v["ops"].as_array().unwrap();
+        assert_eq!(ops.len(), 3);
+        for (i, op) in ops.iter().enumerate() {
+            let id = 7 + i as u64;
+            let row = op["row"].as_object().unwrap();
+            assert_eq!(row.len(), 10);
+            let values = Shape::Wide.row_values(id);
+            for (value, (_, json)) in values.iter().zip(row) {
+                assert_eq!(&value.to_json(), json);
+            }
+            let bytes: usize = values.iter().map(|v| v.encoded_len()).sum();
+            assert!((170..=230).contains(&bytes), "{bytes} bytes");
+        }
+        assert_eq!(
+            Shape::Wide.postgres_insert(1),
+            "INSERT INTO wide_events (id, room, author, body, ts, kind, score, flag, country, ref_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
+        );
     }
 
     #[test]

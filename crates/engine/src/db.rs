@@ -194,7 +194,8 @@ pub type PolicyCheck<'a> = &'a dyn Fn(&Db, &str, &crate::schema::PolicyDef) -> R
 #[derive(Debug)]
 enum Undo {
     Restore {
-        table: String,
+        /// The table's schema (its name finds the table; no name copied per undo entry).
+        table: Arc<TableSchema>,
         key: Key,
         old: Option<RowEntry>,
     },
@@ -1115,7 +1116,7 @@ impl Db {
         while let Some(Undo::Restore { table, key, old }) = st.undo.pop() {
             let t = self
                 .tables
-                .get_mut(&table)
+                .get_mut(&table.name)
                 .expect("tables do not change inside a tx");
             match old {
                 Some(entry) => {
@@ -1208,7 +1209,7 @@ impl TxRef<'_> {
             None => ChangeOp::Insert,
         };
         let version = self.st.seq;
-        self.write(table_name, key, Some(values.into()), op, version)
+        self.write(&schema, key, Some(values.into()), op, version)
     }
 
     /// Sets some columns of an existing row.
@@ -1244,13 +1245,7 @@ impl TxRef<'_> {
         check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
         let version = self.st.seq;
-        self.write(
-            table_name,
-            key,
-            Some(values.into()),
-            ChangeOp::Update,
-            version,
-        )
+        self.write(&schema, key, Some(values.into()), ChangeOp::Update, version)
     }
 
     pub fn delete(
@@ -1267,7 +1262,97 @@ impl TxRef<'_> {
             return Err(not_found(table_name, &key));
         };
         let version = old.version;
-        self.write(table_name, key, None, ChangeOp::Delete, version)
+        let schema = table.schema.clone();
+        self.write(&schema, key, None, ChangeOp::Delete, version)
+    }
+
+    /// [`TxRef::insert`] (`replace` false) or [`TxRef::upsert`] of a row already decoded
+    /// against `schema`, which **must** be the table's current schema (`Arc::ptr_eq`): every
+    /// column converted, defaults filled, the key read from the primary-key column, NOT NULL
+    /// checked (a typed request decoder does that off the writer thread). Refuses what
+    /// depends on the state or the limits exactly as `insert`/`upsert` would.
+    pub fn put_decoded(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        key: Key,
+        values: Arc<[Value]>,
+        if_version: Option<u64>,
+        replace: bool,
+    ) -> Result<WriteResult, TxError> {
+        let table_name = schema.name.as_str();
+        let table = self.db.table(table_name)?;
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
+        self.check_row_size(table_name, &values)?;
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let op = match existing {
+            Some(_) if !replace => {
+                return Err(TxError::new(
+                    ErrorCode::AlreadyExists,
+                    format!("table {table_name:?} already has a row with key {key}"),
+                ))
+            }
+            Some(_) => ChangeOp::Update,
+            None => ChangeOp::Insert,
+        };
+        let version = self.st.seq;
+        self.write(schema, key, Some(values), op, version)
+    }
+
+    /// [`TxRef::patch`] with `set` already decoded against `schema` (the table's current
+    /// schema, `Arc::ptr_eq`): column positions (never the primary key) and converted values.
+    pub fn patch_decoded(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        key: Key,
+        set: &[(usize, Value)],
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let table_name = schema.name.as_str();
+        let table = self.db.table(table_name)?;
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let Some(old) = existing else {
+            return Err(not_found(table_name, &key));
+        };
+        let mut values: Vec<Value> = old.values.to_vec();
+        for (i, value) in set {
+            values[*i] = value.clone();
+        }
+        check_not_null(schema, &values)?;
+        self.check_row_size(table_name, &values)?;
+        let version = self.st.seq;
+        self.write(schema, key, Some(values.into()), ChangeOp::Update, version)
+    }
+
+    /// [`TxRef::delete`] with the key already decoded against `schema` (the table's current
+    /// schema, `Arc::ptr_eq`).
+    pub fn delete_decoded(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        key: Key,
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let table_name = schema.name.as_str();
+        let table = self.db.table(table_name)?;
+        debug_assert!(
+            Arc::ptr_eq(&table.schema, schema),
+            "decoded against another schema"
+        );
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let Some(old) = existing else {
+            return Err(not_found(table_name, &key));
+        };
+        let version = old.version;
+        self.write(schema, key, None, ChangeOp::Delete, version)
     }
 
     /// Appends a record with `tags` and `data` to `topic` at append time `ts_us` (raised to
@@ -1375,12 +1460,13 @@ impl TxRef<'_> {
 
     fn write(
         &mut self,
-        table_name: &str,
+        schema: &Arc<TableSchema>,
         key: Key,
         row: Option<Arc<[Value]>>,
         op: ChangeOp,
         version: u64,
     ) -> Result<WriteResult, TxError> {
+        let table_name = schema.name.as_str();
         self.add_commit_bytes(change_bytes_bound(table_name, &key, row.as_deref()))?;
         let table = self
             .db
@@ -1400,12 +1486,12 @@ impl TxRef<'_> {
         };
         let before = old.as_ref().map(|e| e.values.clone());
         self.st.undo.push(Undo::Restore {
-            table: table_name.to_string(),
+            table: schema.clone(),
             key: key.clone(),
             old,
         });
         self.st.changes.push(Change {
-            table: table.schema.clone(),
+            table: schema.clone(),
             op,
             key: key.clone(),
             row,

@@ -314,7 +314,12 @@ pub(crate) async fn read_body(core: &Core, body: Body) -> Result<axum::body::Byt
 /// Reads the whole body as a JSON object, enforcing `body_bytes_max`.
 pub(crate) async fn json_body(core: &Core, body: Body) -> Result<Map<String, Value>, ApiError> {
     let bytes = read_body(core, body).await?;
-    let value: Value = serde_json::from_slice(&bytes)
+    json_object(&bytes)
+}
+
+/// A body already read, as a JSON object.
+fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match value {
         Value::Object(map) => Ok(map),
@@ -623,8 +628,38 @@ fn take_id(op: &mut Map<String, Value>, kind: &str) -> Result<Value, String> {
     }
 }
 
-async fn mutate(State(core): St, Extension(caller): Extension<Caller>, body: Body) -> ApiResult {
-    let mut body = json_body(&core, body).await?;
+/// The ops of a mutate body's JSON text, parsed the general way (no limit on their count
+/// when `ops_max` is `usize::MAX`).
+pub fn parse_ops_json(body: &[u8], ops_max: usize) -> Result<Vec<Op>, ApiError> {
+    parse_ops(&mut json_object(body)?, ops_max)
+}
+
+async fn mutate(
+    State(core): St,
+    Extension(caller): Extension<Caller>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&core, body).await?;
+    // The common case: decoded straight into rows here, off the writer thread. Anything
+    // the decoder is unsure of (every refusal among it) takes the general path below.
+    let ok = match core.decode_mutate(bytes.clone()) {
+        Some(decoded) => core.mutate_decoded_as(&caller, decoded).await?,
+        None => mutate_general(&core, &caller, &bytes).await?,
+    };
+    Ok(Json(MutateReply {
+        seq: ok.seq,
+        results: &ok.results,
+    })
+    .into_response())
+}
+
+/// A mutate body parsed into JSON values, checked for shape, and converted on the writer.
+async fn mutate_general(
+    core: &Core,
+    caller: &Caller,
+    bytes: &[u8],
+) -> Result<crate::core::MutateOk, ApiError> {
+    let mut body = json_object(bytes)?;
     let durability = durability_of(&body)?;
     if let Some(extra) = body
         .keys()
@@ -635,10 +670,51 @@ async fn mutate(State(core): St, Extension(caller): Extension<Caller>, body: Bod
         )));
     }
     let ops = parse_ops(&mut body, core.config().ops_per_mutate_max)?;
-    let ok = core.mutate_as(&caller, ops, durability).await?;
-    Ok(Json(
-        json!({"seq": ok.seq, "results": results_json(&ok.results)}),
-    ))
+    Ok(core.mutate_as(caller, ops, durability).await?)
+}
+
+/// A mutate's reply `{"seq", "results": [{"table", "id", "version"}, …]}`, serialised
+/// straight from the results (no JSON value per row).
+pub(crate) struct MutateReply<'a> {
+    pub seq: u64,
+    pub results: &'a [sluice_engine::WriteResult],
+}
+
+impl serde::Serialize for MutateReply<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("seq", &self.seq)?;
+        m.serialize_entry("results", &ResultsSer(self.results))?;
+        m.end()
+    }
+}
+
+/// `results` of a committed mutate, serialised in place.
+pub(crate) struct ResultsSer<'a>(pub &'a [sluice_engine::WriteResult]);
+
+impl serde::Serialize for ResultsSer<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        struct One<'a>(&'a sluice_engine::WriteResult);
+        impl serde::Serialize for One<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut m = s.serialize_map(Some(3))?;
+                m.serialize_entry("table", &self.0.table)?;
+                match &self.0.key {
+                    Key::Int(i) => m.serialize_entry("id", i)?,
+                    Key::Text(t) => m.serialize_entry("id", &**t)?,
+                }
+                m.serialize_entry("version", &self.0.version)?;
+                m.end()
+            }
+        }
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for r in self.0 {
+            seq.serialize_element(&One(r))?;
+        }
+        seq.end()
+    }
 }
 
 /// The `results` of a committed mutate, as HTTP and WebSocket replies carry them.

@@ -43,6 +43,15 @@ pub enum Op {
     },
 }
 
+/// The ops of a mutate request, as the writer takes them.
+#[derive(Debug)]
+pub(crate) enum MutateOps {
+    /// Checked for shape; converted by the schema on the writer.
+    Json(Vec<Op>),
+    /// Decoded by the schema on the request's task (`crate::decode`).
+    Typed(crate::decode::TypedMutate),
+}
+
 /// A committed mutate.
 #[derive(Clone, Debug)]
 pub struct MutateOk {
@@ -113,6 +122,8 @@ pub(crate) struct Shared {
     pub auth: crate::auth::Authenticator,
     /// Row policies compiled per table.
     pub rules: crate::rules::RulesCache,
+    /// Table schemas for the typed mutate decoder (`crate::decode`).
+    pub schemas: crate::decode::SchemaCache,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -198,6 +209,7 @@ impl Core {
         let shared = Arc::new(Shared {
             auth,
             rules: Default::default(),
+            schemas: Default::default(),
             config,
             db,
             log,
@@ -316,7 +328,51 @@ impl Core {
         let durability = durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
         self.call(|reply| Request::Mutate {
-            ops,
+            ops: MutateOps::Json(ops),
+            claims,
+            durability,
+            reply,
+        })
+        .await
+    }
+
+    /// Decodes a mutate body (`{"ops": [...], "durability"?}` JSON) straight into rows by
+    /// the tables' schemas, on the calling task. `None` when the general path
+    /// ([`crate::api::parse_ops`] and [`Core::mutate_as`]) must decide: anything unusual,
+    /// including every body it would refuse.
+    pub fn decode_mutate(&self, body: axum::body::Bytes) -> Option<crate::decode::TypedMutate> {
+        let cache = &self.shared.schemas;
+        let mut schemas = crate::decode::CachedSchemas {
+            cache,
+            db: &self.shared.db,
+            map: cache.get(),
+            refreshed: false,
+        };
+        let ops_max = self.shared.config.ops_per_mutate_max;
+        if let Some(decoded) = crate::decode::decode_mutate(body.clone(), &mut schemas, ops_max) {
+            return Some(decoded);
+        }
+        // Given up: if it may have been for a schema changed since the cache was read
+        // (an added column, say), read the schemas again and try once more.
+        if schemas.refreshed || cache.is_current(&self.shared.db.read()) {
+            return None;
+        }
+        schemas.map = cache.refresh(&self.shared.db.read());
+        schemas.refreshed = true;
+        crate::decode::decode_mutate(body, &mut schemas, ops_max)
+    }
+
+    /// [`Core::mutate_as`] with ops from [`Core::decode_mutate`] (durability: the body's,
+    /// else the server's default).
+    pub async fn mutate_decoded_as(
+        &self,
+        caller: &crate::auth::Caller,
+        decoded: crate::decode::TypedMutate,
+    ) -> Result<MutateOk, CoreError> {
+        let durability = decoded.durability.unwrap_or(self.shared.config.durability);
+        let claims = caller.claims().cloned();
+        self.call(|reply| Request::Mutate {
+            ops: MutateOps::Typed(decoded),
             claims,
             durability,
             reply,

@@ -12,6 +12,7 @@
 //! - [`core`]: [`Core`], the handle the API and the bench use: `mutate`, `ddl`, reads.
 //! - `writer`: the writer thread; `confirm`: which seqs reached their class.
 //! - `snapshotter`: the background snapshot thread.
+//! - [`decode`]: mutate bodies decoded straight into typed rows (off the writer thread).
 //! - [`error`]: [`CoreError`], the core's own errors; each transport maps them.
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
@@ -22,6 +23,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod decode;
 pub mod error;
 
 mod confirm;

@@ -18,7 +18,7 @@ use sluice_functions::{Functions, TxAccess};
 use sluice_log::{frame, Durability, LogError, Waiter};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::core::{CallOk, MutateOk, Op, OpenError, Shared};
+use crate::core::{CallOk, MutateOk, MutateOps, Op, OpenError, Shared};
 use crate::error::{CoreError, Refusal, WriterResult};
 use crate::topics::{apply_topic_op, AppendOk, NewRecord, PutTopicOk, TopicOp};
 
@@ -59,7 +59,7 @@ type Reply<T> = oneshot::Sender<WriterResult<T>>;
 
 pub(crate) enum Request {
     Mutate {
-        ops: Vec<Op>,
+        ops: MutateOps,
         /// A client's claims (its changes are checked against the write policies); `None`
         /// for the admin.
         claims: Option<Arc<crate::auth::Claims>>,
@@ -352,7 +352,7 @@ impl Writer {
                         claims,
                         durability,
                         reply,
-                    } => match apply_ops(db, &ops, claims.as_deref(), &shared.rules) {
+                    } => match apply_mutate(db, ops, claims.as_deref(), &shared) {
                         Err(e) => {
                             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
                             let _ = reply.send(Err(refused(e, db)));
@@ -775,7 +775,99 @@ fn run_script(
     Ok((commit, ok))
 }
 
-/// Applies all `ops` in one transaction, or none of them.
+/// Applies a mutate's ops as one transaction (see [`apply_ops`]). Typed ops apply as
+/// decoded if every op's schema is still its table's; otherwise (DDL since they were
+/// decoded) the body is parsed again the general way, so the result is the same as if it
+/// had never been decoded early.
+fn apply_mutate(
+    db: &mut Db,
+    ops: MutateOps,
+    claims: Option<&crate::auth::Claims>,
+    shared: &Shared,
+) -> Result<(Arc<Commit>, Vec<WriteResult>), CoreError> {
+    let decoded = match ops {
+        MutateOps::Json(ops) => return apply_ops(db, &ops, claims, &shared.rules),
+        MutateOps::Typed(decoded) => decoded,
+    };
+    let mut last: Option<&Arc<sluice_engine::TableSchema>> = None;
+    let mut current = true;
+    for op in &decoded.ops {
+        let schema = op.schema();
+        if last.is_some_and(|l| Arc::ptr_eq(l, schema)) {
+            continue;
+        }
+        match db.tables.get(&schema.name) {
+            Some(t) if Arc::ptr_eq(&t.schema, schema) => last = Some(schema),
+            _ => {
+                current = false;
+                break;
+            }
+        }
+    }
+    if !current {
+        shared.schemas.refresh(db);
+        let Some(body) = &decoded.body else {
+            return Err(CoreError::Tx(TxError::new(
+                sluice_engine::ErrorCode::Schema,
+                "a table's schema changed since these rows were built; nothing was written",
+            )));
+        };
+        let ops = crate::api::parse_ops_json(body, usize::MAX).map_err(|e| {
+            CoreError::Tx(TxError::new(
+                sluice_engine::ErrorCode::BadRequest,
+                format!("a decoded mutate does not parse again: {}", e.message),
+            ))
+        })?;
+        return apply_ops(db, &ops, claims, &shared.rules);
+    }
+    apply_typed(db, decoded.ops, claims, &shared.rules)
+}
+
+/// Applies decoded ops (each op's schema is its table's current one) in one transaction.
+fn apply_typed(
+    db: &mut Db,
+    ops: Vec<crate::decode::TypedOp>,
+    claims: Option<&crate::auth::Claims>,
+    rules: &crate::rules::RulesCache,
+) -> Result<(Arc<Commit>, Vec<WriteResult>), CoreError> {
+    use crate::decode::TypedOp;
+    let mut tx = db.transaction();
+    let mut results = Vec::with_capacity(ops.len());
+    for (i, op) in ops.into_iter().enumerate() {
+        let before = tx.changes().len();
+        let mut w = tx.ops();
+        let r = match op {
+            TypedOp::Put {
+                schema,
+                key,
+                values,
+                if_version,
+                replace,
+            } => w.put_decoded(&schema, key, values, if_version, replace),
+            TypedOp::Patch {
+                schema,
+                key,
+                set,
+                if_version,
+            } => w.patch_decoded(&schema, key, &set, if_version),
+            TypedOp::Delete {
+                schema,
+                key,
+                if_version,
+            } => w.delete_decoded(&schema, key, if_version),
+        };
+        results.push(r.map_err(|e| e.at_op(i))?);
+        if let Some(claims) = claims {
+            for change in &tx.changes()[before..] {
+                let table_rules = rules.get(tx.db(), &change.table.name)?;
+                crate::rules::check_change(tx.db(), &table_rules, change, &claims.all, Some(i))?;
+            }
+        }
+    }
+    let commit = tx.commit().expect("every successful op writes a row");
+    Ok((commit, results))
+}
+
 /// Applies a mutate's ops as one transaction; for a client (`claims`), each op's changes
 /// must pass the table's write policies, or nothing is applied.
 fn apply_ops(

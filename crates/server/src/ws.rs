@@ -870,7 +870,7 @@ async fn dispatch(
             let ops = parse_ops(request, core.config().ops_per_mutate_max)?;
             let rx = core
                 .enqueue(|reply| Request::Mutate {
-                    ops,
+                    ops: crate::core::MutateOps::Json(ops),
                     claims: caller.claims().cloned(),
                     durability: class,
                     reply,

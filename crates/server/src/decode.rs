@@ -1,0 +1,637 @@
+//! Typed decoding of a mutate body: JSON bytes straight into rows of [`Value`]s by each
+//! table's schema, on the request's own task (no `serde_json::Map` per row, no conversion
+//! on the writer thread).
+//!
+//! The decoder only ever *accepts*: anything it is not sure of — a wrong type, an unknown
+//! column, a missing key, a duplicate field, an unknown table, a bad shape, too many ops,
+//! malformed JSON — makes it give up ([`decode_mutate`] returns `None`), and the caller runs
+//! the general path (`api::parse_ops`, then `TxRef::insert`/`upsert`/`patch`/`delete` on the
+//! writer), which decides the refusal and its error code and `op` index exactly as before.
+//! What it accepts it turns into the very rows the general path would build (the
+//! differential test `typed_mutate_decoder_matches_the_json_path` holds it to that).
+//!
+//! Each op carries the `Arc<TableSchema>` it was decoded against. The writer applies a
+//! decoded mutate only if every op's schema is still its table's schema (`Arc::ptr_eq`);
+//! if a schema changed in between (DDL), it re-parses the kept body the general way.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{Map, Value as Json};
+use sluice_engine::{ColumnType, Db, Key, TableSchema, Value};
+use sluice_log::Durability;
+
+/// One op of a decoded mutate.
+#[derive(Clone, Debug)]
+pub enum TypedOp {
+    /// Insert (`replace` false) or upsert: the whole row, defaults filled.
+    Put {
+        schema: Arc<TableSchema>,
+        key: Key,
+        values: Arc<[Value]>,
+        if_version: Option<u64>,
+        replace: bool,
+    },
+    Patch {
+        schema: Arc<TableSchema>,
+        key: Key,
+        set: Vec<(usize, Value)>,
+        if_version: Option<u64>,
+    },
+    Delete {
+        schema: Arc<TableSchema>,
+        key: Key,
+        if_version: Option<u64>,
+    },
+}
+
+impl TypedOp {
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        match self {
+            TypedOp::Put { schema, .. }
+            | TypedOp::Patch { schema, .. }
+            | TypedOp::Delete { schema, .. } => schema,
+        }
+    }
+}
+
+/// A mutate body decoded by [`decode_mutate`].
+#[derive(Clone, Debug)]
+pub struct TypedMutate {
+    pub ops: Vec<TypedOp>,
+    /// The body's `"durability"`, if it named one.
+    pub durability: Option<Durability>,
+    /// The body as received: re-parsed the general way if a schema changed before the
+    /// writer got to it. `None` for ops built in-process ([`TypedMutate::from_ops`]).
+    pub body: Option<axum::body::Bytes>,
+}
+
+impl TypedMutate {
+    /// Ops built in-process against the tables' current schemas (the fastest way in for
+    /// an embedding program or a bench). Each `Put` must carry the whole row — every
+    /// column converted to its type, defaults filled, the key its primary-key column's
+    /// value, NOT NULL columns set — as [`decode_mutate`] builds it. If a schema changed
+    /// before the writer applies them, the mutate is refused (`schema`) and nothing is
+    /// written: build the ops again.
+    pub fn from_ops(ops: Vec<TypedOp>, durability: Option<Durability>) -> TypedMutate {
+        TypedMutate {
+            ops,
+            durability,
+            body: None,
+        }
+    }
+}
+
+/// Table schemas by name, as last seen: request tasks decode against it without taking the
+/// database lock (the writer holds it for whole rounds). It may be stale — the writer checks
+/// every op's schema — and is refreshed when a table is missing or the writer finds a
+/// schema changed.
+/// Table schemas by name.
+pub type SchemaMap = Arc<HashMap<String, Arc<TableSchema>>>;
+
+#[derive(Default)]
+pub struct SchemaCache {
+    /// The schemas and the `Db::schema_seq` they were read at.
+    current: Mutex<(u64, SchemaMap)>,
+}
+
+impl SchemaCache {
+    /// The schemas as last seen.
+    pub fn get(&self) -> SchemaMap {
+        self.current.lock().1.clone()
+    }
+
+    /// Whether the cache was read at `db`'s schema state.
+    pub fn is_current(&self, db: &Db) -> bool {
+        self.current.lock().0 == db.schema_seq
+    }
+
+    /// Replaces the cache with `db`'s schemas.
+    pub fn refresh(&self, db: &Db) -> SchemaMap {
+        let map: HashMap<String, Arc<TableSchema>> = db
+            .tables
+            .iter()
+            .map(|(name, t)| (name.clone(), t.schema.clone()))
+            .collect();
+        let map = Arc::new(map);
+        *self.current.lock() = (db.schema_seq, map.clone());
+        map
+    }
+}
+
+/// Where [`decode_mutate`] finds schemas: the cache, refreshed from the database on a miss.
+pub trait Schemas {
+    fn table(&mut self, name: &str) -> Option<Arc<TableSchema>>;
+}
+
+/// Schemas straight from a [`Db`] (tests, in-process tools).
+impl Schemas for &Db {
+    fn table(&mut self, name: &str) -> Option<Arc<TableSchema>> {
+        self.tables.get(name).map(|t| t.schema.clone())
+    }
+}
+
+/// The cache, refreshed once from the database when a table is not in it.
+pub(crate) struct CachedSchemas<'c> {
+    pub cache: &'c SchemaCache,
+    pub db: &'c parking_lot::RwLock<Db>,
+    pub map: SchemaMap,
+    pub refreshed: bool,
+}
+
+impl Schemas for CachedSchemas<'_> {
+    fn table(&mut self, name: &str) -> Option<Arc<TableSchema>> {
+        if let Some(s) = self.map.get(name) {
+            return Some(s.clone());
+        }
+        if self.refreshed {
+            return None;
+        }
+        self.refreshed = true;
+        self.map = self.cache.refresh(&self.db.read());
+        self.map.get(name).cloned()
+    }
+}
+
+/// The decoder's signal to give up (never shown to anyone: the general path decides).
+const GIVE_UP: &str = "typed decoder: use the general path";
+
+/// Decodes a mutate body (`{"ops": [...], "durability"?: ...}`) into typed ops, or `None`
+/// when the general path must decide (anything unusual, every refusal among it).
+pub fn decode_mutate(
+    body: axum::body::Bytes,
+    schemas: &mut dyn Schemas,
+    ops_max: usize,
+) -> Option<TypedMutate> {
+    let mut de = serde_json::Deserializer::from_slice(&body);
+    let (ops, durability) = BodySeed { schemas, ops_max }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(TypedMutate {
+        ops,
+        durability,
+        body: Some(body),
+    })
+}
+
+struct BodySeed<'s> {
+    schemas: &'s mut dyn Schemas,
+    ops_max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for BodySeed<'_> {
+    type Value = (Vec<TypedOp>, Option<Durability>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BodySeed<'_> {
+    type Value = (Vec<TypedOp>, Option<Durability>);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a mutate body")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut ops = None;
+        let mut durability = None;
+        while let Some(key) = map.next_key::<KeyStr<'de>>()? {
+            match key.as_str() {
+                "ops" if ops.is_none() => {
+                    ops = Some(map.next_value_seed(OpsSeed {
+                        schemas: &mut *self.schemas,
+                        ops_max: self.ops_max,
+                    })?);
+                }
+                "durability" if durability.is_none() => {
+                    let text: Option<KeyStr<'de>> = map.next_value()?;
+                    durability = Some(match text {
+                        None => None,
+                        Some(t) => Some(t.as_str().parse().map_err(|_| give_up::<A::Error>())?),
+                    });
+                }
+                _ => return Err(give_up()),
+            }
+        }
+        match ops {
+            Some(ops) => Ok((ops, durability.flatten())),
+            None => Err(give_up()),
+        }
+    }
+}
+
+fn give_up<E: de::Error>() -> E {
+    E::custom(GIVE_UP)
+}
+
+/// A string that borrows from the input when it can.
+enum KeyStr<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl KeyStr<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            KeyStr::Borrowed(s) => s,
+            KeyStr::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(KeyStr::Borrowed(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(KeyStr::Owned(v.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(KeyStr::Owned(v))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+struct OpsSeed<'s> {
+    schemas: &'s mut dyn Schemas,
+    ops_max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for OpsSeed<'_> {
+    type Value = Vec<TypedOp>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OpsSeed<'_> {
+    type Value = Vec<TypedOp>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of ops")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut ops = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.ops_max));
+        // The table of the previous op, looked up again only when the name changes.
+        let mut last: Option<Arc<TableSchema>> = None;
+        while let Some(op) = seq.next_element_seed(OpSeed {
+            schemas: &mut *self.schemas,
+            last: &mut last,
+        })? {
+            if ops.len() == self.ops_max {
+                return Err(give_up());
+            }
+            ops.push(op);
+        }
+        if ops.is_empty() {
+            return Err(give_up());
+        }
+        Ok(ops)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Insert,
+    Upsert,
+    Patch,
+    Delete,
+}
+
+/// A row, a `set` or an `id` seen before the op's `"table"`: kept as JSON and converted
+/// once the table is known.
+enum Pending {
+    Decoded(Vec<(usize, Value)>),
+    Json(Map<String, Json>),
+}
+
+struct OpSeed<'s, 'l> {
+    schemas: &'s mut dyn Schemas,
+    last: &'l mut Option<Arc<TableSchema>>,
+}
+
+impl<'de> DeserializeSeed<'de> for OpSeed<'_, '_> {
+    type Value = TypedOp;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OpSeed<'_, '_> {
+    type Value = TypedOp;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an op")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kind = None;
+        let mut schema: Option<Arc<TableSchema>> = None;
+        let mut if_version: Option<Option<u64>> = None;
+        // `row` or `set` (both are refused together: a duplicate as far as we care).
+        let mut fields: Option<(bool, Pending)> = None;
+        let mut id: Option<Result<Value, Json>> = None;
+        while let Some(key) = map.next_key::<KeyStr<'de>>()? {
+            match key.as_str() {
+                "op" if kind.is_none() => {
+                    let k: KeyStr<'de> = map.next_value()?;
+                    kind = Some(match k.as_str() {
+                        "insert" => Kind::Insert,
+                        "upsert" => Kind::Upsert,
+                        "patch" => Kind::Patch,
+                        "delete" => Kind::Delete,
+                        _ => return Err(give_up()),
+                    });
+                }
+                "table" if schema.is_none() => {
+                    let name: KeyStr<'de> = map.next_value()?;
+                    let name = name.as_str();
+                    let found = match &*self.last {
+                        Some(s) if s.name == name => s.clone(),
+                        _ => {
+                            let s = self.schemas.table(name).ok_or_else(give_up)?;
+                            *self.last = Some(s.clone());
+                            s
+                        }
+                    };
+                    schema = Some(found);
+                }
+                "if_version" if if_version.is_none() => {
+                    if_version = Some(map.next_value_seed(IfVersionSeed)?);
+                }
+                f @ ("row" | "set") if fields.is_none() => {
+                    let is_set = f == "set";
+                    let pending = match &schema {
+                        Some(s) => Pending::Decoded(map.next_value_seed(RowSeed { schema: s })?),
+                        None => Pending::Json(map.next_value::<Map<String, Json>>()?),
+                    };
+                    fields = Some((is_set, pending));
+                }
+                "id" if id.is_none() => {
+                    id = Some(match &schema {
+                        Some(s) => Ok(map.next_value_seed(ColumnSeed(s.pk_column().ty))?),
+                        None => Err(map.next_value::<Json>()?),
+                    });
+                }
+                _ => return Err(give_up()),
+            }
+        }
+        let (Some(kind), Some(schema)) = (kind, schema) else {
+            return Err(give_up());
+        };
+        let if_version = if_version.flatten();
+        let fields = match fields {
+            None => None,
+            Some((is_set, pending)) => {
+                if is_set != (kind == Kind::Patch) {
+                    return Err(give_up());
+                }
+                Some(match pending {
+                    Pending::Decoded(v) => v,
+                    Pending::Json(m) => from_json_map(&schema, &m).ok_or_else(give_up)?,
+                })
+            }
+        };
+        let id = match id {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(json)) => {
+                Some(Value::from_json(schema.pk_column().ty, &json).map_err(|_| give_up())?)
+            }
+        };
+        let op = match kind {
+            Kind::Insert | Kind::Upsert => {
+                let (Some(fields), None) = (fields, id) else {
+                    return Err(give_up());
+                };
+                let values = full_row(&schema, fields).ok_or_else(give_up)?;
+                let key = Key::from_value(&values[schema.pk]).ok_or_else(give_up)?;
+                TypedOp::Put {
+                    key,
+                    values: values.into(),
+                    if_version,
+                    replace: kind == Kind::Upsert,
+                    schema,
+                }
+            }
+            Kind::Patch => {
+                let (Some(set), Some(id)) = (fields, id) else {
+                    return Err(give_up());
+                };
+                if set.iter().any(|(i, _)| *i == schema.pk) {
+                    return Err(give_up());
+                }
+                let key = Key::from_value(&id).ok_or_else(give_up)?;
+                TypedOp::Patch {
+                    schema,
+                    key,
+                    set,
+                    if_version,
+                }
+            }
+            Kind::Delete => {
+                let (None, Some(id)) = (fields, id) else {
+                    return Err(give_up());
+                };
+                let key = Key::from_value(&id).ok_or_else(give_up)?;
+                TypedOp::Delete {
+                    schema,
+                    key,
+                    if_version,
+                }
+            }
+        };
+        Ok(op)
+    }
+}
+
+/// `"if_version"`: null or a non-negative integer.
+struct IfVersionSeed;
+
+impl<'de> DeserializeSeed<'de> for IfVersionSeed {
+    type Value = Option<u64>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IfVersionSeed {
+    type Value = Option<u64>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a version")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Some(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        u64::try_from(v).map(Some).map_err(|_| give_up())
+    }
+}
+
+/// The columns of a `row` or `set` object, by position, converted by each column's type.
+/// Unknown or repeated columns give up.
+struct RowSeed<'a> {
+    schema: &'a TableSchema,
+}
+
+impl<'de> DeserializeSeed<'de> for RowSeed<'_> {
+    type Value = Vec<(usize, Value)>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowSeed<'_> {
+    type Value = Vec<(usize, Value)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a row object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let columns = &self.schema.columns;
+        let mut out = Vec::with_capacity(columns.len());
+        let mut seen = Seen::new(columns.len());
+        // Clients usually name the columns in schema order: try the next one first.
+        let mut next = 0;
+        while let Some(name) = map.next_key::<KeyStr<'de>>()? {
+            let name = name.as_str();
+            let i = match columns.get(next) {
+                Some(c) if c.name == name => next,
+                _ => self.schema.column(name).ok_or_else(give_up)?,
+            };
+            if !seen.insert(i) {
+                return Err(give_up());
+            }
+            next = i + 1;
+            out.push((i, map.next_value_seed(ColumnSeed(columns[i].ty))?));
+        }
+        Ok(out)
+    }
+}
+
+/// Which columns a row named (a repeated one gives up).
+struct Seen(Vec<u64>);
+
+impl Seen {
+    fn new(n: usize) -> Seen {
+        Seen(vec![0; n.div_ceil(64)])
+    }
+    fn insert(&mut self, i: usize) -> bool {
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        let fresh = self.0[w] & b == 0;
+        self.0[w] |= b;
+        fresh
+    }
+}
+
+/// One column value, converted as `Value::from_json(ty, …)` would (null → NULL).
+struct ColumnSeed(ColumnType);
+
+impl<'de> DeserializeSeed<'de> for ColumnSeed {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if self.0 == ColumnType::Json {
+            let json = Json::deserialize(d)?;
+            return Value::from_json(ColumnType::Json, &json).map_err(|_| give_up());
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ColumnSeed {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a {} value", self.0)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        match self.0 {
+            ColumnType::Boolean => Ok(Value::Boolean(v)),
+            _ => Err(give_up()),
+        }
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        match self.0 {
+            ColumnType::Integer => Ok(Value::Integer(v)),
+            ColumnType::Timestamp => Ok(Value::Timestamp(v)),
+            ColumnType::Real => Ok(Value::Real(v as f64)),
+            _ => Err(give_up()),
+        }
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        match self.0 {
+            ColumnType::Integer | ColumnType::Timestamp => {
+                let v = i64::try_from(v).map_err(|_| give_up())?;
+                self.visit_i64(v)
+            }
+            ColumnType::Real => Ok(Value::Real(v as f64)),
+            _ => Err(give_up()),
+        }
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        // As serde_json keeps a number: a non-finite one would be null (JSON has none).
+        match self.0 {
+            ColumnType::Real if v.is_finite() => Ok(Value::Real(v)),
+            _ => Err(give_up()),
+        }
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        match self.0 {
+            ColumnType::Text => Ok(Value::Text(v.into())),
+            ColumnType::Blob => {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(v)
+                    .map_err(|_| give_up())?;
+                Ok(Value::Blob(bytes.into()))
+            }
+            _ => Err(give_up()),
+        }
+    }
+}
+
+/// A row or `set` given before its table: converted as the general path would, or `None`.
+fn from_json_map(schema: &TableSchema, map: &Map<String, Json>) -> Option<Vec<(usize, Value)>> {
+    map.iter()
+        .map(|(name, json)| {
+            let i = schema.column(name)?;
+            let v = Value::from_json(schema.columns[i].ty, json).ok()?;
+            Some((i, v))
+        })
+        .collect()
+}
+
+/// A whole row from the named columns: defaults (or NULL) for the rest; `None` if a NOT
+/// NULL column would be null.
+fn full_row(schema: &TableSchema, named: Vec<(usize, Value)>) -> Option<Vec<Value>> {
+    let mut values: Vec<Option<Value>> = vec![None; schema.columns.len()];
+    for (i, v) in named {
+        values[i] = Some(v);
+    }
+    let values: Vec<Value> = values
+        .into_iter()
+        .zip(&schema.columns)
+        .map(|(v, c)| v.or_else(|| c.default.clone()).unwrap_or(Value::Null))
+        .collect();
+    let ok = schema
+        .columns
+        .iter()
+        .zip(&values)
+        .all(|(c, v)| !(c.not_null && v.is_null()));
+    ok.then_some(values)
+}
