@@ -75,11 +75,11 @@ impl Columns {
                 let columns = schema
                     .columns
                     .iter()
-                    .map(|c| Ok(Persistent::save(ctx, Atom::from_str(ctx.clone(), &c.name)?)))
+                    .map(|c| saved_atom(ctx, &c.name))
                     .collect::<rquickjs::Result<Vec<_>>>()?;
                 let entry = TableColumns {
                     table: table.into(),
-                    table_atom: Persistent::save(ctx, Atom::from_str(ctx.clone(), table)?),
+                    table_atom: saved_atom(ctx, table)?,
                     schema: schema.clone(),
                     columns,
                 };
@@ -100,6 +100,13 @@ impl Columns {
         };
         Ok(&self.tables[at].columns)
     }
+}
+
+/// The atom of `name`, made from a JS string (QuickJS's `JS_NewAtomLen` may match a
+/// non-ASCII name to the atom of its UTF-8 bytes read as Latin-1).
+fn saved_atom(ctx: &Ctx<'_>, name: &str) -> rquickjs::Result<SavedAtom> {
+    let text = rquickjs::String::from_str(ctx.clone(), name)?.into_value();
+    Ok(Persistent::save(ctx, Atom::from_value(ctx.clone(), &text)?))
 }
 
 /// One property of a `set` (`tx.patch`) as read from JavaScript: a primitive kept as it

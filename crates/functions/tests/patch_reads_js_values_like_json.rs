@@ -227,3 +227,47 @@ fn patch_from_javascript_matches_the_json_patch_on_random_sets() {
         "{typed} written, {refused} refused"
     );
 }
+
+#[test]
+fn non_ascii_table_and_column_names_are_matched_exactly() {
+    let mut db = Db::new(Limits::default(), Changelog::new(Retention::default()));
+    let change =
+        sluice_sql::parse_ddl("CREATE TABLE \"ü\" (id INTEGER PRIMARY KEY, \"é\" INTEGER)")
+            .unwrap()
+            .remove(0)
+            .change;
+    db.apply_schema(vec![change], "ddl".into()).unwrap();
+    let mut tx = db.transaction();
+    tx.insert("ü", json!({"id": 1, "é": 2}).as_object().unwrap(), None)
+        .unwrap();
+    tx.commit().unwrap();
+    let mut functions = Functions::new(FunctionLimits::default()).unwrap();
+    functions
+        .load(
+            r#"
+export function go(tx) {
+  const before = tx.get("ü", 1);
+  tx.patch("ü", 1, { "é": before["é"] + 1 });
+  let wrong;
+  try { tx.patch("ü", 1, { "Ã©": 7 }); } catch (e) { wrong = e.message; }
+  let table;
+  try { tx.get("Ã¼", 1); } catch (e) { table = e.message; }
+  return { before, after: tx.get("ü", 1), wrong, table };
+}
+"#,
+        )
+        .unwrap();
+    let st = db.begin();
+    let (_, got) = functions.call("go", &json!(null), None, Owned { db, st });
+    let got = got.unwrap();
+    assert_eq!(got["before"], json!({"id": 1, "é": 2}));
+    assert_eq!(got["after"], json!({"id": 1, "é": 3}));
+    assert!(
+        got["wrong"]
+            .as_str()
+            .unwrap()
+            .contains("has no column \"Ã©\""),
+        "{got}"
+    );
+    assert!(got["table"].as_str().unwrap().contains("Ã¼"), "{got}");
+}
