@@ -1504,6 +1504,49 @@ impl TxRef<'_> {
             version,
         })
     }
+
+    // ---- Typed writes for server functions (`sluice-functions`) ------------------------
+    // The JavaScript `tx` reads a function's values straight into typed values by the
+    // schema, so these take a key and values instead of JSON. Same checks, same order,
+    // same errors as their JSON twins above.
+
+    /// [`TxRef::patch`] with the row's key and the new values already typed: `set` holds
+    /// `(column position, value)` pairs; each value must fit its column's type
+    /// ([`Value::fits`]) and none may be the primary key (the caller checks both; a debug
+    /// build asserts them). The values are moved out of `set` (left NULL), so a caller can
+    /// reuse its buffer.
+    pub fn patch_typed(
+        &mut self,
+        table_name: &str,
+        key: Key,
+        set: &mut [(usize, Value)],
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let table = self.db.table(table_name)?;
+        let schema = &table.schema;
+        let existing = table.rows.get(&key);
+        check_version(table_name, &key, existing, if_version)?;
+        let Some(old) = existing else {
+            return Err(not_found(table_name, &key));
+        };
+        debug_assert!(set
+            .iter()
+            .all(|(i, v)| *i != schema.pk && v.fits(schema.columns[*i].ty)));
+        // One allocation: the new row is built in its final place.
+        let values: Arc<[Value]> = old
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match set.iter_mut().rfind(|(c, _)| *c == i) {
+                Some((_, new)) => std::mem::replace(new, Value::Null),
+                None => v.clone(),
+            })
+            .collect();
+        check_not_null(schema, &values)?;
+        self.check_row_size(table_name, &values)?;
+        let version = self.st.seq;
+        self.write(table_name, key, Some(values), ChangeOp::Update, version)
+    }
 }
 
 /// Most bytes a commit record's header takes (record type, seq, change count, topic count).

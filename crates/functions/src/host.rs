@@ -1,11 +1,267 @@
 //! The `tx` object handed to every function: host functions over the lent transaction.
 
-use rquickjs::{Ctx, Exception, Function, Object, Value};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rquickjs::{Atom, Ctx, Exception, Function, Object, Persistent, Type, Value};
 use sluice_engine::db::key_from_json;
-use sluice_engine::TxError;
+use sluice_engine::{ColumnType, TableSchema, TxError, Value as DbValue};
 
 use crate::convert::{db_to_js, js_to_json};
 use crate::{AuthSlot, Slot};
+
+/// Tables whose column atoms are kept at most (past it the cache starts over).
+const CACHED_TABLES_MAX: usize = 64;
+
+/// The names of the tables the module's functions touched and of their columns, as JS
+/// atoms made once per table schema: a table named by a string literal is found by its
+/// atom (no text made of it), `tx.get` names its row objects' properties with the column
+/// atoms and `tx.patch` matches the property names of its `set` against them (atoms
+/// compare as integers). Held as [`Persistent`] values, each of which holds its context,
+/// while the host functions that share this cache live in that context:
+/// [`Columns::clear`] must run before the context is dropped, or neither would be freed.
+#[derive(Default)]
+pub(crate) struct Columns {
+    tables: Vec<TableColumns>,
+}
+
+type SavedAtom = Persistent<Atom<'static>>;
+
+struct TableColumns {
+    table: Rc<str>,
+    table_atom: SavedAtom,
+    /// The schema the atoms were made for. A schema change gives the table a new `Arc`
+    /// (and holding this one keeps its address from being reused).
+    schema: Arc<TableSchema>,
+    columns: Vec<SavedAtom>,
+}
+
+impl Columns {
+    /// Drops every atom (and with them their hold on the context).
+    pub(crate) fn clear(&mut self) {
+        self.tables.clear();
+    }
+
+    /// The table named by the JS value `table` (a string, else the error converting it to
+    /// one), without making a Rust string of it when it is a known table's name.
+    fn table_name<'js>(&self, ctx: &Ctx<'js>, table: &Value<'js>) -> rquickjs::Result<Rc<str>> {
+        if table.is_string() {
+            let atom = Persistent::save(ctx, Atom::from_value(ctx.clone(), table)?);
+            if let Some(t) = self.tables.iter().find(|t| t.table_atom == atom) {
+                return Ok(t.table.clone());
+            }
+        }
+        let name: String = rquickjs::FromJs::from_js(ctx, table.clone())?;
+        Ok(name.into())
+    }
+
+    /// The atoms of `schema`'s columns, in column order.
+    fn columns<'js>(
+        &mut self,
+        ctx: &Ctx<'js>,
+        table: &str,
+        schema: &Arc<TableSchema>,
+    ) -> rquickjs::Result<&[SavedAtom]> {
+        let found = self.tables.iter().position(|t| *t.table == *table);
+        let at = match found {
+            Some(i)
+                if Arc::ptr_eq(&self.tables[i].schema, schema)
+                    && self.tables[i].columns.len() == schema.columns.len() =>
+            {
+                i
+            }
+            _ => {
+                let columns = schema
+                    .columns
+                    .iter()
+                    .map(|c| saved_atom(ctx, &c.name))
+                    .collect::<rquickjs::Result<Vec<_>>>()?;
+                let entry = TableColumns {
+                    table: table.into(),
+                    table_atom: saved_atom(ctx, table)?,
+                    schema: schema.clone(),
+                    columns,
+                };
+                match found {
+                    Some(i) => {
+                        self.tables[i] = entry;
+                        i
+                    }
+                    None => {
+                        if self.tables.len() >= CACHED_TABLES_MAX {
+                            self.tables.clear();
+                        }
+                        self.tables.push(entry);
+                        self.tables.len() - 1
+                    }
+                }
+            }
+        };
+        Ok(&self.tables[at].columns)
+    }
+}
+
+/// The atom of `name`, made from a JS string (QuickJS's `JS_NewAtomLen` may match a
+/// non-ASCII name to the atom of its UTF-8 bytes read as Latin-1).
+fn saved_atom(ctx: &Ctx<'_>, name: &str) -> rquickjs::Result<SavedAtom> {
+    let text = rquickjs::String::from_str(ctx.clone(), name)?.into_value();
+    Ok(Persistent::save(ctx, Atom::from_value(ctx.clone(), &text)?))
+}
+
+/// One property of a `set` (`tx.patch`) as read from JavaScript: a primitive kept as it
+/// is (its JSON form is implied), or anything else already converted to JSON exactly as
+/// [`js_to_json`] converts it.
+enum Prop {
+    Null,
+    Bool(bool),
+    /// A JS integer, or a float with an integral value below 2^53 (JSON reads both as an
+    /// integer).
+    Int(i64),
+    /// A finite float that is not such an integer.
+    Float(f64),
+    Text(String),
+    Json(serde_json::Value),
+}
+
+impl Prop {
+    /// `value` as a property of an object at depth 0 (so the value is at depth 1); `None`
+    /// if [`js_to_json`] skips it (a function or `undefined`).
+    fn read(value: &Value<'_>) -> Result<Option<Prop>, String> {
+        if value.is_function() || value.type_of() == Type::Undefined {
+            return Ok(None);
+        }
+        Ok(Some(match value.type_of() {
+            Type::Null => Prop::Null,
+            Type::Bool => Prop::Bool(value.as_bool().unwrap_or(false)),
+            Type::Int => Prop::Int(value.as_int().unwrap_or(0).into()),
+            Type::Float => match value.as_float() {
+                Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
+                    Prop::Int(f as i64)
+                }
+                Some(f) if f.is_finite() => Prop::Float(f),
+                _ => Prop::Json(js_to_json(value, 1)?),
+            },
+            Type::String => Prop::Text(
+                value
+                    .as_string()
+                    .and_then(|s| s.to_string().ok())
+                    .unwrap_or_default(),
+            ),
+            _ => Prop::Json(js_to_json(value, 1)?),
+        }))
+    }
+
+    /// Whether this property converts to a value of a column of type `ty` without error
+    /// (else the JSON path says why, in its words).
+    fn fits(&self, ty: ColumnType) -> bool {
+        matches!(
+            (ty, self),
+            (_, Prop::Null)
+                | (
+                    ColumnType::Integer | ColumnType::Timestamp | ColumnType::Real,
+                    Prop::Int(_)
+                )
+                | (ColumnType::Real, Prop::Float(_))
+                | (ColumnType::Boolean, Prop::Bool(_))
+                | (ColumnType::Text, Prop::Text(_))
+        )
+    }
+
+    /// The value for a column of type `ty`, which it [`Prop::fits`]; a text is moved out.
+    fn take(&mut self, ty: ColumnType) -> DbValue {
+        match (ty, self) {
+            (ColumnType::Integer, Prop::Int(i)) => DbValue::Integer(*i),
+            (ColumnType::Timestamp, Prop::Int(i)) => DbValue::Timestamp(*i),
+            (ColumnType::Real, Prop::Int(i)) => DbValue::Real(*i as f64),
+            (ColumnType::Real, Prop::Float(f)) => DbValue::Real(*f),
+            (ColumnType::Boolean, Prop::Bool(b)) => DbValue::Boolean(*b),
+            (ColumnType::Text, Prop::Text(s)) => DbValue::Text(std::mem::take(s).into()),
+            _ => DbValue::Null,
+        }
+    }
+
+    fn into_json(self) -> serde_json::Value {
+        match self {
+            Prop::Null => serde_json::Value::Null,
+            Prop::Bool(b) => serde_json::Value::Bool(b),
+            Prop::Int(i) => serde_json::Value::from(i),
+            Prop::Float(f) => serde_json::Number::from_f64(f)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            Prop::Text(s) => serde_json::Value::String(s),
+            Prop::Json(j) => j,
+        }
+    }
+}
+
+/// The `set` of a `tx.patch` as read from JavaScript, property by property in the order
+/// [`js_to_json`] reads them (so getters run, and errors arise, exactly as they did when
+/// `set` was converted to a JSON object first).
+enum SetArg {
+    Props(Vec<(SavedAtom, Prop)>),
+    /// Not a plain object: converted as before (`Object` only when it is one).
+    Json(serde_json::Map<String, serde_json::Value>),
+}
+
+impl SetArg {
+    fn read<'js>(ctx: &Ctx<'js>, value: &Value<'js>, what: &str) -> rquickjs::Result<SetArg> {
+        if value.type_of() != Type::Object {
+            return object_arg(ctx, value, what).map(SetArg::Json);
+        }
+        let object = value.as_object().expect("type is object");
+        let mut props = Vec::new();
+        for prop in object.props::<Atom<'js>, Value<'js>>() {
+            let (k, v) = prop.map_err(|e| throw(ctx, "bad_request", &format!("{what}: {e}")))?;
+            match Prop::read(&v) {
+                Ok(Some(p)) => props.push((Persistent::save(ctx, k), p)),
+                Ok(None) => {}
+                Err(e) => return Err(throw(ctx, "bad_request", &format!("{what}: {e}"))),
+            }
+        }
+        Ok(SetArg::Props(props))
+    }
+
+    /// The JSON object [`object_arg`] would have made of it.
+    fn into_json(
+        self,
+        ctx: &Ctx<'_>,
+    ) -> rquickjs::Result<serde_json::Map<String, serde_json::Value>> {
+        match self {
+            SetArg::Json(map) => Ok(map),
+            SetArg::Props(props) => {
+                let mut map = serde_json::Map::new();
+                for (k, p) in props {
+                    map.insert(k.restore(ctx)?.to_string()?, p.into_json());
+                }
+                Ok(map)
+            }
+        }
+    }
+}
+
+/// `props` as `(column, value)` pairs of `schema` for a patch, if every property names a
+/// column other than the key and converts to its type; `None` sends the patch down the
+/// JSON path, which refuses it with its own errors in its own order.
+fn typed_set(
+    props: &mut [(SavedAtom, Prop)],
+    schema: &TableSchema,
+    atoms: &[SavedAtom],
+    out: &mut Vec<(usize, DbValue)>,
+) -> Option<()> {
+    out.clear();
+    for (name, prop) in props.iter() {
+        let i = atoms.iter().position(|a| a == name)?;
+        if i == schema.pk || !prop.fits(schema.columns[i].ty) {
+            return None;
+        }
+        out.push((i, DbValue::Null));
+    }
+    // All fit: only now are texts moved out (a refusal above leaves `props` whole).
+    for ((i, value), (_, prop)) in out.iter_mut().zip(props.iter_mut()) {
+        *value = prop.take(schema.columns[*i].ty);
+    }
+    Some(())
+}
 
 /// Makes `tx.auth` a getter that cannot be redefined, then freezes `tx`: nothing a function
 /// does to `tx` reaches a later call. Runs before the module, with the realm's own `Object`.
@@ -75,15 +331,22 @@ pub(crate) fn install<'js>(
     slot: Slot,
     auth: AuthSlot,
     rng: std::rc::Rc<std::cell::Cell<u64>>,
+    columns: Rc<RefCell<Columns>>,
 ) -> rquickjs::Result<Object<'js>> {
     let tx = Object::new(ctx.clone())?;
 
     let s = slot.clone();
+    let cols = columns.clone();
     tx.set(
         "get",
         Function::new(
             ctx.clone(),
-            move |ctx: Ctx<'js>, table: String, id: Value<'js>| -> rquickjs::Result<Value<'js>> {
+            move |ctx: Ctx<'js>,
+                  table: Value<'js>,
+                  id: Value<'js>|
+                  -> rquickjs::Result<Value<'js>> {
+                // No borrow of the cache is held while JavaScript may run (a getter of `id`).
+                let table = cols.borrow().table_name(&ctx, &table)?;
                 let id = json_arg(&ctx, &id, "id")?;
                 with_access(&ctx, &s, |access| {
                     let tx = access.tx();
@@ -93,9 +356,11 @@ pub(crate) fn install<'js>(
                     match t.rows.get(&key) {
                         None => Ok(Value::new_null(ctx.clone())),
                         Some(row) => {
+                            let mut cols = cols.borrow_mut();
+                            let atoms = cols.columns(&ctx, &table, &t.schema)?;
                             let object = Object::new(ctx.clone())?;
-                            for (col, v) in t.schema.columns.iter().zip(row.values.iter()) {
-                                object.set(col.name.as_str(), db_to_js(&ctx, v)?)?;
+                            for (atom, v) in atoms.iter().zip(row.values.iter()) {
+                                object.set(atom.clone().restore(&ctx)?, db_to_js(&ctx, v)?)?;
                             }
                             Ok(object.into_value())
                         }
@@ -128,17 +393,41 @@ pub(crate) fn install<'js>(
     }
 
     let s = slot.clone();
+    let cols = columns.clone();
+    // Reused by every patch: the typed values of one `set`.
+    let typed: RefCell<Vec<(usize, DbValue)>> = RefCell::default();
     tx.set(
         "patch",
         Function::new(
             ctx.clone(),
-            move |ctx: Ctx<'js>, table: String, id: Value<'js>, set: Value<'js>| {
+            move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
+                let table = cols.borrow().table_name(&ctx, &table)?;
                 let id = json_arg(&ctx, &id, "id")?;
-                let set = object_arg(&ctx, &set, "set")?;
+                let mut set = SetArg::read(&ctx, &set, "set")?;
                 with_access(&ctx, &s, |access| {
-                    access
-                        .tx()
-                        .patch(&table, &id, &set, None)
+                    let mut tx = access.tx();
+                    let mut typed = typed.borrow_mut();
+                    // Typed when every property fits its column; else the JSON path, which
+                    // refuses the patch with the errors it always gave, in the same order.
+                    let fast = match &mut set {
+                        SetArg::Props(props) => match tx.db().table(&table) {
+                            Ok(t) => {
+                                let mut cols = cols.borrow_mut();
+                                let atoms = cols.columns(&ctx, &table, &t.schema)?;
+                                typed_set(props, &t.schema, atoms, &mut typed)
+                                    .map(|()| key_from_json(&t.schema, &id))
+                            }
+                            Err(_) => None,
+                        },
+                        SetArg::Json(_) => None,
+                    };
+                    let written = match fast {
+                        Some(key) => {
+                            key.and_then(|key| tx.patch_typed(&table, key, &mut typed, None))
+                        }
+                        None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
+                    };
+                    written
                         .map(|w| w.version as f64)
                         .map_err(|e| tx_error(&ctx, e))
                 })

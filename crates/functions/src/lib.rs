@@ -113,8 +113,18 @@ struct Loaded {
     allow: Option<Persistent<Function<'static>>>,
     /// The realm's own `Object.freeze`, taken before the module ran.
     freeze: Persistent<Function<'static>>,
+    /// Column names cached by the `tx` host functions (which hold it too).
+    columns: Rc<RefCell<host::Columns>>,
     /// Declared last: dropped after the values above that live in it.
     context: Context,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // The cached names hold the context and are held by its host functions: without
+        // this, the context would never be freed.
+        self.columns.borrow_mut().clear();
+    }
 }
 
 /// A loaded module and the engine that runs it. Not `Send`: keep it on one thread.
@@ -190,6 +200,8 @@ impl Functions {
         let slot = self.slot.clone();
         let auth = self.auth.clone();
         let rng = self.rng.clone();
+        let columns: Rc<RefCell<host::Columns>> = Rc::default();
+        let host_columns = columns.clone();
         let loaded = context.with(|ctx| {
             ctx.eval::<(), _>(PRELUDE)
                 .catch(&ctx)
@@ -199,7 +211,7 @@ impl Functions {
                 .get::<_, Object>("Object")
                 .and_then(|o| o.get("freeze"))
                 .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let tx = host::install(&ctx, slot, auth, rng)
+            let tx = host::install(&ctx, slot, auth, rng, host_columns)
                 .map_err(|e| FunctionError::Value(e.to_string()))?;
             let (module, promise) = Module::declare(ctx.clone(), MODULE_NAME, source)
                 .catch(&ctx)
@@ -240,6 +252,7 @@ impl Functions {
             tx,
             allow,
             freeze,
+            columns,
             context,
         });
         self.exports = names;

@@ -1106,7 +1106,7 @@ async fn call(
     Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     body: Body,
-) -> ApiResult {
+) -> Result<Response, ApiError> {
     let Path(name) = path.map_err(path_error)?;
     let body = json_body(&core, body).await?;
     let durability = durability_of(&body)?;
@@ -1123,7 +1123,17 @@ async fn call(
     let ok = core
         .call_function_as(&caller, name, args, durability)
         .await?;
-    Ok(Json(json!({"seq": ok.seq, "result": ok.result})))
+    /// `{"seq", "result"}`, serialized from its parts (no JSON object is built for it).
+    #[derive(serde::Serialize)]
+    struct Called {
+        seq: u64,
+        result: Value,
+    }
+    Ok(Json(Called {
+        seq: ok.seq,
+        result: ok.result,
+    })
+    .into_response())
 }
 
 async fn put_functions(

@@ -96,6 +96,55 @@ pub(crate) async fn upgrade(
     })
 }
 
+/// A reply as the connection's sender writes it: a JSON value, or a call's result, which is
+/// encoded straight from its parts (no JSON object is built for it).
+enum Outgoing {
+    Value(Value),
+    CallResult { id: Value, seq: u64, result: Value },
+}
+
+/// The fields of a call's result reply, in the order (and so with the bytes) of the JSON
+/// object it replaces: `{"type": "result", "seq", "result", "id"}`.
+#[derive(serde::Serialize)]
+struct CallResult<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    seq: u64,
+    result: &'a Value,
+    id: &'a Value,
+}
+
+fn encode_reply(encoding: Encoding, reply: &Outgoing) -> Message {
+    let (id, seq, result) = match reply {
+        Outgoing::Value(value) => return encode(encoding, value),
+        Outgoing::CallResult { id, seq, result } => (id, *seq, result),
+    };
+    let reply = CallResult {
+        kind: "result",
+        seq,
+        result,
+        id,
+    };
+    match encoding {
+        Encoding::Json => match serde_json::to_string(&reply) {
+            Ok(text) => Message::Text(text.into()),
+            Err(e) => encode_failed(e.to_string()),
+        },
+        Encoding::Msgpack => match rmp_serde::to_vec_named(&reply) {
+            Ok(bytes) => Message::Binary(bytes.into()),
+            Err(e) => encode_failed(e.to_string()),
+        },
+    }
+}
+
+fn encode_failed(message: String) -> Message {
+    Message::Text(
+        json!({"type": "error", "id": null, "error": {"code": "internal", "message": message}})
+            .to_string()
+            .into(),
+    )
+}
+
 fn encode(encoding: Encoding, value: &Value) -> Message {
     match encoding {
         Encoding::Json => Message::Text(value.to_string().into()),
@@ -145,7 +194,7 @@ fn error_reply(id: &Value, e: ApiError) -> Value {
 }
 
 /// A reply still to come, or already there.
-type ReplyFuture = Pin<Box<dyn Future<Output = Value> + Send>>;
+type ReplyFuture = Pin<Box<dyn Future<Output = Outgoing> + Send>>;
 
 /// A topic watch's messages (`watching`, records, a final `error`), polled by the
 /// connection's sender itself: a record goes from the watch's queue to the socket with no
@@ -187,13 +236,13 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                 Some(watch) = watches_rx.recv() => watching.push(watch),
                 Some(reply) = inflight.replies.next(), if !inflight.replies.is_empty() => {
                     let mut answered = 1;
-                    let mut fed = sink.feed(encode(encoding, &reply)).await.is_ok();
+                    let mut fed = sink.feed(encode_reply(encoding, &reply)).await.is_ok();
                     while fed {
                         let Some(Some(reply)) = inflight.replies.next().now_or_never() else {
                             break;
                         };
                         answered += 1;
-                        fed = sink.feed(encode(encoding, &reply)).await.is_ok();
+                        fed = sink.feed(encode_reply(encoding, &reply)).await.is_ok();
                     }
                     // One update of the shared gauge per batch of replies, not per reply.
                     inflight.answered(answered);
@@ -255,7 +304,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
     let body_max = core.config().body_bytes_max;
     let mut subs = Subscriptions::default();
     let mut watches = Watches::default();
-    let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(v)) };
+    let ready = |v: Value| -> ReplyFuture { Box::pin(std::future::ready(Outgoing::Value(v))) };
     let mut closing = core.closing();
     loop {
         let message = tokio::select! {
@@ -359,7 +408,7 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         }
                         Ok(pending) => {
                             let core = core.clone();
-                            Box::pin(async move { pending.finish(&core, &id).await })
+                            Box::pin(async move { pending.reply(&core, id).await })
                         }
                         Err(e) => {
                             note_refusal(&core, &e);
@@ -767,9 +816,9 @@ async fn fast_append(core: &Arc<Core>, caller: &Caller, text: &str) -> Option<Re
     Some(match pending {
         Ok(pending) => {
             let core = core.clone();
-            Box::pin(async move { pending.finish(&core, &id).await })
+            Box::pin(async move { pending.reply(&core, id).await })
         }
-        Err(e) => Box::pin(std::future::ready(error_reply(&id, e))),
+        Err(e) => Box::pin(std::future::ready(Outgoing::Value(error_reply(&id, e)))),
     })
 }
 
@@ -801,6 +850,37 @@ enum Pending {
 }
 
 impl Pending {
+    /// The reply to send for this request: a call's success as its parts, encoded by the
+    /// sender without a JSON object in between; anything else as [`Pending::finish`] makes it.
+    async fn reply(self, core: &Core, id: Value) -> Outgoing {
+        let Pending::Call(rx) = self else {
+            return Outgoing::Value(self.finish(core, &id).await);
+        };
+        let outcome = match core.settle(rx).await {
+            Ok(ok) => {
+                let confirmed = if ok.wrote {
+                    Ok(())
+                } else {
+                    core.wait_confirmed(ok.seq).await
+                };
+                confirmed.map(|_| ok)
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(ok) => Outgoing::CallResult {
+                id,
+                seq: ok.seq,
+                result: ok.result,
+            },
+            Err(e) => {
+                let e = ApiError::from(e);
+                note_refusal(core, &e);
+                Outgoing::Value(error_reply(&id, e))
+            }
+        }
+    }
+
     async fn finish(self, core: &Core, id: &Value) -> Value {
         let result: Result<Value, CoreError> = match self {
             Pending::Now(v) => Ok(v),
