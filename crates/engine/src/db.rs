@@ -1523,7 +1523,7 @@ impl TxRef<'_> {
         if_version: Option<u64>,
     ) -> Result<WriteResult, TxError> {
         let table = self.db.table(table_name)?;
-        let schema = &table.schema;
+        let schema = table.schema.clone();
         let existing = table.rows.get(&key);
         check_version(table_name, &key, existing, if_version)?;
         let Some(old) = existing else {
@@ -1542,10 +1542,10 @@ impl TxRef<'_> {
                 None => v.clone(),
             })
             .collect();
-        check_not_null(schema, &values)?;
+        check_not_null(&schema, &values)?;
         self.check_row_size(table_name, &values)?;
         let version = self.st.seq;
-        self.write(table_name, key, Some(values), ChangeOp::Update, version)
+        self.write(&schema, key, Some(values), ChangeOp::Update, version)
     }
 }
 
