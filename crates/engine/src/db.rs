@@ -697,6 +697,41 @@ impl Db {
 
     /// Applies a commit read back from the log or a peer. It **must** be the next seq.
     pub fn replay(&mut self, seq: u64, body: ReplayBody) -> Result<(), String> {
+        self.replay_with(seq, body, None)
+    }
+
+    /// [`Db::replay`] for recovery: writes that extend a table which was empty when its
+    /// first replayed write came, in strictly ascending key order, are held in `bulk` and
+    /// built in bulk ([`Table::load_sorted`]) at the next barrier — a write to the table
+    /// out of that order, any schema commit, or [`Db::finish_bulk`], which **must** be
+    /// called before the state is used. The end state is the one [`Db::replay`] builds.
+    pub fn replay_bulk(
+        &mut self,
+        seq: u64,
+        body: ReplayBody,
+        bulk: &mut BulkLoad,
+    ) -> Result<(), String> {
+        self.replay_with(seq, body, Some(bulk))
+    }
+
+    /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
+    pub fn finish_bulk(&mut self, bulk: &mut BulkLoad) {
+        for (name, state) in std::mem::take(&mut bulk.tables) {
+            if let BulkTable::Pending(rows) = state {
+                self.tables
+                    .get_mut(&name)
+                    .expect("tables change only at schema commits, which flush first")
+                    .load_sorted(rows);
+            }
+        }
+    }
+
+    fn replay_with(
+        &mut self,
+        seq: u64,
+        body: ReplayBody,
+        mut bulk: Option<&mut BulkLoad>,
+    ) -> Result<(), String> {
         if self.seq.checked_add(1) != Some(seq) {
             return Err(format!(
                 "expected seq {}, found {seq}",
@@ -711,7 +746,7 @@ impl Db {
                 CommitBody::Topic(change)
             }
             ReplayBody::Tx { rows, appends: a } => {
-                let changes = self.replay_rows(seq, rows)?;
+                let changes = self.replay_rows(seq, rows, bulk)?;
                 for batch in &a {
                     let t = self.topics.get_mut(&*batch.topic).ok_or_else(|| {
                         format!("seq {seq} appends to unknown topic {:?}", batch.topic)
@@ -739,6 +774,9 @@ impl Db {
                 CommitBody::Rows(changes)
             }
             ReplayBody::Schema { changes, sql } => {
+                if let Some(bulk) = bulk.as_deref_mut() {
+                    self.finish_bulk(bulk);
+                }
                 for change in &changes {
                     // Limits bind new requests, not history: a lowered limit must not stop
                     // recovery of tables created under a higher one.
@@ -755,7 +793,7 @@ impl Db {
                 self.schema_seq = seq;
                 CommitBody::Schema { changes, sql }
             }
-            ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows)?),
+            ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows, bulk)?),
         };
         self.seq = seq;
         self.changelog.push(Arc::new(Commit {
@@ -766,33 +804,96 @@ impl Db {
         Ok(())
     }
 
-    fn replay_rows(&mut self, seq: u64, rows: Vec<ReplayRow>) -> Result<Vec<Change>, String> {
+    fn replay_rows(
+        &mut self,
+        seq: u64,
+        rows: Vec<ReplayRow>,
+        mut bulk: Option<&mut BulkLoad>,
+    ) -> Result<Vec<Change>, String> {
         let mut changes = Vec::with_capacity(rows.len());
         for r in rows {
             let table = self
                 .tables
-                .get_mut(&r.table)
+                .get_mut(&*r.table)
                 .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
-            let row: Option<Arc<[Value]>> = r.values.map(Into::into);
-            let old = match &row {
-                Some(values) => {
-                    if values.len() != table.schema.columns.len() {
-                        return Err(format!(
-                            "seq {seq}: row of {} values for table {:?} of {} columns",
-                            values.len(),
-                            r.table,
-                            table.schema.columns.len()
+            let row = r.values;
+            if let Some(values) = &row {
+                if values.len() != table.schema.columns.len() {
+                    return Err(format!(
+                        "seq {seq}: row of {} values for table {:?} of {} columns",
+                        values.len(),
+                        r.table,
+                        table.schema.columns.len()
+                    ));
+                }
+            }
+            if let Some(bulk) = bulk.as_deref_mut() {
+                match (&row, bulk.tables.get_mut(&*r.table)) {
+                    // Past every held-back key: the row is new (no old image).
+                    (Some(values), Some(BulkTable::Pending(pending)))
+                        if pending.last().is_some_and(|(last, _)| r.key > *last) =>
+                    {
+                        pending.push((
+                            r.key.clone(),
+                            RowEntry {
+                                values: values.clone(),
+                                version: r.version,
+                                seq,
+                            },
                         ));
+                        changes.push(Change {
+                            table: table.schema.clone(),
+                            op: r.op,
+                            key: r.key,
+                            row,
+                            old: None,
+                            version: r.version,
+                        });
+                        continue;
                     }
-                    table.put(
-                        r.key.clone(),
-                        RowEntry {
+                    (Some(values), None) if table.rows.is_empty() => {
+                        let entry = RowEntry {
                             values: values.clone(),
                             version: r.version,
                             seq,
-                        },
-                    )
+                        };
+                        bulk.tables.insert(
+                            r.table.to_string(),
+                            BulkTable::Pending(vec![(r.key.clone(), entry)]),
+                        );
+                        changes.push(Change {
+                            table: table.schema.clone(),
+                            op: r.op,
+                            key: r.key,
+                            row,
+                            old: None,
+                            version: r.version,
+                        });
+                        continue;
+                    }
+                    (_, Some(state @ BulkTable::Pending(_))) => {
+                        // Out of order: build what was held back, then apply one by one.
+                        if let BulkTable::Pending(pending) =
+                            std::mem::replace(state, BulkTable::Off)
+                        {
+                            table.load_sorted(pending);
+                        }
+                    }
+                    (_, Some(BulkTable::Off)) => {}
+                    (_, None) => {
+                        bulk.tables.insert(r.table.to_string(), BulkTable::Off);
+                    }
                 }
+            }
+            let old = match &row {
+                Some(values) => table.put(
+                    r.key.clone(),
+                    RowEntry {
+                        values: values.clone(),
+                        version: r.version,
+                        seq,
+                    },
+                ),
                 None => table.remove(&r.key),
             };
             changes.push(Change {
@@ -806,6 +907,20 @@ impl Db {
         }
         Ok(changes)
     }
+}
+
+/// Rows that [`Db::replay_bulk`] holds back, by table.
+#[derive(Default)]
+pub struct BulkLoad {
+    tables: BTreeMap<String, BulkTable>,
+}
+
+enum BulkTable {
+    /// The table was empty at its first replayed write and every write since came in
+    /// strictly ascending key order: these rows, not yet in the table.
+    Pending(Vec<(Key, RowEntry)>),
+    /// Writes go to the table one by one.
+    Off,
 }
 
 /// A commit as decoded from bytes, before it is applied.
@@ -834,10 +949,12 @@ enum SchemaUndo {
 
 #[derive(Clone, Debug)]
 pub struct ReplayRow {
-    pub table: String,
+    /// Shared by the rows of one commit that name the same table (decoded once).
+    pub table: Arc<str>,
     pub op: ChangeOp,
     pub key: Key,
-    pub values: Option<Vec<Value>>,
+    /// Decoded straight into the row's final storage; `None` for deletes.
+    pub values: Option<Arc<[Value]>>,
     pub version: u64,
 }
 
