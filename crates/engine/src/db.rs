@@ -700,11 +700,13 @@ impl Db {
         self.replay_with(seq, body, None)
     }
 
-    /// [`Db::replay`] for recovery: writes that extend a table which was empty when its
-    /// first replayed write came, in strictly ascending key order, are held in `bulk` and
-    /// built in bulk ([`Table::load_sorted`]) at the next barrier — a write to the table
-    /// out of that order, any schema commit, or [`Db::finish_bulk`], which **must** be
-    /// called before the state is used. The end state is the one [`Db::replay`] builds.
+    /// [`Db::replay`] for recovery: the writes to a table which was empty at its first
+    /// replayed write are held in `bulk` (in log order) and built in bulk at the next
+    /// schema commit or at [`Db::finish_bulk`], which **must** be called before the state
+    /// is used: sorted by key (stable), the last write of each key is its row
+    /// ([`Table::load_sorted`]), and each write's before-image is set in its changelog
+    /// entry then (while held back, a change's `old` is `None`). The end state is the one
+    /// [`Db::replay`] builds.
     pub fn replay_bulk(
         &mut self,
         seq: u64,
@@ -717,12 +719,41 @@ impl Db {
     /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
     pub fn finish_bulk(&mut self, bulk: &mut BulkLoad) {
         for (name, state) in std::mem::take(&mut bulk.tables) {
-            if let BulkTable::Pending(rows) = state {
-                self.tables
-                    .get_mut(&name)
-                    .expect("tables change only at schema commits, which flush first")
-                    .load_sorted(rows);
+            let BulkTable::Pending(mut writes) = state else {
+                continue;
+            };
+            // Each key's writes in log order (the sort is stable): the last one is the row,
+            // and each write's before-image is the one before it.
+            writes.sort_by(|a, b| a.key.cmp(&b.key));
+            let mut rows = Vec::with_capacity(writes.len());
+            let mut i = 0;
+            while i < writes.len() {
+                let mut j = i + 1;
+                while j < writes.len() && writes[j].key == writes[i].key {
+                    let old = writes[j - 1].values.clone();
+                    if old.is_some() {
+                        self.changelog.set_old(writes[j].seq, writes[j].change, old);
+                    }
+                    j += 1;
+                }
+                let last = &mut writes[j - 1];
+                if let Some(values) = last.values.take() {
+                    rows.push((
+                        std::mem::replace(&mut last.key, Key::Int(0)),
+                        RowEntry {
+                            values,
+                            version: last.version,
+                            seq: last.seq,
+                        },
+                    ));
+                }
+                i = j;
             }
+            drop(writes);
+            self.tables
+                .get_mut(&name)
+                .expect("tables change only at schema commits, which flush first")
+                .load_sorted(rows);
         }
     }
 
@@ -828,61 +859,35 @@ impl Db {
                 }
             }
             if let Some(bulk) = bulk.as_deref_mut() {
-                match (&row, bulk.tables.get_mut(&*r.table)) {
-                    // Past every held-back key: the row is new (no old image).
-                    (Some(values), Some(BulkTable::Pending(pending)))
-                        if pending.last().is_some_and(|(last, _)| r.key > *last) =>
-                    {
-                        pending.push((
-                            r.key.clone(),
-                            RowEntry {
-                                values: values.clone(),
-                                version: r.version,
-                                seq,
+                let state =
+                    match bulk.tables.get_mut(&*r.table) {
+                        Some(state) => state,
+                        None => bulk.tables.entry(r.table.to_string()).or_insert(
+                            if table.rows.is_empty() {
+                                BulkTable::Pending(Vec::new())
+                            } else {
+                                BulkTable::Off
                             },
-                        ));
-                        changes.push(Change {
-                            table: table.schema.clone(),
-                            op: r.op,
-                            key: r.key,
-                            row,
-                            old: None,
-                            version: r.version,
-                        });
-                        continue;
-                    }
-                    (Some(values), None) if table.rows.is_empty() => {
-                        let entry = RowEntry {
-                            values: values.clone(),
-                            version: r.version,
-                            seq,
-                        };
-                        bulk.tables.insert(
-                            r.table.to_string(),
-                            BulkTable::Pending(vec![(r.key.clone(), entry)]),
-                        );
-                        changes.push(Change {
-                            table: table.schema.clone(),
-                            op: r.op,
-                            key: r.key,
-                            row,
-                            old: None,
-                            version: r.version,
-                        });
-                        continue;
-                    }
-                    (_, Some(state @ BulkTable::Pending(_))) => {
-                        // Out of order: build what was held back, then apply one by one.
-                        if let BulkTable::Pending(pending) =
-                            std::mem::replace(state, BulkTable::Off)
-                        {
-                            table.load_sorted(pending);
-                        }
-                    }
-                    (_, Some(BulkTable::Off)) => {}
-                    (_, None) => {
-                        bulk.tables.insert(r.table.to_string(), BulkTable::Off);
-                    }
+                        ),
+                    };
+                if let BulkTable::Pending(writes) = state {
+                    // Held back; the before-image is filled in when the table is built.
+                    writes.push(PendingWrite {
+                        key: r.key.clone(),
+                        values: row.clone(),
+                        version: r.version,
+                        seq,
+                        change: changes.len(),
+                    });
+                    changes.push(Change {
+                        table: table.schema.clone(),
+                        op: r.op,
+                        key: r.key,
+                        row,
+                        old: None,
+                        version: r.version,
+                    });
+                    continue;
                 }
             }
             let old = match &row {
@@ -916,11 +921,22 @@ pub struct BulkLoad {
 }
 
 enum BulkTable {
-    /// The table was empty at its first replayed write and every write since came in
-    /// strictly ascending key order: these rows, not yet in the table.
-    Pending(Vec<(Key, RowEntry)>),
+    /// The table was empty at its first replayed write: its writes since, in log order,
+    /// not yet in the table.
+    Pending(Vec<PendingWrite>),
     /// Writes go to the table one by one.
     Off,
+}
+
+/// A write held back by [`Db::replay_bulk`].
+struct PendingWrite {
+    key: Key,
+    /// `None`: a delete.
+    values: Option<Arc<[Value]>>,
+    version: u64,
+    seq: u64,
+    /// Its index among its commit's changes (whose before-image is set at the build).
+    change: usize,
 }
 
 /// A commit as decoded from bytes, before it is applied.

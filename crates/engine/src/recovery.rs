@@ -61,6 +61,24 @@ pub struct Recovered {
     /// Snapshots that failed their checks and were passed over, with the reason.
     pub skipped_snapshots: Vec<String>,
     pub duration: Duration,
+    /// Where `duration` went.
+    pub phases: RecoveryPhases,
+}
+
+/// Wall time of each part of recovery (they add up to about the whole: decoding overlaps
+/// applying inside `window` and `replay`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecoveryPhases {
+    /// Loading the snapshot (reading, checking, decoding, building tables).
+    pub snapshot: Duration,
+    /// Reading segments and checking their frames and seq chain.
+    pub read_check: Duration,
+    /// Decoding the commits at or before the snapshot into the changelog window.
+    pub window: Duration,
+    /// Decoding and applying the commits after the snapshot.
+    pub replay: Duration,
+    /// Building the tables whose rows were held back for a bulk build.
+    pub build: Duration,
 }
 
 pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, RecoveryError> {
@@ -79,6 +97,10 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             }
         }
     }
+    let mut phases = RecoveryPhases {
+        snapshot: started.elapsed(),
+        ..RecoveryPhases::default()
+    };
     let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq);
     let mut db =
         loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
@@ -98,6 +120,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         let mut chain = SeqChain::new(db.seq);
         let mut before: Vec<(u64, usize)> = Vec::new();
         for (i, seg) in segments.iter().enumerate() {
+            let t = Instant::now();
             let end = scan_segment(
                 seg,
                 i + 1 == segments.len(),
@@ -110,6 +133,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                     }
                 },
             )?;
+            phases.read_check += t.elapsed();
             if let Some(torn) = end {
                 torn_tail = Some(torn);
             }
@@ -147,6 +171,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     let mut frames: Vec<FrameRef> = Vec::new();
     for (i, seg) in segments.iter().enumerate() {
         frames.clear();
+        let t = Instant::now();
         let end = scan_segment(
             seg,
             i + 1 == segments.len(),
@@ -155,6 +180,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             opts,
             |f| frames.push(f),
         )?;
+        phases.read_check += t.elapsed();
         if let Some(torn) = end {
             torn_tail = Some(torn);
         }
@@ -175,6 +201,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         let window_frames = &frames[first_wanted.min(first_replayed)..first_replayed];
         let tables = &db.tables;
         let changelog = &mut db.changelog;
+        let t = Instant::now();
         let applied = decode_in_order(
             window_frames,
             threads,
@@ -190,7 +217,9 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             },
         )
         .and_then(|()| {
-            decode_in_order(
+            phases.window += t.elapsed();
+            let t = Instant::now();
+            let replay = decode_in_order(
                 &frames[first_replayed.max(first_wanted)..],
                 threads,
                 |f| decode_commit(&bytes[f.payload.clone()]),
@@ -207,7 +236,9 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                         (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
                     Ok(())
                 },
-            )
+            );
+            phases.replay += t.elapsed();
+            replay
         });
         if let Err(e) = applied {
             failed = Some(e);
@@ -217,7 +248,9 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     if let Some(e) = failed {
         return Err(e);
     }
+    let t = Instant::now();
     db.finish_bulk(&mut bulk);
+    phases.build = t.elapsed();
     if let Some(last) = chain.prev {
         if last < db.seq {
             return Err(RecoveryError::Inconsistent(format!(
@@ -239,6 +272,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         torn_tail,
         skipped_snapshots,
         duration: started.elapsed(),
+        phases,
     })
 }
 
