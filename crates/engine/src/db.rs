@@ -722,9 +722,11 @@ impl Db {
             let BulkTable::Pending(mut writes) = state else {
                 continue;
             };
-            // Each key's writes in log order (the sort is stable): the last one is the row,
-            // and each write's before-image is the one before it.
-            writes.sort_by(|a, b| a.key.cmp(&b.key));
+            // Each key's writes in log order (seq, then place in the commit; an unstable
+            // sort needs no scratch memory): the last one is the row, and each write's
+            // before-image is the one before it.
+            writes
+                .sort_unstable_by(|a, b| (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change)));
             let mut rows = Vec::with_capacity(writes.len());
             let mut i = 0;
             while i < writes.len() {

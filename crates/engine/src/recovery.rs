@@ -204,6 +204,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         let t = Instant::now();
         let applied = decode_in_order(
             window_frames,
+            REPLAY_DECODE_BATCH_FRAMES,
             threads,
             |f| decode_commit_sharing(&bytes[f.payload.clone()], tables),
             |f, decoded| {
@@ -221,6 +222,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             let t = Instant::now();
             let replay = decode_in_order(
                 &frames[first_replayed.max(first_wanted)..],
+                REPLAY_DECODE_BATCH_FRAMES,
                 threads,
                 |f| decode_commit(&bytes[f.payload.clone()]),
                 |f, decoded| {
@@ -371,6 +373,7 @@ fn decode_threads() -> usize {
 /// each result to `apply` in order on the calling thread. Stops at `apply`'s first error.
 fn decode_in_order<I: Sync, T: Send, E>(
     items: &[I],
+    batch: usize,
     threads: usize,
     decode: impl Fn(&I) -> T + Sync,
     mut apply: impl FnMut(&I, T) -> Result<(), E>,
@@ -378,7 +381,7 @@ fn decode_in_order<I: Sync, T: Send, E>(
     if items.is_empty() {
         return Ok(());
     }
-    let batches: Vec<&[I]> = items.chunks(REPLAY_DECODE_BATCH_FRAMES).collect();
+    let batches: Vec<&[I]> = items.chunks(batch.max(1)).collect();
     let threads = threads.clamp(1, batches.len());
     let decode = &decode;
     std::thread::scope(|scope| {
@@ -430,6 +433,7 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     let frames: Vec<(u64, &[u8])> = file.frames().collect();
     decode_in_order(
         &frames,
+        1, // a snapshot frame holds ~1 MiB of rows
         decode_threads(),
         |(_, payload)| decode_snapshot_frame(payload),
         |&(offset, _), decoded| {
@@ -568,14 +572,29 @@ impl WindowSchemas {
     }
 
     fn changes(&mut self, tables: &Tables, rows: Vec<crate::db::ReplayRow>) -> Vec<Change> {
+        // Rows of one commit mostly name one table at one width: resolved once.
+        let mut last: Option<(Arc<str>, Option<usize>, Arc<TableSchema>)> = None;
         rows.into_iter()
-            .map(|r| Change {
-                table: self.resolve(tables, &r.table, r.values.as_ref().map(|v| v.len())),
-                op: r.op,
-                key: r.key,
-                row: r.values,
-                old: None,
-                version: r.version,
+            .map(|r| {
+                let width = r.values.as_ref().map(|v| v.len());
+                let table = match &last {
+                    Some((name, w, schema)) if Arc::ptr_eq(name, &r.table) && *w == width => {
+                        schema.clone()
+                    }
+                    _ => {
+                        let schema = self.resolve(tables, &r.table, width);
+                        last = Some((r.table.clone(), width, schema.clone()));
+                        schema
+                    }
+                };
+                Change {
+                    table,
+                    op: r.op,
+                    key: r.key,
+                    row: r.values,
+                    old: None,
+                    version: r.version,
+                }
             })
             .collect()
     }
