@@ -9,8 +9,10 @@
 //!
 //! Then the binary is restarted `--restarts` times on that directory (`kill -9` after each)
 //! and the time from spawn to the first `200 /health` is measured, next to the server's
-//! own `sluice_recovery_seconds` and `sluice_recovery_replayed`. Every restart must come
-//! back at the seq of the last acknowledged write.
+//! own `sluice_recovery_seconds` and `sluice_recovery_replayed`, where that time went
+//! (`sluice_recovery_{snapshot,read_check,window,replay,build}_seconds`) and the server's
+//! memory once ready (peak and current RSS). Every restart must come back at the seq of the
+//! last acknowledged write.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +47,7 @@ pub struct RecoveryArgs {
     pub common: CommonArgs,
     /// Records (rows) loaded before the crash; one pair of cases (no snapshot, snapshot)
     /// per value.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![100_000u64, 1_000_000])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![100_000u64, 1_000_000, 10_000_000])]
     pub records: Vec<u64>,
     /// Rows per mutate while loading: each mutate is one commit, one log frame.
     #[arg(long, default_value_t = 100)]
@@ -81,6 +83,36 @@ struct Restart {
     /// `sluice_recovery_replayed`: commits replayed from the log.
     replayed_commits: u64,
     seq: u64,
+    /// `sluice_recovery_{phase}_seconds` for each of [`PHASES`].
+    #[serde(default)]
+    phases_s: Vec<f64>,
+    /// The server's peak and current resident memory once ready (`VmHWM`, `VmRSS`), bytes.
+    #[serde(default)]
+    peak_rss_bytes: u64,
+    #[serde(default)]
+    rss_bytes: u64,
+}
+
+/// Recovery's phases as the server reports them, with their labels in the report.
+const PHASES: [(&str, &str); 5] = [
+    ("snapshot", "snapshot load"),
+    ("read_check", "read + check log"),
+    ("window", "changelog window"),
+    ("replay", "decode + apply"),
+    ("build", "bulk table build"),
+];
+
+/// `VmHWM` and `VmRSS` of process `pid`, in bytes (0 where unknown).
+fn rss_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -137,6 +169,13 @@ impl Case {
 
     fn recovery_s(&self) -> Option<f64> {
         self.median(|r| r.recovery_s)
+    }
+
+    /// The restart whose recovery time is the median (for its phases and memory).
+    fn median_restart(&self) -> Option<&Restart> {
+        let mut v: Vec<&Restart> = self.restarts.iter().collect();
+        v.sort_by(|a, b| a.recovery_s.total_cmp(&b.recovery_s));
+        v.get(v.len() / 2).copied()
     }
 
     /// Rows in the table after recovery (from the snapshot plus replayed).
@@ -279,6 +318,7 @@ async fn run_case(
 
     for i in 0..params.restarts {
         let (server, ready) = SluiceServer::start(bin, &data, &flags).await?;
+        let (peak_rss_bytes, rss_bytes) = rss_of(server.pid());
         let m = server.metrics().await?;
         let seq = server.health_seq().await?;
         server.kill9();
@@ -287,6 +327,12 @@ async fn run_case(
             recovery_s: m.get("sluice_recovery_seconds"),
             replayed_commits: m.get("sluice_recovery_replayed") as u64,
             seq,
+            phases_s: PHASES
+                .iter()
+                .map(|(p, _)| m.get(&format!("sluice_recovery_{p}_seconds")))
+                .collect(),
+            peak_rss_bytes,
+            rss_bytes,
         };
         progress.say(format!(
             "  restart {}/{}: ready in {}, recovery {} ({} commits replayed)",
@@ -441,6 +487,31 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             met: rate.map(|r| r >= TARGET_REPLAY_ROWS_PER_SEC),
         });
     }
+    for &n in &params.records {
+        let find = |snapshot: bool| {
+            cases
+                .iter()
+                .find(|c| c.records == n && c.snapshot == snapshot && c.error.is_none())
+                .and_then(Case::ready_s)
+        };
+        let (without, with) = (find(false), find(true));
+        report.targets.push(Target {
+            what: format!(
+                "time-to-ready, {} records: with a snapshot ≤ without",
+                fmt_si(n as f64)
+            ),
+            goal: "with ≤ without".into(),
+            measured: match (with, without) {
+                (Some(w), Some(wo)) => format!(
+                    "{} with, {} without",
+                    fmt_us((w * 1e6) as u64),
+                    fmt_us((wo * 1e6) as u64)
+                ),
+                _ => "not measured".into(),
+            },
+            met: with.zip(without).map(|(w, wo)| w <= wo),
+        });
+    }
     let mut t = Table::new(
         "Time-to-ready after kill -9",
         &[
@@ -499,6 +570,43 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
          table after recovery / recovery (server), or / time-to-ready for (wall); without a \
          snapshot every row is replayed from the log, so that is the replay rate the target \
          is about."
+            .into(),
+    );
+    report.tables.push(t);
+
+    let mut headers = vec!["records", "snapshot", "recovery (server)"];
+    headers.extend(PHASES.iter().map(|(_, label)| *label));
+    headers.extend(["other", "peak RSS", "RSS when ready"]);
+    let mut t = Table::new("Where recovery's time went (median restart)", &headers);
+    for c in cases.iter().filter(|c| c.error.is_none()) {
+        let Some(r) = c.median_restart() else {
+            continue;
+        };
+        let mut row = vec![
+            fmt_si(c.records as f64),
+            if c.snapshot { "yes" } else { "no" }.to_string(),
+            fmt_us((r.recovery_s * 1e6) as u64),
+        ];
+        let mut accounted = 0.0;
+        for i in 0..PHASES.len() {
+            let s = r.phases_s.get(i).copied().unwrap_or(0.0);
+            accounted += s;
+            row.push(fmt_us((s * 1e6) as u64));
+        }
+        row.push(fmt_us(((r.recovery_s - accounted).max(0.0) * 1e6) as u64));
+        let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1 << 20) as f64);
+        row.push(mib(r.peak_rss_bytes));
+        row.push(mib(r.rss_bytes));
+        t.row(row);
+    }
+    t.note = Some(
+        "Phases are the server's `sluice_recovery_{snapshot,read_check,window,replay,build}_seconds`: \
+         loading the snapshot; reading segments and checking every frame and the seq chain; \
+         decoding the commits at or before the snapshot into the changelog window (rows the \
+         snapshot holds are shared, not decoded again); decoding (on worker threads) and \
+         applying the commits after it; building tables whose rows arrived in ascending key \
+         order into an empty table in bulk. Peak RSS is the server's `VmHWM` once ready \
+         (recovery's peak)."
             .into(),
     );
     report.tables.push(t);

@@ -105,6 +105,22 @@ impl Changelog {
         }
     }
 
+    /// Sets the before-image of change `change` of commit `seq`, if it is retained
+    /// (recovery's bulk build learns before-images after the commits were pushed).
+    pub fn set_old(&mut self, seq: u64, change: usize, old: Option<Arc<[Value]>>) {
+        let Some(i) = seq.checked_sub(self.horizon + 1) else {
+            return;
+        };
+        let Some((commit, _)) = self.entries.get_mut(i as usize) else {
+            return;
+        };
+        if let CommitBody::Rows(changes) = &mut Arc::make_mut(commit).body {
+            if let Some(c) = changes.get_mut(change) {
+                c.old = old;
+            }
+        }
+    }
+
     /// Commits with seq > `since`, in order; `Err(horizon)` if some of them are no longer
     /// retained.
     pub fn since(&self, since: u64) -> Result<impl Iterator<Item = &Arc<Commit>>, u64> {

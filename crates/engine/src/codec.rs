@@ -2,11 +2,12 @@
 //! `docs/formats.md`; integers are little-endian, lengths and counts are LEB128 varints,
 //! signed integers zigzag-encoded varints.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow, TopicChange};
 use crate::schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};
-use crate::table::RowEntry;
+use crate::table::{RowEntry, Table};
 use crate::topic::{check_tag, check_topic_name, Appended, Record, Topic, TopicConfig, TopicRules};
 use crate::value::{ColumnType, Key, Value};
 
@@ -364,14 +365,32 @@ impl<'a> Reader<'a> {
     pub fn u64_fixed(&mut self) -> DecodeResult<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
+    #[inline]
     pub fn varint(&mut self) -> DecodeResult<u64> {
+        // Most varints (lengths, tags' payloads, small counters) are one byte.
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(b as u64);
+            }
+        }
+        self.varint_long()
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self) -> DecodeResult<u64> {
         let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
+        let mut shift = 0;
+        while shift < 64 {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(format!("record ends early at byte {}", self.pos));
+            };
+            self.pos += 1;
             v |= ((b & 0x7f) as u64) << shift;
             if b < 0x80 {
                 return Ok(v);
             }
+            shift += 7;
         }
         Err("varint too long".into())
     }
@@ -423,8 +442,77 @@ impl<'a> Reader<'a> {
         })
     }
     pub fn key(&mut self) -> DecodeResult<Key> {
+        // The two key types straight into their key (no value decoded, then cloned).
+        match self.buf.get(self.pos) {
+            Some(&TAG_INTEGER) => {
+                self.pos += 1;
+                return Ok(Key::Int(self.zigzag()?));
+            }
+            Some(&TAG_TEXT) => {
+                self.pos += 1;
+                return Ok(Key::Text(self.string()?.into()));
+            }
+            _ => {}
+        }
         let v = self.value()?;
         Key::from_value(&v).ok_or_else(|| format!("bad key value {v:?}"))
+    }
+
+    /// `n` values decoded straight into one exact-size `Arc<[Value]>` through `scratch`
+    /// (a buffer reused across rows): one allocation per row, no growth, no copy.
+    pub fn row_values(
+        &mut self,
+        n: usize,
+        scratch: &mut Vec<Value>,
+    ) -> DecodeResult<std::sync::Arc<[Value]>> {
+        scratch.clear();
+        scratch.reserve(Self::reserve(n));
+        for _ in 0..n {
+            scratch.push(self.value()?);
+        }
+        Ok(scratch.drain(..).collect())
+    }
+
+    /// Whether the next values are exactly `stored` (same types, same bits), read without
+    /// allocating. On `false` or an error the position is wherever the reading stopped.
+    fn values_match(&mut self, stored: &[Value]) -> DecodeResult<bool> {
+        for v in stored {
+            let same = match (self.u8()?, v) {
+                (TAG_NULL, Value::Null)
+                | (TAG_FALSE, Value::Boolean(false))
+                | (TAG_TRUE, Value::Boolean(true)) => true,
+                (TAG_INTEGER, Value::Integer(i)) | (TAG_TIMESTAMP, Value::Timestamp(i)) => {
+                    self.zigzag()? == *i
+                }
+                (TAG_REAL, Value::Real(x)) => self.take(8)? == x.to_le_bytes(),
+                (TAG_TEXT, Value::Text(s)) | (TAG_JSON, Value::Json(s)) => {
+                    self.bytes()? == s.as_bytes()
+                }
+                (TAG_BLOB, Value::Blob(b)) => self.bytes()? == &b[..],
+                _ => false,
+            };
+            if !same {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A table name, shared with the previous row's when the bytes are the same (rows of
+    /// one commit mostly name one table): no allocation per row.
+    fn table_name(
+        &mut self,
+        last: &mut Option<std::sync::Arc<str>>,
+    ) -> DecodeResult<std::sync::Arc<str>> {
+        let b = self.bytes()?;
+        if let Some(t) = last.as_ref().filter(|t| t.as_bytes() == b) {
+            return Ok(t.clone());
+        }
+        let t: std::sync::Arc<str> = std::str::from_utf8(b)
+            .map_err(|_| "invalid UTF-8 text".to_string())?
+            .into();
+        *last = Some(t.clone());
+        Ok(t)
     }
     fn column(&mut self) -> DecodeResult<ColumnDef> {
         let name = self.string()?;
@@ -478,6 +566,25 @@ impl<'a> Reader<'a> {
 
 /// Decodes a log record payload into its seq and body.
 pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
+    decode_commit_with(payload, None)
+}
+
+/// [`decode_commit`] for a commit the state already holds (at or before a loaded snapshot,
+/// decoded only for the changelog window): a row whose values are exactly those stored
+/// under its key in `tables` shares that row's storage instead of being allocated again
+/// (the window then costs no second copy of the rows it mentions). The result is equal to
+/// [`decode_commit`]'s, errors included.
+pub fn decode_commit_sharing(
+    payload: &[u8],
+    tables: &BTreeMap<String, Table>,
+) -> DecodeResult<(u64, ReplayBody)> {
+    decode_commit_with(payload, Some(tables))
+}
+
+fn decode_commit_with(
+    payload: &[u8],
+    tables: Option<&BTreeMap<String, Table>>,
+) -> DecodeResult<(u64, ReplayBody)> {
     let mut r = Reader::new(payload);
     let kind = r.u8()?;
     let seq = r.u64_fixed()?;
@@ -488,8 +595,10 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
         RECORD_ROWS | RECORD_TX => {
             let n = r.len()?;
             let mut rows = Vec::with_capacity(Reader::reserve(n));
+            let mut scratch = Vec::new();
+            let mut last_table = None;
             for _ in 0..n {
-                let table = r.string()?;
+                let table = r.table_name(&mut last_table)?;
                 let op = match r.u8()? {
                     0 => ChangeOp::Insert,
                     1 => ChangeOp::Update,
@@ -502,11 +611,19 @@ pub fn decode_commit(payload: &[u8]) -> DecodeResult<(u64, ReplayBody)> {
                     None
                 } else {
                     let n = r.len()?;
-                    Some(
-                        (0..n)
-                            .map(|_| r.value())
-                            .collect::<DecodeResult<Vec<_>>>()?,
-                    )
+                    let stored = tables
+                        .and_then(|ts| ts.get(&*table))
+                        .and_then(|t| t.rows.get(&key))
+                        .map(|e| &e.values)
+                        .filter(|v| v.len() == n);
+                    let at = r.pos;
+                    match stored {
+                        Some(stored) if r.values_match(stored) == Ok(true) => Some(stored.clone()),
+                        _ => {
+                            r.pos = at;
+                            Some(r.row_values(n, &mut scratch)?)
+                        }
+                    }
                 };
                 rows.push(ReplayRow {
                     table,
@@ -889,16 +1006,17 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
             let table = r.string()?;
             let n = r.len()?;
             let mut rows = Vec::with_capacity(Reader::reserve(n));
+            let mut scratch = Vec::new();
             for _ in 0..n {
                 let key = r.key()?;
                 let version = r.counter("version")?;
                 let seq = r.counter("seq")?;
                 let nv = r.len()?;
-                let values: Vec<Value> = (0..nv).map(|_| r.value()).collect::<DecodeResult<_>>()?;
+                let values = r.row_values(nv, &mut scratch)?;
                 rows.push((
                     key,
                     RowEntry {
-                        values: values.into(),
+                        values,
                         version,
                         seq,
                     },

@@ -698,6 +698,74 @@ impl Db {
 
     /// Applies a commit read back from the log or a peer. It **must** be the next seq.
     pub fn replay(&mut self, seq: u64, body: ReplayBody) -> Result<(), String> {
+        self.replay_with(seq, body, None)
+    }
+
+    /// [`Db::replay`] for recovery: the writes to a table which was empty at its first
+    /// replayed write are held in `bulk` (in log order) and built in bulk at the next
+    /// schema commit or at [`Db::finish_bulk`], which **must** be called before the state
+    /// is used: sorted by key (stable), the last write of each key is its row
+    /// ([`Table::load_sorted`]), and each write's before-image is set in its changelog
+    /// entry then (while held back, a change's `old` is `None`). The end state is the one
+    /// [`Db::replay`] builds.
+    pub fn replay_bulk(
+        &mut self,
+        seq: u64,
+        body: ReplayBody,
+        bulk: &mut BulkLoad,
+    ) -> Result<(), String> {
+        self.replay_with(seq, body, Some(bulk))
+    }
+
+    /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
+    pub fn finish_bulk(&mut self, bulk: &mut BulkLoad) {
+        for (name, state) in std::mem::take(&mut bulk.tables) {
+            let BulkTable::Pending(mut writes) = state else {
+                continue;
+            };
+            // Each key's writes in log order (seq, then place in the commit; an unstable
+            // sort needs no scratch memory): the last one is the row, and each write's
+            // before-image is the one before it.
+            writes
+                .sort_unstable_by(|a, b| (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change)));
+            let mut rows = Vec::with_capacity(writes.len());
+            let mut i = 0;
+            while i < writes.len() {
+                let mut j = i + 1;
+                while j < writes.len() && writes[j].key == writes[i].key {
+                    let old = writes[j - 1].values.clone();
+                    if old.is_some() {
+                        self.changelog.set_old(writes[j].seq, writes[j].change, old);
+                    }
+                    j += 1;
+                }
+                let last = &mut writes[j - 1];
+                if let Some(values) = last.values.take() {
+                    rows.push((
+                        std::mem::replace(&mut last.key, Key::Int(0)),
+                        RowEntry {
+                            values,
+                            version: last.version,
+                            seq: last.seq,
+                        },
+                    ));
+                }
+                i = j;
+            }
+            drop(writes);
+            self.tables
+                .get_mut(&name)
+                .expect("tables change only at schema commits, which flush first")
+                .load_sorted(rows);
+        }
+    }
+
+    fn replay_with(
+        &mut self,
+        seq: u64,
+        body: ReplayBody,
+        mut bulk: Option<&mut BulkLoad>,
+    ) -> Result<(), String> {
         if self.seq.checked_add(1) != Some(seq) {
             return Err(format!(
                 "expected seq {}, found {seq}",
@@ -712,7 +780,7 @@ impl Db {
                 CommitBody::Topic(change)
             }
             ReplayBody::Tx { rows, appends: a } => {
-                let changes = self.replay_rows(seq, rows)?;
+                let changes = self.replay_rows(seq, rows, bulk)?;
                 for batch in &a {
                     let t = self.topics.get_mut(&*batch.topic).ok_or_else(|| {
                         format!("seq {seq} appends to unknown topic {:?}", batch.topic)
@@ -740,6 +808,9 @@ impl Db {
                 CommitBody::Rows(changes)
             }
             ReplayBody::Schema { changes, sql } => {
+                if let Some(bulk) = bulk.as_deref_mut() {
+                    self.finish_bulk(bulk);
+                }
                 for change in &changes {
                     // Limits bind new requests, not history: a lowered limit must not stop
                     // recovery of tables created under a higher one.
@@ -756,7 +827,7 @@ impl Db {
                 self.schema_seq = seq;
                 CommitBody::Schema { changes, sql }
             }
-            ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows)?),
+            ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows, bulk)?),
         };
         self.seq = seq;
         self.changelog.push(Arc::new(Commit {
@@ -767,33 +838,70 @@ impl Db {
         Ok(())
     }
 
-    fn replay_rows(&mut self, seq: u64, rows: Vec<ReplayRow>) -> Result<Vec<Change>, String> {
+    fn replay_rows(
+        &mut self,
+        seq: u64,
+        rows: Vec<ReplayRow>,
+        mut bulk: Option<&mut BulkLoad>,
+    ) -> Result<Vec<Change>, String> {
         let mut changes = Vec::with_capacity(rows.len());
         for r in rows {
             let table = self
                 .tables
-                .get_mut(&r.table)
+                .get_mut(&*r.table)
                 .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
-            let row: Option<Arc<[Value]>> = r.values.map(Into::into);
-            let old = match &row {
-                Some(values) => {
-                    if values.len() != table.schema.columns.len() {
-                        return Err(format!(
-                            "seq {seq}: row of {} values for table {:?} of {} columns",
-                            values.len(),
-                            r.table,
-                            table.schema.columns.len()
-                        ));
-                    }
-                    table.put(
-                        r.key.clone(),
-                        RowEntry {
-                            values: values.clone(),
-                            version: r.version,
-                            seq,
-                        },
-                    )
+            let row = r.values;
+            if let Some(values) = &row {
+                if values.len() != table.schema.columns.len() {
+                    return Err(format!(
+                        "seq {seq}: row of {} values for table {:?} of {} columns",
+                        values.len(),
+                        r.table,
+                        table.schema.columns.len()
+                    ));
                 }
+            }
+            if let Some(bulk) = bulk.as_deref_mut() {
+                let state =
+                    match bulk.tables.get_mut(&*r.table) {
+                        Some(state) => state,
+                        None => bulk.tables.entry(r.table.to_string()).or_insert(
+                            if table.rows.is_empty() {
+                                BulkTable::Pending(Vec::new())
+                            } else {
+                                BulkTable::Off
+                            },
+                        ),
+                    };
+                if let BulkTable::Pending(writes) = state {
+                    // Held back; the before-image is filled in when the table is built.
+                    writes.push(PendingWrite {
+                        key: r.key.clone(),
+                        values: row.clone(),
+                        version: r.version,
+                        seq,
+                        change: changes.len(),
+                    });
+                    changes.push(Change {
+                        table: table.schema.clone(),
+                        op: r.op,
+                        key: r.key,
+                        row,
+                        old: None,
+                        version: r.version,
+                    });
+                    continue;
+                }
+            }
+            let old = match &row {
+                Some(values) => table.put(
+                    r.key.clone(),
+                    RowEntry {
+                        values: values.clone(),
+                        version: r.version,
+                        seq,
+                    },
+                ),
                 None => table.remove(&r.key),
             };
             changes.push(Change {
@@ -807,6 +915,31 @@ impl Db {
         }
         Ok(changes)
     }
+}
+
+/// Rows that [`Db::replay_bulk`] holds back, by table.
+#[derive(Default)]
+pub struct BulkLoad {
+    tables: BTreeMap<String, BulkTable>,
+}
+
+enum BulkTable {
+    /// The table was empty at its first replayed write: its writes since, in log order,
+    /// not yet in the table.
+    Pending(Vec<PendingWrite>),
+    /// Writes go to the table one by one.
+    Off,
+}
+
+/// A write held back by [`Db::replay_bulk`].
+struct PendingWrite {
+    key: Key,
+    /// `None`: a delete.
+    values: Option<Arc<[Value]>>,
+    version: u64,
+    seq: u64,
+    /// Its index among its commit's changes (whose before-image is set at the build).
+    change: usize,
 }
 
 /// A commit as decoded from bytes, before it is applied.
@@ -835,10 +968,12 @@ enum SchemaUndo {
 
 #[derive(Clone, Debug)]
 pub struct ReplayRow {
-    pub table: String,
+    /// Shared by the rows of one commit that name the same table (decoded once).
+    pub table: Arc<str>,
     pub op: ChangeOp,
     pub key: Key,
-    pub values: Option<Vec<Value>>,
+    /// Decoded straight into the row's final storage; `None` for deletes.
+    pub values: Option<Arc<[Value]>>,
     pub version: u64,
 }
 

@@ -10,17 +10,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_log::segment::{list_segments, read_file, scan, truncate};
+use sluice_log::segment::{list_segments, scan, truncate};
 use sluice_log::snapshot::{list_snapshots, SnapshotFile};
 use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
 use crate::codec::{
-    decode_commit, decode_snapshot_frame, DecodeResult, SnapshotLoader, COUNTER_MAX,
+    decode_commit, decode_commit_sharing, decode_snapshot_frame, SnapshotLoader, COUNTER_MAX,
 };
 use std::collections::HashMap;
 
-use crate::db::{Change, Commit, CommitBody, Db, Limits, ReplayBody};
+use crate::db::{BulkLoad, Change, Commit, CommitBody, Db, Limits, ReplayBody};
 use crate::schema::{ColumnDef, SchemaChange, TableSchema};
 use crate::value::ColumnType;
 
@@ -61,6 +61,24 @@ pub struct Recovered {
     /// Snapshots that failed their checks and were passed over, with the reason.
     pub skipped_snapshots: Vec<String>,
     pub duration: Duration,
+    /// Where `duration` went.
+    pub phases: RecoveryPhases,
+}
+
+/// Wall time of each part of recovery (they add up to about the whole: decoding overlaps
+/// applying inside `window` and `replay`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecoveryPhases {
+    /// Loading the snapshot (reading, checking, decoding, building tables).
+    pub snapshot: Duration,
+    /// Reading segments and checking their frames and seq chain.
+    pub read_check: Duration,
+    /// Decoding the commits at or before the snapshot into the changelog window.
+    pub window: Duration,
+    /// Decoding and applying the commits after the snapshot.
+    pub replay: Duration,
+    /// Building the tables whose rows were held back for a bulk build.
+    pub build: Duration,
 }
 
 pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, RecoveryError> {
@@ -79,132 +97,163 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             }
         }
     }
+    let mut phases = RecoveryPhases {
+        snapshot: started.elapsed(),
+        ..RecoveryPhases::default()
+    };
     let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq);
     let mut db =
         loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
 
-    // Pass 1: read every segment, check every frame and the seq chain, cut a torn tail.
     let segments = list_segments(dir)?;
-    let mut files: Vec<Vec<u8>> = Vec::with_capacity(segments.len());
-    let mut frames: Vec<FrameRef> = Vec::new();
-    let mut prev_seq: Option<u64> = None;
+    // One buffer holds one segment at a time (segments are read, checked and decoded one
+    // after another): the log is never all in memory, and its pages are reused.
+    let mut buf: Vec<u8> = Vec::new();
     let mut torn_tail = None;
-    for (i, seg) in segments.iter().enumerate() {
-        let bytes = read_file(&seg.path)?;
-        let is_newest = i + 1 == segments.len();
-        let end = scan(&seg.path, &bytes, is_newest, |offset, payload| {
-            let corrupt = |reason: String| RecoveryError::Corrupt {
-                path: seg.path.clone(),
-                offset,
-                reason,
-            };
-            let seq = peek_seq(payload).map_err(&corrupt)?;
-            match prev_seq {
-                Some(prev) if prev.checked_add(1) != Some(seq) => {
-                    return Err(corrupt(format!("seq {seq} follows seq {prev}")));
-                }
-                None if seq > db.seq.saturating_add(1) => {
-                    return Err(corrupt(format!(
-                        "the log starts at seq {seq} but the state is at seq {}: commits are missing",
-                        db.seq
-                    )));
-                }
-                _ => {}
-            }
-            prev_seq = Some(seq);
-            let start = offset as usize + sluice_log::frame::FRAME_HEADER_BYTES;
-            frames.push(FrameRef {
-                segment: i,
-                offset,
-                payload: start..start + payload.len(),
-                seq,
-            });
-            Ok(())
-        })?;
-        if let Some(torn) = end.torn {
-            tracing::warn!("{torn}");
-            if opts.repair {
-                truncate(&seg.path, end.valid_len)?;
-            }
-            torn_tail = Some(torn);
-        } else if end.padding > 0 && opts.repair {
-            // Space the log reserved ahead of its appends: not damage, but the log reopens
-            // the segment right after its last frame.
-            truncate(&seg.path, end.valid_len)?;
-        }
-        files.push(bytes);
-    }
 
     // Frames at or before the snapshot only feed the changelog window; skip decoding those
     // that the window's retention would drop anyway (frame size stands in for entry size).
-    let retention = db.changelog.retention();
+    // Pass 1 (only with a snapshot) checks the segments up to the first frame past the
+    // snapshot, to learn the sizes of the frames at or before it.
     let mut window_start = db.seq + 1;
-    let (mut count, mut bytes) = (0usize, 0usize);
-    for f in frames.iter().rev().filter(|f| f.seq <= db.seq) {
-        count += 1;
-        bytes += f.payload.len();
-        if count > retention.commits_max || (bytes > retention.bytes_max && count > 1) {
-            break;
+    if db.seq > 0 {
+        let mut chain = SeqChain::new(db.seq);
+        let mut before: Vec<(u64, usize)> = Vec::new();
+        for (i, seg) in segments.iter().enumerate() {
+            let t = Instant::now();
+            let end = scan_segment(
+                seg,
+                i + 1 == segments.len(),
+                &mut buf,
+                &mut chain,
+                opts,
+                |f| {
+                    if f.seq <= db.seq {
+                        before.push((f.seq, f.payload.len()));
+                    }
+                },
+            )?;
+            phases.read_check += t.elapsed();
+            if let Some(torn) = end {
+                torn_tail = Some(torn);
+            }
+            if chain.prev.is_some_and(|p| p > db.seq) {
+                break;
+            }
         }
-        window_start = f.seq;
+        let retention = db.changelog.retention();
+        let (mut count, mut bytes) = (0usize, 0usize);
+        for &(seq, len) in before.iter().rev() {
+            count += 1;
+            bytes += len;
+            if count > retention.commits_max || (bytes > retention.bytes_max && count > 1) {
+                break;
+            }
+            window_start = seq;
+        }
     }
 
-    // Pass 2: rebuild the window, replay the rest. Decoding runs on a second thread, a
-    // batch of frames ahead of applying (replay is single-threaded by nature; decoding
-    // is not), joined through a bounded channel.
+    // Pass 2, segment by segment: check every frame and the seq chain (cutting a torn
+    // tail), then decode on worker threads, in order, ahead of the single-threaded apply:
+    // frames from `window_start` to the snapshot rebuild the changelog window, later ones
+    // are replayed. An error while decoding or applying is reported only once every later
+    // segment passed its checks too (damage found by the checks comes first, as it is the
+    // likelier cause), so recovery reports what a check-everything-first pass would.
+    let threads = decode_threads();
+    let mut chain = SeqChain::new(db.seq);
+    let mut frames_read = 0u64;
     let mut replayed = 0u64;
     let mut replayed_bytes = 0u64;
-    let frames_read = frames.len() as u64;
     let mut changelog_started = false;
     let mut window = WindowSchemas::default();
-    let wanted: Vec<&FrameRef> = frames.iter().filter(|f| f.seq >= window_start).collect();
-    let corrupt = |f: &FrameRef, reason: String| RecoveryError::Corrupt {
-        path: segments[f.segment].path.clone(),
-        offset: f.offset,
-        reason,
-    };
-    std::thread::scope(|scope| -> Result<(), RecoveryError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<DecodeResult<(u64, ReplayBody)>>>(
-            REPLAY_DECODE_BATCHES_AHEAD,
-        );
-        let files = &files;
-        let wanted_ref = &wanted;
-        scope.spawn(move || {
-            for chunk in wanted_ref.chunks(REPLAY_DECODE_BATCH_FRAMES) {
-                let decoded = chunk
-                    .iter()
-                    .map(|f| decode_commit(&files[f.segment][f.payload.clone()]))
-                    .collect();
-                if tx.send(decoded).is_err() {
-                    return; // the applier stopped on an error
-                }
-            }
-        });
-        let mut next = wanted.iter();
-        for batch in rx {
-            for decoded in batch {
-                let f = next.next().expect("one decoded frame per wanted frame");
+    let mut bulk = BulkLoad::default();
+    let mut failed: Option<RecoveryError> = None;
+    let mut frames: Vec<FrameRef> = Vec::new();
+    for (i, seg) in segments.iter().enumerate() {
+        frames.clear();
+        let t = Instant::now();
+        let end = scan_segment(
+            seg,
+            i + 1 == segments.len(),
+            &mut buf,
+            &mut chain,
+            opts,
+            |f| frames.push(f),
+        )?;
+        phases.read_check += t.elapsed();
+        if let Some(torn) = end {
+            torn_tail = Some(torn);
+        }
+        frames_read += frames.len() as u64;
+        if failed.is_some() {
+            continue;
+        }
+        let first_wanted = frames.partition_point(|f| f.seq < window_start);
+        let first_replayed = frames.partition_point(|f| f.seq <= db.seq);
+        let corrupt = |f: &FrameRef, reason: String| RecoveryError::Corrupt {
+            path: seg.path.clone(),
+            offset: f.offset,
+            reason,
+        };
+        let bytes = &buf[..];
+        // The window: decoded against the loaded state (rows it holds are shared, not
+        // copied), pushed to the changelog in order.
+        let window_frames = &frames[first_wanted.min(first_replayed)..first_replayed];
+        let tables = &db.tables;
+        let changelog = &mut db.changelog;
+        let t = Instant::now();
+        let applied = decode_in_order(
+            window_frames,
+            REPLAY_DECODE_BATCH_FRAMES,
+            threads,
+            |f| decode_commit_sharing(&bytes[f.payload.clone()], tables),
+            |f, decoded| {
                 let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
-                debug_assert_eq!(seq, f.seq);
                 if !changelog_started {
-                    db.changelog.reset_to(seq - 1);
+                    changelog.reset_to(seq - 1);
                     changelog_started = true;
                 }
-                if seq <= db.seq {
-                    let commit = window.rebuild(&db, seq, body);
-                    db.changelog.push(Arc::new(commit));
-                } else {
-                    db.replay(seq, body).map_err(|r| corrupt(f, r))?;
+                changelog.push(Arc::new(window.rebuild(tables, seq, body)));
+                Ok(())
+            },
+        )
+        .and_then(|()| {
+            phases.window += t.elapsed();
+            let t = Instant::now();
+            let replay = decode_in_order(
+                &frames[first_replayed.max(first_wanted)..],
+                REPLAY_DECODE_BATCH_FRAMES,
+                threads,
+                |f| decode_commit(&bytes[f.payload.clone()]),
+                |f, decoded| {
+                    let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
+                    if !changelog_started {
+                        db.changelog.reset_to(seq - 1);
+                        changelog_started = true;
+                    }
+                    db.replay_bulk(seq, body, &mut bulk)
+                        .map_err(|r| corrupt(f, r))?;
                     replayed += 1;
                     replayed_bytes +=
                         (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
-                }
-            }
+                    Ok(())
+                },
+            );
+            phases.replay += t.elapsed();
+            replay
+        });
+        if let Err(e) = applied {
+            failed = Some(e);
         }
-        Ok(())
-    })?;
-    drop(files);
-    if let Some(last) = prev_seq {
+    }
+    drop(buf);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let t = Instant::now();
+    db.finish_bulk(&mut bulk);
+    phases.build = t.elapsed();
+    if let Some(last) = chain.prev {
         if last < db.seq {
             return Err(RecoveryError::Inconsistent(format!(
                 "the log ends at seq {last}, before the snapshot's seq {}",
@@ -225,6 +274,145 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         torn_tail,
         skipped_snapshots,
         duration: started.elapsed(),
+        phases,
+    })
+}
+
+/// The seq chain across segments: consecutive seqs, starting no later than just after the
+/// state's seq.
+struct SeqChain {
+    state_seq: u64,
+    prev: Option<u64>,
+}
+
+impl SeqChain {
+    fn new(state_seq: u64) -> Self {
+        SeqChain {
+            state_seq,
+            prev: None,
+        }
+    }
+
+    fn next(&mut self, seq: u64) -> Result<(), String> {
+        match self.prev {
+            Some(prev) if prev.checked_add(1) != Some(seq) => {
+                return Err(format!("seq {seq} follows seq {prev}"));
+            }
+            None if seq > self.state_seq.saturating_add(1) => {
+                return Err(format!(
+                    "the log starts at seq {seq} but the state is at seq {}: commits are missing",
+                    self.state_seq
+                ));
+            }
+            _ => {}
+        }
+        self.prev = Some(seq);
+        Ok(())
+    }
+}
+
+/// Reads segment `seg` into `buf` and checks every frame (checksums, seq chain), calling
+/// `on_frame` for each; cuts a torn tail when repairing and returns its description.
+fn scan_segment(
+    seg: &sluice_log::segment::SegmentFile,
+    is_newest: bool,
+    buf: &mut Vec<u8>,
+    chain: &mut SeqChain,
+    opts: &RecoveryOptions,
+    mut on_frame: impl FnMut(FrameRef),
+) -> Result<Option<String>, RecoveryError> {
+    read_into(&seg.path, buf)?;
+    let end = scan(&seg.path, buf, is_newest, |offset, payload| {
+        let corrupt = |reason: String| RecoveryError::Corrupt {
+            path: seg.path.clone(),
+            offset,
+            reason,
+        };
+        let seq = peek_seq(payload).map_err(&corrupt)?;
+        chain.next(seq).map_err(&corrupt)?;
+        let start = offset as usize + sluice_log::frame::FRAME_HEADER_BYTES;
+        on_frame(FrameRef {
+            offset,
+            payload: start..start + payload.len(),
+            seq,
+        });
+        Ok::<(), RecoveryError>(())
+    })?;
+    let Some(torn) = end.torn else {
+        if end.padding > 0 && opts.repair {
+            // Space the log reserved ahead of its appends: not damage, but the log reopens
+            // the segment right after its last frame.
+            truncate(&seg.path, end.valid_len)?;
+        }
+        return Ok(None);
+    };
+    tracing::warn!("{torn}");
+    if opts.repair {
+        truncate(&seg.path, end.valid_len)?;
+    }
+    Ok(Some(torn))
+}
+
+/// Reads the whole file at `path` into `buf`, reusing its allocation.
+fn read_into(path: &Path, buf: &mut Vec<u8>) -> Result<(), LogError> {
+    use std::io::Read;
+    buf.clear();
+    let io = |source| LogError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    if let Ok(meta) = file.metadata() {
+        buf.reserve(meta.len() as usize);
+    }
+    file.read_to_end(buf).map_err(io)?;
+    Ok(())
+}
+
+/// Threads that decode frames while the calling thread applies them.
+fn decode_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, DECODE_THREADS_MAX))
+}
+
+/// Decodes `items` with `decode` on `threads` worker threads, a batch at a time, and hands
+/// each result to `apply` in order on the calling thread. Stops at `apply`'s first error.
+fn decode_in_order<I: Sync, T: Send, E>(
+    items: &[I],
+    batch: usize,
+    threads: usize,
+    decode: impl Fn(&I) -> T + Sync,
+    mut apply: impl FnMut(&I, T) -> Result<(), E>,
+) -> Result<(), E> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let batches: Vec<&[I]> = items.chunks(batch.max(1)).collect();
+    let threads = threads.clamp(1, batches.len());
+    let decode = &decode;
+    std::thread::scope(|scope| {
+        let mut from_workers = Vec::with_capacity(threads);
+        for w in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<T>>(REPLAY_DECODE_BATCHES_AHEAD);
+            from_workers.push(rx);
+            let batches = &batches;
+            scope.spawn(move || {
+                // Worker `w` takes batches w, w + threads, w + 2·threads, …
+                for batch in batches.iter().skip(w).step_by(threads) {
+                    if tx.send(batch.iter().map(decode).collect()).is_err() {
+                        return; // the applier stopped on an error
+                    }
+                }
+            });
+        }
+        for (i, batch) in batches.iter().enumerate() {
+            let decoded = from_workers[i % threads]
+                .recv()
+                .expect("a decoding worker sends every batch it is given");
+            for (item, d) in batch.iter().zip(decoded) {
+                apply(item, d)?;
+            }
+        }
+        Ok(())
     })
 }
 
@@ -245,27 +433,20 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
         offset,
         reason,
     };
-    // Frames (~1 MiB of rows each) are decoded on a second thread while this one builds
+    // Frames (~1 MiB of rows each) are decoded on worker threads while this one builds
     // the tables.
     let frames: Vec<(u64, &[u8])> = file.frames().collect();
-    std::thread::scope(|scope| -> Result<(), RecoveryError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(REPLAY_DECODE_BATCHES_AHEAD);
-        scope.spawn(move || {
-            for (offset, payload) in frames {
-                if tx.send((offset, decode_snapshot_frame(payload))).is_err() {
-                    return;
-                }
-            }
-        });
-        for (offset, decoded) in rx {
+    decode_in_order(
+        &frames,
+        1, // a snapshot frame holds ~1 MiB of rows
+        decode_threads(),
+        |(_, payload)| decode_snapshot_frame(payload),
+        |&(offset, _), decoded| {
             last_offset = offset;
             let frame = decoded.map_err(|r| corrupt(offset, r))?;
-            loader
-                .apply(&mut db, frame)
-                .map_err(|r| corrupt(offset, r))?;
-        }
-        Ok(())
-    })?;
+            loader.apply(&mut db, frame).map_err(|r| corrupt(offset, r))
+        },
+    )?;
     if !loader.finished() {
         return Err(RecoveryError::Corrupt {
             path: path.to_path_buf(),
@@ -278,14 +459,15 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     Ok(db)
 }
 
-/// Frames decoded per batch handed from the decoding thread to the applying one.
-const REPLAY_DECODE_BATCH_FRAMES: usize = 64;
-/// Batches the decoding thread may run ahead (bounds the memory of decoded commits).
-const REPLAY_DECODE_BATCHES_AHEAD: usize = 8;
+/// Frames decoded per batch handed from a decoding thread to the applying one.
+const REPLAY_DECODE_BATCH_FRAMES: usize = 32;
+/// Batches each decoding thread may run ahead (bounds the memory of decoded commits).
+const REPLAY_DECODE_BATCHES_AHEAD: usize = 4;
+/// Most threads decoding frames at once.
+const DECODE_THREADS_MAX: usize = 4;
 
-/// Where a checked frame lies, for the second recovery pass.
+/// Where a checked frame lies in its segment.
 struct FrameRef {
-    segment: usize,
     offset: u64,
     payload: std::ops::Range<usize>,
     seq: u64,
@@ -313,6 +495,8 @@ fn peek_seq(payload: &[u8]) -> Result<u64, String> {
         _ => Err("not a commit record".into()),
     }
 }
+
+type Tables = std::collections::BTreeMap<String, crate::table::Table>;
 
 /// Schemas for commits from before the snapshot, which are rebuilt only for the changelog
 /// window. The schema a row was written under is found, in order: from DDL seen earlier in
@@ -346,12 +530,12 @@ impl WindowSchemas {
         }
     }
 
-    fn resolve(&mut self, db: &Db, table: &str, width: Option<usize>) -> Arc<TableSchema> {
+    fn resolve(&mut self, tables: &Tables, table: &str, width: Option<usize>) -> Arc<TableSchema> {
         let fits = |s: &TableSchema| width.is_none_or(|w| s.columns.len() == w);
         if let Some(s) = self.seen.get(table).filter(|s| fits(s)) {
             return s.clone();
         }
-        let current = db.tables.get(table).map(|t| t.schema.clone());
+        let current = tables.get(table).map(|t| t.schema.clone());
         if let Some(s) = current.as_ref().filter(|s| fits(s)) {
             return s.clone();
         }
@@ -370,7 +554,7 @@ impl WindowSchemas {
             .clone()
     }
 
-    fn rebuild(&mut self, db: &Db, seq: u64, body: ReplayBody) -> Commit {
+    fn rebuild(&mut self, tables: &Tables, seq: u64, body: ReplayBody) -> Commit {
         let body = match body {
             ReplayBody::Schema { changes, sql } => {
                 for c in &changes {
@@ -378,9 +562,9 @@ impl WindowSchemas {
                 }
                 CommitBody::Schema { changes, sql }
             }
-            ReplayBody::Rows(rows) => CommitBody::Rows(self.changes(db, rows)),
+            ReplayBody::Rows(rows) => CommitBody::Rows(self.changes(tables, rows)),
             ReplayBody::Tx { rows, appends } => {
-                let body = CommitBody::Rows(self.changes(db, rows));
+                let body = CommitBody::Rows(self.changes(tables, rows));
                 return Commit { seq, body, appends };
             }
             ReplayBody::Topic(change) => CommitBody::Topic(change),
@@ -392,15 +576,30 @@ impl WindowSchemas {
         }
     }
 
-    fn changes(&mut self, db: &Db, rows: Vec<crate::db::ReplayRow>) -> Vec<Change> {
+    fn changes(&mut self, tables: &Tables, rows: Vec<crate::db::ReplayRow>) -> Vec<Change> {
+        // Rows of one commit mostly name one table at one width: resolved once.
+        let mut last: Option<(Arc<str>, Option<usize>, Arc<TableSchema>)> = None;
         rows.into_iter()
-            .map(|r| Change {
-                table: self.resolve(db, &r.table, r.values.as_ref().map(Vec::len)),
-                op: r.op,
-                key: r.key,
-                row: r.values.map(Into::into),
-                old: None,
-                version: r.version,
+            .map(|r| {
+                let width = r.values.as_ref().map(|v| v.len());
+                let table = match &last {
+                    Some((name, w, schema)) if Arc::ptr_eq(name, &r.table) && *w == width => {
+                        schema.clone()
+                    }
+                    _ => {
+                        let schema = self.resolve(tables, &r.table, width);
+                        last = Some((r.table.clone(), width, schema.clone()));
+                        schema
+                    }
+                };
+                Change {
+                    table,
+                    op: r.op,
+                    key: r.key,
+                    row: r.values,
+                    old: None,
+                    version: r.version,
+                }
             })
             .collect()
     }

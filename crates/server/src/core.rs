@@ -99,6 +99,8 @@ pub struct RecoveryInfo {
     pub snapshot_seq: Option<u64>,
     pub replayed: u64,
     pub duration: Duration,
+    /// Where `duration` went (`sluice_recovery_*_seconds`).
+    pub phases: sluice_engine::recovery::RecoveryPhases,
     pub torn_tail: Option<String>,
     pub skipped_snapshots: Vec<String>,
 }
@@ -181,6 +183,7 @@ impl Core {
             snapshot_seq: recovered.snapshot_seq,
             replayed: recovered.replayed,
             duration: recovered.duration,
+            phases: recovered.phases,
             torn_tail: recovered.torn_tail,
             skipped_snapshots: recovered.skipped_snapshots,
         };

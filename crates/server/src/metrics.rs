@@ -240,6 +240,31 @@ pub(crate) fn render(core: &Core) -> String {
     let r = core.recovery();
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
     let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);
+    for (phase, help, d) in [
+        ("snapshot", "loading the snapshot", r.phases.snapshot),
+        (
+            "read_check",
+            "reading segments and checking their frames",
+            r.phases.read_check,
+        ),
+        (
+            "window",
+            "rebuilding the changelog window from commits at or before the snapshot",
+            r.phases.window,
+        ),
+        (
+            "replay",
+            "decoding and applying the commits after the snapshot",
+            r.phases.replay,
+        ),
+        (
+            "build",
+            "building tables held back for a bulk build",
+            r.phases.build,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP sluice_recovery_{phase}_seconds Time recovery spent {help}.\n# TYPE sluice_recovery_{phase}_seconds gauge\nsluice_recovery_{phase}_seconds {}", d.as_secs_f64());
+    }
     let name = "sluice_log_sync_seconds";
     let _ = writeln!(
         out,
