@@ -304,11 +304,16 @@ async fn run_case(
     server.kill9();
     let segments = sluice_log::segment::list_segments(&data)?;
     case.segments = segments.len();
-    case.log_bytes = segments
-        .iter()
-        .filter_map(|s| std::fs::metadata(&s.path).ok())
-        .map(|m| m.len())
-        .sum();
+    // Frames only: the newest segment ends in the space the log reserves ahead of its
+    // appends (zero padding, which recovery cuts), which is not log.
+    case.log_bytes = 0;
+    for (i, s) in segments.iter().enumerate() {
+        let bytes = std::fs::read(&s.path)?;
+        let end = sluice_log::segment::scan(&s.path, &bytes, i + 1 == segments.len(), |_, _| {
+            Ok::<(), sluice_log::LogError>(())
+        })?;
+        case.log_bytes += end.valid_len;
+    }
     case.snapshot_bytes = sluice_log::snapshot::list_snapshots(&data)?
         .iter()
         .filter_map(|(_, p)| std::fs::metadata(p).ok())
