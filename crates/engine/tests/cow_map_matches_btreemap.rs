@@ -37,11 +37,14 @@ fn btree_accepts(lo: &Bound<i64>, hi: &Bound<i64>) -> bool {
     }
 }
 
+type Frozen = (CowMap<i64, u64>, BTreeMap<i64, u64>, u64);
+
 fn run(seed: u64, steps: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let mut cow: CowMap<i64, u64> = CowMap::new();
     let mut model: BTreeMap<i64, u64> = BTreeMap::new();
-    let mut frozen: Vec<(CowMap<i64, u64>, BTreeMap<i64, u64>, u64)> = Vec::new();
+    // (the frozen clone, the model's copy at that moment, the step it was taken at)
+    let mut frozen: Vec<Frozen> = Vec::new();
     // The key space changes over the run so the map grows past many chunks and shrinks
     // back (merges), with dense and sparse phases.
     let mut space: i64 = 64;
@@ -97,11 +100,15 @@ fn run(seed: u64, steps: u64) -> Result<(), String> {
                 // Mixed ends meet exactly once.
                 let mut it = cow.range((lo, hi));
                 let mut n = 0;
-                while let Some(_) = if n % 2 == 0 {
-                    it.next()
-                } else {
-                    it.next_back()
-                } {
+                loop {
+                    let got = if n % 2 == 0 {
+                        it.next()
+                    } else {
+                        it.next_back()
+                    };
+                    if got.is_none() {
+                        break;
+                    }
                     n += 1;
                 }
                 if n != want.len() {
