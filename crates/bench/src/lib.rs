@@ -20,6 +20,8 @@
 //!   of topic watchers over SSE and WebSocket, against Redis pub/sub and Redis Streams.
 //! - [`topics`]: the topic rows of `sluice bench ingest` and the tag index micro-benchmark.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
+//! - [`snapshot`]: `sluice bench snapshot` — ack latency of writes while a snapshot is
+//!   written, and the copy-on-write row map against `BTreeMap`.
 //! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
 //!   number of views and query shape, memory per view, against PostgreSQL's
 //!   trigger + LISTEN/NOTIFY + re-query.
@@ -52,6 +54,7 @@ pub mod progress;
 pub mod recovery;
 pub mod report;
 pub mod server;
+pub mod snapshot;
 pub mod svg;
 pub mod sys;
 pub mod topics;
@@ -83,6 +86,7 @@ pub enum Suite {
     /// over SSE and WebSocket, deliveries/s at saturation, one tag vs own tag; Redis
     /// pub/sub and Redis Streams (XREAD BLOCK) as peers.
     Fanout(fanout::FanoutArgs),
+    Snapshot(snapshot::SnapshotArgs),
 }
 
 /// Options every suite takes.
@@ -110,6 +114,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "transfer" => transfer::verify_samples(&samples),
         "live" => live::verify_samples(&samples),
         "fanout" => fanout::verify_samples(&samples),
+        "snapshot" => snapshot::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -122,6 +127,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Transfer(a) => transfer::run(a)?,
         Suite::Live(a) => live::run(a)?,
         Suite::Fanout(a) => fanout::run(a)?,
+        Suite::Snapshot(a) => snapshot::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

@@ -832,9 +832,77 @@ impl Reader<'_> {
 // ---------------------------------------------------------------------------------------
 // Snapshots
 
-/// Encodes the whole of `db` as snapshot body frames (see `docs/formats.md`), one buffer per
-/// frame (~1 MiB each), so a large state is never copied into one ever-growing buffer.
+/// The state a snapshot encodes, frozen at one seq: taken on the writer thread under the
+/// read lock in O(tables + row chunks + topic records) — the row maps are copy-on-write
+/// clones ([`crate::cow::CowMap`]), topic records are `Arc`s — and encoded on the snapshot
+/// thread while writes go on. Until it is dropped it keeps alive the row chunks the writer
+/// has copied since (at most one copy of the rows it froze).
+pub struct FrozenState {
+    /// Seq of the last commit the state includes.
+    pub seq: u64,
+    tables: Vec<FrozenTable>,
+    topics: Vec<FrozenTopic>,
+}
+
+struct FrozenTable {
+    schema: Arc<TableSchema>,
+    policies: Vec<PolicyDef>,
+    rows: crate::cow::CowMap<Key, RowEntry>,
+}
+
+struct FrozenTopic {
+    name: Arc<str>,
+    config: TopicConfig,
+    first: u64,
+    next: u64,
+    rules: Arc<TopicRules>,
+    records: Vec<Arc<Record>>,
+}
+
+impl FrozenState {
+    /// Freezes `db` as it is now (see [`FrozenState`] for the cost).
+    pub fn of(db: &Db) -> FrozenState {
+        FrozenState {
+            seq: db.seq,
+            tables: db
+                .tables
+                .values()
+                .map(|t| FrozenTable {
+                    schema: t.schema.clone(),
+                    policies: t.policies.clone(),
+                    rows: t.rows.clone(),
+                })
+                .collect(),
+            topics: db
+                .topics
+                .values()
+                .map(|t| FrozenTopic {
+                    name: t.name().clone(),
+                    config: t.config(),
+                    first: t.first(),
+                    next: t.next(),
+                    rules: t.rules().clone(),
+                    records: t.records().cloned().collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Rows across all tables.
+    pub fn row_count(&self) -> usize {
+        self.tables.iter().map(|t| t.rows.len()).sum()
+    }
+}
+
+/// Encodes the whole of `db` as snapshot body frames (see `docs/formats.md`); the same
+/// bytes as [`encode_frozen`] of [`FrozenState::of`]`(db)`.
 pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
+    encode_frozen(&FrozenState::of(db))
+}
+
+/// Encodes a frozen state as snapshot body frames (see `docs/formats.md`), one buffer per
+/// frame (~1 MiB each), so a large state is never copied into one ever-growing buffer.
+pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut payload = Vec::new();
     let frame = |payload: &[u8]| {
@@ -845,13 +913,13 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
     {
         let mut w = Writer(&mut payload);
         w.u8(SNAP_SCHEMA);
-        w.varint(db.tables.len() as u64);
-        for t in db.tables.values() {
+        w.varint(state.tables.len() as u64);
+        for t in state.tables.iter() {
             w.table_schema(&t.schema);
         }
     }
     out.push(frame(&payload));
-    for t in db.tables.values().filter(|t| !t.policies.is_empty()) {
+    for t in state.tables.iter().filter(|t| !t.policies.is_empty()) {
         payload.clear();
         let mut w = Writer(&mut payload);
         w.u8(SNAP_POLICIES);
@@ -864,7 +932,7 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
     }
     let mut total_rows = 0u64;
     let mut body = Vec::with_capacity(SNAP_FRAME_BYTES_TARGET + 4096);
-    for t in db.tables.values() {
+    for t in state.tables.iter() {
         let mut rows = t.rows.iter().peekable();
         while rows.peek().is_some() {
             body.clear();
@@ -890,19 +958,19 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
         }
     }
     let mut total_records = 0u64;
-    for t in db.topics.values() {
+    for t in state.topics.iter() {
         payload.clear();
         let mut w = Writer(&mut payload);
         w.u8(SNAP_TOPIC);
-        w.str(t.name());
-        w.topic_config(&t.config());
-        w.varint(t.first());
-        w.varint(t.next());
-        if !t.rules().read.is_empty() || !t.rules().append.is_empty() {
-            w.topic_rules(t.rules());
+        w.str(&t.name);
+        w.topic_config(&t.config);
+        w.varint(t.first);
+        w.varint(t.next);
+        if !t.rules.read.is_empty() || !t.rules.append.is_empty() {
+            w.topic_rules(&t.rules);
         }
         out.push(frame(&payload));
-        let mut records = t.records().peekable();
+        let mut records = t.records.iter().peekable();
         while let Some(first) = records.peek().map(|r| r.offset) {
             body.clear();
             let mut n = 0u64;
@@ -920,7 +988,7 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
             payload.clear();
             let mut w = Writer(&mut payload);
             w.u8(SNAP_RECORDS);
-            w.str(t.name());
+            w.str(&t.name);
             w.varint(first);
             w.varint(n);
             payload.extend_from_slice(&body);
@@ -931,9 +999,9 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
     payload.clear();
     let mut w = Writer(&mut payload);
     w.u8(SNAP_END);
-    w.varint(db.tables.len() as u64);
+    w.varint(state.tables.len() as u64);
     w.varint(total_rows);
-    w.varint(db.topics.len() as u64);
+    w.varint(state.topics.len() as u64);
     w.varint(total_records);
     out.push(frame(&payload));
     out

@@ -9,6 +9,7 @@
 //! # Layout
 //! - [`value`]: column types, [`Value`], [`Key`], JSON conversion, SQLite-like ordering.
 //! - [`schema`]: table schemas and [`SchemaChange`] (what DDL means).
+//! - [`cow`]: [`cow::CowMap`], the chunked copy-on-write ordered map that holds rows.
 //! - [`table`]: rows and indexes of one table.
 //! - [`db`]: [`Db`], [`Tx`] (transactions), [`Commit`] and [`Change`].
 //! - [`topic`]: topics — records, tag index, filters, retention.
@@ -18,6 +19,7 @@
 
 pub mod changelog;
 pub mod codec;
+pub mod cow;
 pub mod db;
 pub mod error;
 pub mod recovery;

@@ -1,8 +1,9 @@
 //! One table: rows by primary key, plus its secondary indexes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::cow::CowMap;
 use crate::schema::TableSchema;
 use crate::value::{Key, Value};
 
@@ -27,7 +28,9 @@ pub type IndexEntries = BTreeSet<(Box<[Value]>, Key)>;
 #[derive(Clone, Debug)]
 pub struct Table {
     pub schema: Arc<TableSchema>,
-    pub rows: BTreeMap<Key, RowEntry>,
+    /// Rows by primary key. Copy on write by chunk: a clone is a frozen version (what a
+    /// snapshot encodes off the writer thread) and costs O(rows / chunk size).
+    pub rows: CowMap<Key, RowEntry>,
     /// `indexes[i]` holds the entries of `schema.indexes[i]`.
     pub indexes: Vec<IndexEntries>,
     /// Row policies (`CREATE POLICY`), in creation order; names are unique.
@@ -39,7 +42,7 @@ impl Table {
         let indexes = schema.indexes.iter().map(|_| IndexEntries::new()).collect();
         Table {
             schema,
-            rows: BTreeMap::new(),
+            rows: CowMap::new(),
             indexes,
             policies: Vec::new(),
         }
@@ -84,10 +87,10 @@ impl Table {
     }
 
     /// Fills an empty table from rows in strictly ascending key order (snapshot loading):
-    /// the B-tree and every index are built in bulk.
+    /// the row map and every index are built in bulk.
     pub fn load_sorted(&mut self, rows: Vec<(Key, RowEntry)>) {
         assert!(self.rows.is_empty(), "load_sorted fills an empty table");
-        self.rows = rows.into_iter().collect();
+        self.rows = CowMap::from_sorted(rows);
         for i in 0..self.indexes.len() {
             let entries: IndexEntries = self
                 .rows

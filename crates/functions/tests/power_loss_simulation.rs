@@ -272,7 +272,10 @@ type State = BTreeMap<String, BTreeMap<Key, RowEntry>>;
 fn state_of(db: &Db) -> State {
     db.tables
         .iter()
-        .map(|(name, t)| (name.clone(), t.rows.clone()))
+        .map(|(name, t)| {
+            let rows = t.rows.iter().map(|(k, r)| (k.clone(), r.clone()));
+            (name.clone(), rows.collect())
+        })
         .collect()
 }
 

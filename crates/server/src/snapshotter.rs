@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use sluice_engine::codec::{encode_frozen, FrozenState};
 use sluice_log::snapshot::{list_snapshots, write_snapshot};
 use tokio::sync::{mpsc as request_mpsc, oneshot};
 
@@ -25,7 +26,9 @@ pub(crate) struct Job {
     pub seq: u64,
     /// The changelog horizon when the snapshot was taken; segments after it stay.
     pub horizon: u64,
-    pub frames: Vec<Vec<u8>>,
+    /// The state at `seq`, encoded by whoever writes the job (the snapshot thread, or the
+    /// writer thread at shutdown), never under the database lock.
+    pub state: FrozenState,
     pub replies: Vec<oneshot::Sender<WriterResult<u64>>>,
 }
 
@@ -36,7 +39,7 @@ pub(crate) struct Snapshotter {
     /// while the snapshot thread is still writing one for the same seq.
     gate: Arc<Mutex<()>>,
     /// Set from the moment a job is handed over until the thread has finished it: the
-    /// writer does not encode a snapshot it could not hand over.
+    /// writer does not freeze a snapshot it could not hand over.
     busy: Arc<AtomicBool>,
 }
 
@@ -110,6 +113,7 @@ fn run(shared: &Shared, job: Job) {
 }
 
 fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
+    let mut bytes = 0usize;
     let result = (|| {
         shared.log.sync_barrier(job.seq)?;
         let dir = &shared.config.data_dir;
@@ -117,7 +121,10 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
         if newest.is_some_and(|n| n >= job.seq) {
             return Ok(job.seq); // already on disk (the snapshot thread just wrote it)
         }
-        write_snapshot(dir, job.seq, &job.frames)?;
+        let frames = encode_frozen(&job.state);
+        bytes = frames.iter().map(Vec::len).sum();
+        write_snapshot(dir, job.seq, &frames)?;
+        drop(frames);
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
         for (_, path) in &snapshots[..excess] {
@@ -135,11 +142,7 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
     match &result {
         Ok(seq) => {
             shared.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(
-                seq,
-                bytes = job.frames.iter().map(Vec::len).sum::<usize>(),
-                "snapshot written"
-            );
+            tracing::info!(seq, bytes, rows = job.state.row_count(), "snapshot written");
         }
         Err(e) => {
             shared

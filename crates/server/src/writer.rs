@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::lock_api::ArcRwLockWriteGuard;
 use parking_lot::RawRwLock;
-use sluice_engine::codec::{encode_commit, encode_snapshot};
+use sluice_engine::codec::{encode_commit, FrozenState};
 use sluice_engine::{Commit, Db, SchemaChange, TxError, TxRef, TxState, WriteResult};
 use sluice_functions::{Functions, TxAccess};
 use sluice_log::{frame, Durability, LogError, Waiter};
@@ -602,12 +602,14 @@ impl Writer {
             .expect("commit_bytes_max keeps every commit inside one log frame");
     }
 
+    /// Freezes the state for a snapshot: O(tables + row chunks + topic records) under the
+    /// read lock (copy-on-write row maps); the encoding happens where the job is written.
     fn snapshot_job(&self, replies: Vec<Reply<u64>>) -> Job {
         let db = self.shared.db.read();
         Job {
             seq: db.seq,
             horizon: db.changelog.horizon(),
-            frames: encode_snapshot(&db),
+            state: FrozenState::of(&db),
             replies,
         }
     }

@@ -1,0 +1,780 @@
+//! `sluice bench snapshot`: how much a snapshot slows the writes that go on while it is
+//! written, and what the copy-on-write row map costs the write path.
+//!
+//! Two parts:
+//! - **ack latency around a snapshot** (the real binary): load `--rows` `events` rows, then
+//!   one closed-loop writer (one HTTP client, one single-row upsert of a random existing row
+//!   per request, the next sent when the previous is acknowledged) runs for `--seconds`
+//!   before, then while `POST /v1/admin/snapshot` is in flight, then `--seconds` after; the
+//!   acknowledgement latency (max, p99, p99.9) of each phase and the snapshot's duration are
+//!   reported, per durability class (`disk`, `fsync`). Then the server is killed with
+//!   SIGKILL and restarted: it must come back with the same rows (count and checksum),
+//!   replaying only the commits after its last snapshot — the snapshot file recovers the
+//!   state it froze.
+//! - **row map micro-benchmark** (in process): CPU time per operation of the engine's
+//!   `CowMap` next to `BTreeMap` — ascending inserts, random inserts, gets and removes at
+//!   each of `--map-sizes` — and the time to clone (freeze) a full map.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::{json, Value};
+use sluice_engine::cow::CowMap;
+use sluice_engine::table::RowEntry;
+use sluice_engine::Key;
+use sluice_log::Durability;
+
+use crate::hist::{fmt_si, fmt_us, Latency, LatencySummary};
+use crate::progress::Progress;
+use crate::report::{Report, Table, Target};
+use crate::server::{sluice_bin, SluiceServer};
+use crate::svg::{BarChart, BarSeries};
+use crate::sys::TempDir;
+use crate::workload;
+use crate::CommonArgs;
+
+/// Goal: the slowest acknowledgement while a 1 M-row snapshot is written (issue 12).
+const TARGET_ACK_MAX_DURING_US: u64 = 5_000;
+/// Rows per mutate while loading.
+const LOAD_BATCH: u64 = 500;
+/// Concurrent clients while loading.
+const LOAD_CLIENTS: usize = 4;
+/// `--snapshot-log-bytes` that keeps the server from snapshotting on its own.
+const NO_BACKGROUND_SNAPSHOTS: u64 = 1 << 60;
+/// Most rows one run may load.
+const ROWS_MAX: u64 = 50_000_000;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Rows in the table when the snapshot is taken.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: u64,
+    /// Seconds of writes measured before and after the snapshot.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Durability classes of the writer's commits; one before/during/after run each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["disk".to_string(), "fsync".to_string()])]
+    pub classes: Vec<String>,
+    /// Map sizes of the micro-benchmark (0 or an empty list skips it).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![100_000u64, 1_000_000, 10_000_000])]
+    pub map_sizes: Vec<u64>,
+    /// Skip the server part (only the map micro-benchmark).
+    #[arg(long)]
+    pub map_only: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Params {
+    rows: u64,
+    seconds: f64,
+    classes: Vec<String>,
+    map_sizes: Vec<u64>,
+    map_only: bool,
+    quick: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct Phase {
+    ack: LatencySummary,
+    p999_us: u64,
+    seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct AckCase {
+    class: String,
+    rows: u64,
+    before: Phase,
+    during: Phase,
+    after: Phase,
+    snapshot_seq: u64,
+    snapshot_s: f64,
+    snapshot_bytes: u64,
+    error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Recovered {
+    rows: u64,
+    checksum: String,
+    replayed_commits: u64,
+    commits_after_snapshot: u64,
+    ok: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct MapCase {
+    map: &'static str,
+    size: u64,
+    ascending_insert_ns: f64,
+    random_insert_ns: f64,
+    random_get_ns: f64,
+    random_remove_ns: f64,
+    clone_us: f64,
+}
+
+pub fn run(args: SnapshotArgs) -> anyhow::Result<bool> {
+    let quick = args.common.quick;
+    anyhow::ensure!(
+        (1..=ROWS_MAX).contains(&args.rows),
+        "--rows must be between 1 and {ROWS_MAX}"
+    );
+    anyhow::ensure!(
+        args.seconds > 0.0 && args.seconds <= 600.0,
+        "--seconds must be in (0, 600]"
+    );
+    let classes: Vec<Durability> = args
+        .classes
+        .iter()
+        .map(|c| c.parse::<Durability>().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let params = Params {
+        rows: if quick { 20_000 } else { args.rows },
+        seconds: if quick { 0.5 } else { args.seconds },
+        classes: classes.iter().map(|c| c.as_str().to_string()).collect(),
+        map_sizes: if quick {
+            vec![10_000]
+        } else {
+            args.map_sizes.iter().copied().filter(|&n| n > 0).collect()
+        },
+        map_only: args.map_only,
+        quick,
+    };
+    let mut report = Report::new("snapshot", serde_json::to_value(&params)?);
+    let progress = Progress::new("snapshot");
+    let mut failed = 0;
+
+    let mut ack_cases = Vec::new();
+    let mut recovered = None;
+    if !params.map_only {
+        let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
+        let runtime = crate::harness::runtime()?;
+        match runtime.block_on(run_server(&params, &classes, &bin, &progress)) {
+            Ok((cases, rec)) => {
+                failed += cases.iter().filter(|c| c.error.is_some()).count();
+                failed += usize::from(!rec.ok);
+                ack_cases = cases;
+                recovered = Some(rec);
+            }
+            Err(e) => {
+                progress.say(format!("  FAILED: {e:#}"));
+                report.notes.push(format!("the server part failed: {e:#}"));
+                failed += 1;
+            }
+        }
+    }
+    let mut map_cases = Vec::new();
+    for &size in &params.map_sizes {
+        progress.say(format!(
+            "map micro-benchmark: {} entries",
+            fmt_si(size as f64)
+        ));
+        map_cases.push(map_case::<true>(size));
+        map_cases.push(map_case::<false>(size));
+    }
+    progress.say(format!("done in {:.0}s", progress.elapsed_s()));
+    write_report(
+        &mut report,
+        &params,
+        &ack_cases,
+        recovered.as_ref(),
+        &map_cases,
+    );
+    crate::harness::standard_notes(&mut report, quick);
+    crate::harness::finish_report(&report, &args.common.out, failed)
+}
+
+// ---------------------------------------------------------------------------------------
+// Ack latency around a snapshot
+
+const PHASE_BEFORE: u8 = 0;
+const PHASE_DURING: u8 = 1;
+const PHASE_AFTER: u8 = 2;
+
+async fn run_server(
+    params: &Params,
+    classes: &[Durability],
+    bin: &std::path::Path,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<AckCase>, Recovered)> {
+    let dir = TempDir::new("snapshot")?;
+    let data = dir.path().join("data");
+    let flags = vec![
+        "--snapshot-log-bytes".to_string(),
+        NO_BACKGROUND_SNAPSHOTS.to_string(),
+    ];
+    let (server, _) = SluiceServer::start(bin, &data, &flags).await?;
+    server.sql(workload::CREATE_SLUICE).await?;
+    let started = Instant::now();
+    load(&server, params.rows).await?;
+    progress.say(format!(
+        "loaded {} rows in {:.1}s",
+        params.rows,
+        started.elapsed().as_secs_f64()
+    ));
+    let mut cases = Vec::new();
+    for &class in classes {
+        progress.say(format!(
+            "case: {} rows, writer {}",
+            params.rows,
+            class.as_str()
+        ));
+        let mut case = AckCase {
+            class: class.as_str().to_string(),
+            rows: params.rows,
+            before: Phase::default(),
+            during: Phase::default(),
+            after: Phase::default(),
+            snapshot_seq: 0,
+            snapshot_s: 0.0,
+            snapshot_bytes: 0,
+            error: None,
+        };
+        if let Err(e) = ack_case(&server, &data, params, class, &mut case, progress).await {
+            progress.say(format!("  FAILED: {e:#}"));
+            case.error = Some(format!("{e:#}"));
+        }
+        cases.push(case);
+    }
+    // The snapshot recovers the state: count and checksum before a crash and after restart.
+    let last_snapshot = cases.iter().map(|c| c.snapshot_seq).max().unwrap_or(0);
+    let before = table_fingerprint(&server).await?;
+    let last_seq = server.health_seq().await?;
+    server.kill9();
+    let (server, _) = SluiceServer::start(bin, &data, &flags).await?;
+    let after = table_fingerprint(&server).await?;
+    let m = server.metrics().await?;
+    let replayed = m.get("sluice_recovery_replayed") as u64;
+    let commits_after_snapshot = last_seq.saturating_sub(last_snapshot);
+    let ok = before == after && replayed == commits_after_snapshot && last_snapshot > 0;
+    progress.say(format!(
+        "  restart after kill -9: {} rows (before {}), {replayed} commits replayed, {} after the \
+         snapshot at seq {last_snapshot}: {}",
+        after.0,
+        before.0,
+        commits_after_snapshot,
+        if ok { "same rows" } else { "MISMATCH" }
+    ));
+    drop(server);
+    tokio::task::spawn_blocking(move || drop(dir)).await?;
+    Ok((
+        cases,
+        Recovered {
+            rows: after.0,
+            checksum: after.1,
+            replayed_commits: replayed,
+            commits_after_snapshot,
+            ok,
+        },
+    ))
+}
+
+/// Row count and a checksum over every row's columns.
+async fn table_fingerprint(server: &SluiceServer) -> anyhow::Result<(u64, String)> {
+    let v = server
+        .sql(
+            "SELECT count(*) AS n, sum(id) AS ids, sum(ts) AS ts, min(author) AS a0, \
+             max(author) AS a1, min(body) AS b0, max(body) AS b1 FROM events",
+        )
+        .await?;
+    let row = find_row(&v).with_context(|| format!("no row in the answer: {v}"))?;
+    let n = row["n"]
+        .as_u64()
+        .with_context(|| format!("no count: {v}"))?;
+    Ok((n, row.to_string()))
+}
+
+/// The first row object of a `/v1/sql` answer, wherever the answer nests it.
+fn find_row(v: &Value) -> Option<&Value> {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::Array(rows)) = o.get("rows") {
+                if let Some(r) = rows.first() {
+                    return Some(r);
+                }
+            }
+            o.values().find_map(find_row)
+        }
+        Value::Array(a) => a.iter().find_map(find_row),
+        _ => None,
+    }
+}
+
+async fn ack_case(
+    server: &SluiceServer,
+    data: &std::path::Path,
+    params: &Params,
+    class: Durability,
+    case: &mut AckCase,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let phase = Arc::new(AtomicU8::new(PHASE_BEFORE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (phase, stop) = (phase.clone(), stop.clone());
+        let url = server.url("/v1/mutate");
+        let rows = params.rows;
+        let client = reqwest::Client::builder()
+            .default_headers(crate::server::auth_headers())
+            .no_proxy()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        tokio::spawn(async move {
+            let mut hists = [Latency::new(), Latency::new(), Latency::new()];
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let id = x % rows;
+                n += 1;
+                let body = format!(
+                    r#"{{"durability":"{}","ops":[{{"op":"upsert","table":"{}","row":{{"id":{id},"room":"room-w","author":"w-{n}","body":"{}","ts":{n}}}}}]}}"#,
+                    class.as_str(),
+                    workload::TABLE,
+                    workload::body(id),
+                );
+                let at = phase.load(Ordering::Relaxed);
+                let sent = Instant::now();
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                let took = sent.elapsed();
+                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
+                // A request that overlapped the snapshot at all counts as `during`.
+                let now = phase.load(Ordering::Relaxed);
+                let counted = if at == now { at } else { PHASE_DURING };
+                hists[usize::from(counted)].record(took);
+            }
+            Ok::<_, anyhow::Error>(hists)
+        })
+    };
+    let window = Duration::from_secs_f64(params.seconds);
+    tokio::time::sleep(window).await;
+    let snap_started = Instant::now();
+    phase.store(PHASE_DURING, Ordering::Relaxed);
+    let seq = server.snapshot().await.context("POST /v1/admin/snapshot");
+    let snapshot_s = snap_started.elapsed().as_secs_f64();
+    phase.store(PHASE_AFTER, Ordering::Relaxed);
+    if seq.is_ok() {
+        tokio::time::sleep(window).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let hists = writer.await.context("the writer task panicked")??;
+    case.snapshot_seq = seq?;
+    case.snapshot_s = snapshot_s;
+    case.snapshot_bytes = sluice_log::snapshot::list_snapshots(data)?
+        .iter()
+        .find(|(s, _)| *s == case.snapshot_seq)
+        .and_then(|(_, p)| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+    let phase_of = |h: &Latency, seconds: f64| Phase {
+        ack: h.summary(),
+        p999_us: h.quantile_us(0.999),
+        seconds,
+    };
+    case.before = phase_of(&hists[0], params.seconds);
+    case.during = phase_of(&hists[1], snapshot_s);
+    case.after = phase_of(&hists[2], params.seconds);
+    progress.say(format!(
+        "  snapshot at seq {} took {} ({} bytes); ack max before {} / during {} / after {}",
+        case.snapshot_seq,
+        fmt_us((snapshot_s * 1e6) as u64),
+        fmt_si(case.snapshot_bytes as f64),
+        fmt_us(case.before.ack.max_us),
+        fmt_us(case.during.ack.max_us),
+        fmt_us(case.after.ack.max_us),
+    ));
+    Ok(())
+}
+
+/// Inserts rows `0..rows` with `disk`-class mutates from a few clients.
+async fn load(server: &SluiceServer, rows: u64) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let url = server.url("/v1/mutate");
+    let mut tasks = Vec::new();
+    for _ in 0..LOAD_CLIENTS {
+        let (next, url) = (next.clone(), url.clone());
+        let client = reqwest::Client::builder()
+            .default_headers(crate::server::auth_headers())
+            .no_proxy()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
+                if from >= rows {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let n = LOAD_BATCH.min(rows - from);
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(workload::mutate_body(from, n, Durability::Disk))
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.context("a load task panicked")??;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Row map micro-benchmark
+
+/// CPU time this thread has run (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// CPU ns per op of `f` over `ops` operations.
+fn cpu_ns_per_op(ops: u64, f: impl FnOnce()) -> f64 {
+    let t0 = thread_cpu();
+    f();
+    (thread_cpu() - t0).as_nanos() as f64 / ops.max(1) as f64
+}
+
+/// The two maps under test behind one interface.
+trait RowMap: Clone {
+    const NAME: &'static str;
+    fn empty() -> Self;
+    fn put(&mut self, k: Key, v: RowEntry);
+    fn read(&self, k: &Key) -> Option<&RowEntry>;
+    fn take(&mut self, k: &Key) -> Option<RowEntry>;
+}
+
+impl RowMap for BTreeMap<Key, RowEntry> {
+    const NAME: &'static str = "BTreeMap";
+    fn empty() -> Self {
+        BTreeMap::new()
+    }
+    fn put(&mut self, k: Key, v: RowEntry) {
+        self.insert(k, v);
+    }
+    fn read(&self, k: &Key) -> Option<&RowEntry> {
+        self.get(k)
+    }
+    fn take(&mut self, k: &Key) -> Option<RowEntry> {
+        self.remove(k)
+    }
+}
+
+impl RowMap for CowMap<Key, RowEntry> {
+    const NAME: &'static str = "CowMap";
+    fn empty() -> Self {
+        CowMap::new()
+    }
+    fn put(&mut self, k: Key, v: RowEntry) {
+        self.insert(k, v);
+    }
+    fn read(&self, k: &Key) -> Option<&RowEntry> {
+        self.get(k)
+    }
+    fn take(&mut self, k: &Key) -> Option<RowEntry> {
+        self.remove(k)
+    }
+}
+
+fn map_case<const COW: bool>(size: u64) -> MapCase {
+    if COW {
+        map_case_of::<CowMap<Key, RowEntry>>(size)
+    } else {
+        map_case_of::<BTreeMap<Key, RowEntry>>(size)
+    }
+}
+
+fn map_case_of<M: RowMap>(size: u64) -> MapCase {
+    let values: Arc<[sluice_engine::Value]> = vec![
+        sluice_engine::Value::Integer(1),
+        sluice_engine::Value::Text("room-1".into()),
+    ]
+    .into();
+    let entry = |i: u64| RowEntry {
+        values: values.clone(),
+        version: i,
+        seq: i,
+    };
+    // A fixed permutation of 0..size (multiplying by an odd constant modulo a power of two,
+    // folded into range), the same for both maps.
+    let mut order: Vec<u64> = (0..size).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let mut m = M::empty();
+    let ascending_insert_ns = cpu_ns_per_op(size, || {
+        for i in 0..size {
+            m.put(Key::Int(i as i64), entry(i));
+        }
+    });
+    drop(m);
+    let mut m = M::empty();
+    let random_insert_ns = cpu_ns_per_op(size, || {
+        for &i in &order {
+            m.put(Key::Int(i as i64), entry(i));
+        }
+    });
+    let mut found = 0u64;
+    let random_get_ns = cpu_ns_per_op(size, || {
+        for &i in &order {
+            found += m.read(&Key::Int(i as i64)).map_or(0, |e| e.version & 1);
+        }
+    });
+    std::hint::black_box(found);
+    let t0 = Instant::now();
+    let frozen = std::hint::black_box(m.clone());
+    let clone_us = t0.elapsed().as_secs_f64() * 1e6;
+    drop(frozen);
+    let random_remove_ns = cpu_ns_per_op(size, || {
+        for &i in order.iter().rev() {
+            std::hint::black_box(m.take(&Key::Int(i as i64)));
+        }
+    });
+    MapCase {
+        map: M::NAME,
+        size,
+        ascending_insert_ns,
+        random_insert_ns,
+        random_get_ns,
+        random_remove_ns,
+        clone_us,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+/// Every ack case of a snapshot `samples.json` succeeded and the restart recovered the rows.
+pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
+    let cases = samples["ack_cases"]
+        .as_array()
+        .context("samples.json has no ack_cases")?;
+    for c in cases {
+        anyhow::ensure!(c["error"].is_null(), "a case failed: {c}");
+        anyhow::ensure!(
+            c["snapshot_seq"].as_u64().unwrap_or(0) > 0,
+            "no snapshot: {c}"
+        );
+    }
+    if !cases.is_empty() {
+        anyhow::ensure!(
+            samples["recovered"]["ok"] == true,
+            "the restart did not recover the same rows: {}",
+            samples["recovered"]
+        );
+    }
+    Ok(())
+}
+
+fn write_report(
+    report: &mut Report,
+    params: &Params,
+    cases: &[AckCase],
+    recovered: Option<&Recovered>,
+    maps: &[MapCase],
+) {
+    report.intro.push(format!(
+        "The server holds {} `events` rows (5 columns, ~150 bytes). One closed-loop writer \
+         upserts a random existing row per request (the next request leaves when the previous \
+         one is acknowledged) for {} s, then while `POST /v1/admin/snapshot` is in flight, then \
+         {} s more. The acknowledgement latency of each phase is reported; `during` (every \
+         request that overlapped the snapshot, from its POST to its durable reply) is what a \
+         snapshot costs the writes that go on beside it. Client and server share this \
+         machine's CPUs.",
+        params.rows, params.seconds, params.seconds
+    ));
+    for c in cases.iter().filter(|c| c.error.is_none()) {
+        report.targets.push(Target {
+            what: format!(
+                "slowest ack while a {}-row snapshot is written ({})",
+                fmt_si(c.rows as f64),
+                c.class
+            ),
+            goal: format!("< {}", fmt_us(TARGET_ACK_MAX_DURING_US)),
+            measured: fmt_us(c.during.ack.max_us),
+            met: Some(c.during.ack.max_us < TARGET_ACK_MAX_DURING_US),
+        });
+    }
+    if !cases.is_empty() {
+        let mut t = Table::new(
+            "Ack latency around a snapshot",
+            &[
+                "class",
+                "phase",
+                "acks",
+                "p50",
+                "p99",
+                "p99.9",
+                "max",
+                "phase length",
+            ],
+        );
+        for c in cases {
+            if c.error.is_some() {
+                t.failed_row(vec![c.class.clone()]);
+                continue;
+            }
+            for (name, p) in [
+                ("before", &c.before),
+                ("during snapshot", &c.during),
+                ("after", &c.after),
+            ] {
+                t.row(vec![
+                    c.class.clone(),
+                    name.into(),
+                    p.ack.count.to_string(),
+                    fmt_us(p.ack.p50_us),
+                    fmt_us(p.ack.p99_us),
+                    fmt_us(p.p999_us),
+                    fmt_us(p.ack.max_us),
+                    fmt_us((p.seconds * 1e6) as u64),
+                ]);
+            }
+        }
+        report.tables.push(t);
+        let mut s = Table::new(
+            "The snapshots",
+            &["class", "rows", "seq", "POST → durable", "file bytes"],
+        );
+        for c in cases.iter().filter(|c| c.error.is_none()) {
+            s.row(vec![
+                c.class.clone(),
+                c.rows.to_string(),
+                c.snapshot_seq.to_string(),
+                fmt_us((c.snapshot_s * 1e6) as u64),
+                fmt_si(c.snapshot_bytes as f64),
+            ]);
+        }
+        s.note = recovered.map(|r| {
+            format!(
+                "After the runs the server was killed with SIGKILL and restarted: {} rows, {} \
+                 commits replayed ({} written after the last snapshot): {}.",
+                r.rows,
+                r.replayed_commits,
+                r.commits_after_snapshot,
+                if r.ok {
+                    "the same rows as before the crash"
+                } else {
+                    "NOT the rows it had before the crash"
+                }
+            )
+        });
+        report.tables.push(s);
+    }
+    if !maps.is_empty() {
+        let mut t = Table::new(
+            "Row map: CPU ns per operation (Key::Int keys, RowEntry values)",
+            &[
+                "entries",
+                "map",
+                "ascending insert",
+                "random insert",
+                "random get",
+                "random remove",
+                "clone (freeze)",
+            ],
+        );
+        for m in maps {
+            t.row(vec![
+                fmt_si(m.size as f64),
+                m.map.into(),
+                format!("{:.0}", m.ascending_insert_ns),
+                format!("{:.0}", m.random_insert_ns),
+                format!("{:.0}", m.random_get_ns),
+                format!("{:.0}", m.random_remove_ns),
+                fmt_us(m.clone_us as u64),
+            ]);
+        }
+        t.note = Some(
+            "Thread CPU time (CLOCK_THREAD_CPUTIME_ID) per operation over the whole size, \
+             one thread, same key permutation for both maps; clone is wall time."
+                .into(),
+        );
+        report.tables.push(t);
+    }
+    let ok: Vec<&AckCase> = cases.iter().filter(|c| c.error.is_none()).collect();
+    if !ok.is_empty() {
+        let series = |name: &str, phase: fn(&AckCase) -> &Phase| BarSeries {
+            name: name.into(),
+            values: ok
+                .iter()
+                .map(|c| Some(phase(c).ack.max_us as f64 / 1e3))
+                .collect(),
+        };
+        report.chart(
+            "ack_max.svg",
+            "slowest acknowledgement before, during and after the snapshot",
+            BarChart {
+                title: format!(
+                    "Slowest ack around a {}-row snapshot (ms)",
+                    fmt_si(params.rows as f64)
+                ),
+                x_label: "writer's durability class".into(),
+                y_label: "max ack latency, ms".into(),
+                categories: ok.iter().map(|c| c.class.clone()).collect(),
+                series: vec![
+                    series("before", |c| &c.before),
+                    series("during snapshot", |c| &c.during),
+                    series("after", |c| &c.after),
+                ],
+            }
+            .render(),
+        );
+    }
+    if !maps.is_empty() {
+        let mut sizes: Vec<u64> = maps.iter().map(|m| m.size).collect();
+        sizes.dedup();
+        let series = |name: &'static str| BarSeries {
+            name: name.into(),
+            values: sizes
+                .iter()
+                .map(|&n| {
+                    maps.iter()
+                        .find(|m| m.map == name && m.size == n)
+                        .map(|m| m.random_insert_ns)
+                })
+                .collect(),
+        };
+        report.chart(
+            "map_random_insert.svg",
+            "CPU ns per random insert, CowMap and BTreeMap",
+            BarChart {
+                title: "Random insert, CPU ns per op".into(),
+                x_label: "entries".into(),
+                y_label: "ns".into(),
+                categories: sizes.iter().map(|&n| fmt_si(n as f64)).collect(),
+                series: vec![series("CowMap"), series("BTreeMap")],
+            }
+            .render(),
+        );
+    }
+    report.samples = json!({
+        "suite": "snapshot",
+        "params": params,
+        "ack_cases": cases,
+        "recovered": recovered,
+        "maps": maps,
+    });
+}
