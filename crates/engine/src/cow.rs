@@ -27,15 +27,20 @@ type Chunk<K, V> = Arc<Vec<(K, V)>>;
 /// An ordered map whose clones share storage chunk by chunk (copy on write).
 pub struct CowMap<K, V> {
     chunks: Vec<Chunk<K, V>>,
+    /// `firsts[i]` is the first key of `chunks[i]`: the chunk search is a binary search over
+    /// one contiguous vec instead of a pointer chase into every probed chunk (which made
+    /// random reads 1.5–3× slower than a `BTreeMap`).
+    firsts: Vec<K>,
     len: usize,
 }
 
-impl<K, V> Clone for CowMap<K, V> {
+impl<K: Clone, V> Clone for CowMap<K, V> {
     /// O(chunks): the clone shares every chunk; later writes to either side copy the one
     /// chunk they touch.
     fn clone(&self) -> Self {
         CowMap {
             chunks: self.chunks.clone(),
+            firsts: self.firsts.clone(),
             len: self.len,
         }
     }
@@ -45,6 +50,7 @@ impl<K, V> Default for CowMap<K, V> {
     fn default() -> Self {
         CowMap {
             chunks: Vec::new(),
+            firsts: Vec::new(),
             len: 0,
         }
     }
@@ -127,7 +133,7 @@ impl<K, V> CowMap<K, V> {
     /// recovery), filling each chunk to [`CHUNK_MAX`].
     pub fn from_sorted(entries: Vec<(K, V)>) -> Self
     where
-        K: Ord,
+        K: Ord + Clone,
     {
         let mut builder = CowMapBuilder::with_capacity(entries.len());
         for (k, v) in entries {
@@ -145,7 +151,7 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        let after = self.chunks.partition_point(|c| c[0].0.borrow() <= key);
+        let after = self.firsts.partition_point(|f| f.borrow() <= key);
         after.checked_sub(1)
     }
 
@@ -194,6 +200,7 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         let Some(last) = self.chunks.len().checked_sub(1) else {
             let mut chunk = Vec::with_capacity(CHUNK_MAX);
+            self.firsts.push(key.clone());
             chunk.push((key, value));
             self.chunks.push(Arc::new(chunk));
             self.len = 1;
@@ -211,15 +218,20 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
         self.len += 1;
         let full = self.chunks[c].len() >= CHUNK_MAX;
         if !full {
+            if at == 0 {
+                self.firsts[c] = key.clone();
+            }
             Arc::make_mut(&mut self.chunks[c]).insert(at, (key, value));
         } else if c == last && at == CHUNK_MAX {
             // Ascending inserts start a new chunk and leave the full one full.
             let mut chunk = Vec::with_capacity(CHUNK_MAX);
+            self.firsts.push(key.clone());
             chunk.push((key, value));
             self.chunks.push(Arc::new(chunk));
         } else if c == 0 && at == 0 {
             // Descending inserts likewise.
             let mut chunk = Vec::with_capacity(CHUNK_MAX);
+            self.firsts.insert(0, key.clone());
             chunk.push((key, value));
             self.chunks.insert(0, Arc::new(chunk));
         } else {
@@ -231,6 +243,9 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
             } else {
                 right.insert(at - CHUNK_MAX / 2, (key, value));
             }
+            // `at == 0` only reaches a full chunk as chunk 0 (handled above), so the left
+            // chunk's first key is unchanged.
+            self.firsts.insert(c + 1, right[0].0.clone());
             self.chunks.insert(c + 1, Arc::new(right));
         }
         None
@@ -258,8 +273,12 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
         let entry = chunk.remove(i);
         self.len -= 1;
         let left_len = chunk.len();
+        if left_len > 0 && i == 0 {
+            self.firsts[c] = chunk[0].0.clone();
+        }
         if left_len == 0 {
             self.chunks.remove(c);
+            self.firsts.remove(c);
         } else if left_len < CHUNK_MERGE_BELOW {
             self.merge_small(c);
         }
@@ -278,6 +297,7 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
                 return;
             };
         let moved = self.chunks.remove(right);
+        self.firsts.remove(right);
         let into = Arc::make_mut(&mut self.chunks[left]);
         match Arc::try_unwrap(moved) {
             Ok(entries) => into.extend(entries),
@@ -321,13 +341,16 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
     /// The position `(chunk, index)` of the first entry whose key satisfies `at_or_after`
     /// (a predicate monotone in key order), or `(chunks, 0)` if none does.
     fn first_where(&self, at_or_after: impl Fn(&K) -> bool) -> (usize, usize) {
-        let c = self
-            .chunks
-            .partition_point(|c| !at_or_after(&c[c.len() - 1].0));
-        if c == self.chunks.len() {
-            return (c, 0);
+        // The first chunk whose first key satisfies it; the entry may still be in the chunk
+        // before.
+        let j = self.firsts.partition_point(|f| !at_or_after(f));
+        if let Some(prev) = j.checked_sub(1) {
+            let i = self.chunks[prev].partition_point(|e| !at_or_after(&e.0));
+            if i < self.chunks[prev].len() {
+                return (prev, i);
+            }
         }
-        (c, self.chunks[c].partition_point(|e| !at_or_after(&e.0)))
+        (j, 0)
     }
 
     /// Entries with keys in `range`, ascending (reversible). An empty or inverted range
@@ -386,6 +409,14 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
             n += c.len();
         }
         assert_eq!(n, self.len, "len is the sum of chunk lengths");
+        assert_eq!(
+            self.firsts.len(),
+            self.chunks.len(),
+            "one first key per chunk"
+        );
+        for (f, c) in self.firsts.iter().zip(&self.chunks) {
+            assert!(*f == c[0].0, "firsts[i] is chunk i's first key");
+        }
     }
 }
 
@@ -439,7 +470,7 @@ pub struct CowMapBuilder<K, V> {
     len: usize,
 }
 
-impl<K: Ord, V> CowMapBuilder<K, V> {
+impl<K: Ord + Clone, V> CowMapBuilder<K, V> {
     pub fn new() -> Self {
         Self::with_capacity(0)
     }
@@ -484,14 +515,16 @@ impl<K: Ord, V> CowMapBuilder<K, V> {
         if !self.current.is_empty() {
             self.chunks.push(Arc::new(self.current));
         }
+        let firsts = self.chunks.iter().map(|c| c[0].0.clone()).collect();
         CowMap {
             chunks: self.chunks,
+            firsts,
             len: self.len,
         }
     }
 }
 
-impl<K: Ord, V> Default for CowMapBuilder<K, V> {
+impl<K: Ord + Clone, V> Default for CowMapBuilder<K, V> {
     fn default() -> Self {
         Self::new()
     }
