@@ -18,7 +18,7 @@ use std::ops::{Bound, Index, RangeBounds};
 use std::sync::Arc;
 
 /// Most entries a chunk holds; a full chunk splits in two on an insert in its middle.
-pub const CHUNK_MAX: usize = 256;
+pub const CHUNK_MAX: usize = 128;
 /// A chunk that falls below this merges with a neighbour when both fit in one chunk.
 const CHUNK_MERGE_BELOW: usize = CHUNK_MAX / 4;
 
