@@ -304,13 +304,27 @@ fn json_arg(ctx: &Ctx<'_>, value: &Value<'_>, what: &str) -> rquickjs::Result<se
     js_to_json(value, 0).map_err(|e| throw(ctx, "bad_request", &format!("{what}: {e}")))
 }
 
+/// The error of a tx call made while another one is running (from code it triggered).
+fn reentered(ctx: &Ctx<'_>) -> rquickjs::Error {
+    throw(
+        ctx,
+        "bad_request",
+        "a tx call was made while another tx call was running (from a getter or setter it triggered); tx calls cannot nest",
+    )
+}
+
 /// Runs `f` with the lent transaction, or throws if no call is in progress.
 fn with_access<'js, T>(
     ctx: &Ctx<'js>,
     slot: &Slot,
     f: impl FnOnce(&mut dyn crate::TxAccess) -> rquickjs::Result<T>,
 ) -> rquickjs::Result<T> {
-    let mut guard = slot.borrow_mut();
+    // JavaScript can run inside a tx call (a setter on `Object.prototype` while a row object
+    // is filled, a getter of an argument) and call tx again: that is refused as an error,
+    // never a panic (which on the writer thread would stop the server).
+    let Ok(mut guard) = slot.try_borrow_mut() else {
+        return Err(reentered(ctx));
+    };
     match guard.as_mut() {
         Some(access) => f(access.as_mut()),
         None => Err(throw(
@@ -346,7 +360,10 @@ pub(crate) fn install<'js>(
                   id: Value<'js>|
                   -> rquickjs::Result<Value<'js>> {
                 // No borrow of the cache is held while JavaScript may run (a getter of `id`).
-                let table = cols.borrow().table_name(&ctx, &table)?;
+                let table = cols
+                    .try_borrow()
+                    .map_err(|_| reentered(&ctx))?
+                    .table_name(&ctx, &table)?;
                 let id = json_arg(&ctx, &id, "id")?;
                 with_access(&ctx, &s, |access| {
                     let tx = access.tx();
@@ -356,7 +373,7 @@ pub(crate) fn install<'js>(
                     match t.rows.get(&key) {
                         None => Ok(Value::new_null(ctx.clone())),
                         Some(row) => {
-                            let mut cols = cols.borrow_mut();
+                            let mut cols = cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
                             let atoms = cols.columns(&ctx, &table, &t.schema)?;
                             let object = Object::new(ctx.clone())?;
                             for (atom, v) in atoms.iter().zip(row.values.iter()) {
@@ -401,18 +418,22 @@ pub(crate) fn install<'js>(
         Function::new(
             ctx.clone(),
             move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
-                let table = cols.borrow().table_name(&ctx, &table)?;
+                let table = cols
+                    .try_borrow()
+                    .map_err(|_| reentered(&ctx))?
+                    .table_name(&ctx, &table)?;
                 let id = json_arg(&ctx, &id, "id")?;
                 let mut set = SetArg::read(&ctx, &set, "set")?;
                 with_access(&ctx, &s, |access| {
                     let mut tx = access.tx();
-                    let mut typed = typed.borrow_mut();
+                    let mut typed = typed.try_borrow_mut().map_err(|_| reentered(&ctx))?;
                     // Typed when every property fits its column; else the JSON path, which
                     // refuses the patch with the errors it always gave, in the same order.
                     let fast = match &mut set {
                         SetArg::Props(props) => match tx.db().table(&table) {
                             Ok(t) => {
-                                let mut cols = cols.borrow_mut();
+                                let mut cols =
+                                    cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
                                 let atoms = cols.columns(&ctx, &table, &t.schema)?;
                                 typed_set(props, &t.schema, atoms, &mut typed)
                                     .map(|()| key_from_json(&t.schema, &id))
