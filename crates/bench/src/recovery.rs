@@ -304,8 +304,7 @@ async fn run_case(
     server.kill9();
     let segments = sluice_log::segment::list_segments(&data)?;
     case.segments = segments.len();
-    // Frames only: the newest segment ends in the space the log reserves ahead of its
-    // appends (zero padding, which recovery cuts), which is not log.
+    // Whole frames only: a torn tail left by the kill is not log (recovery cuts it).
     case.log_bytes = 0;
     for (i, s) in segments.iter().enumerate() {
         let bytes = std::fs::read(&s.path)?;

@@ -339,11 +339,6 @@ fn scan_segment(
         Ok::<(), RecoveryError>(())
     })?;
     let Some(torn) = end.torn else {
-        if end.padding > 0 && opts.repair {
-            // Space the log reserved ahead of its appends: not damage, but the log reopens
-            // the segment right after its last frame.
-            truncate(&seg.path, end.valid_len)?;
-        }
         return Ok(None);
     };
     tracing::warn!("{torn}");

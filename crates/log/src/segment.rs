@@ -57,12 +57,6 @@ pub struct ScanEnd {
     /// Set when the file continues past `valid_len` with a torn frame (only possible for
     /// the newest segment); recovery truncates the file to `valid_len`.
     pub torn: Option<String>,
-    /// Zero bytes after the last whole frame of the newest segment: space the log reserved
-    /// ahead of its appends ([`crate::io::PreallocatedFile`]) — or, after a crash, a frame
-    /// whose bytes never reached the disk while the size did, which nothing can tell apart
-    /// and which is repaired the same way. Not damage; recovery cuts it before the log
-    /// reopens the file.
-    pub padding: u64,
 }
 
 /// Calls `on_frame(offset, payload)` for every frame of `bytes` (the contents of `path`).
@@ -93,14 +87,6 @@ pub fn scan<E: From<LogError>>(
                 return Ok(ScanEnd {
                     valid_len: offset as u64,
                     torn: None,
-                    padding: 0,
-                })
-            }
-            _ if is_newest && bytes[offset..].iter().all(|&b| b == 0) => {
-                return Ok(ScanEnd {
-                    valid_len: offset as u64,
-                    torn: None,
-                    padding: (bytes.len() - offset) as u64,
                 })
             }
             Decoded::Truncated => {
@@ -128,7 +114,6 @@ pub fn scan<E: From<LogError>>(
         };
         return Ok(ScanEnd {
             valid_len: offset as u64,
-            padding: 0,
             torn: Some(format!(
                 "{}: torn tail at byte offset {offset} ({torn_reason}); {} bytes after it",
                 path.display(),
@@ -141,33 +126,6 @@ pub fn scan<E: From<LogError>>(
 /// Reads a whole file.
 pub fn read_file(path: &Path) -> Result<Vec<u8>, LogError> {
     std::fs::read(path).map_err(|e| LogError::io(path, e))
-}
-
-/// Cuts the padding off the end of the segment at `path` if it ends in zeros after its last
-/// whole frame (a log that stopped without [`crate::io::LogFile::finish`]); the log calls
-/// this before it reopens a segment, so appends continue right after the last frame.
-pub fn cut_padding(path: &Path) -> Result<(), LogError> {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return Ok(()); // not a real file (a simulated disk), or not there yet
-    };
-    let len = file.metadata().map_err(|e| LogError::io(path, e))?.len();
-    if len == 0 {
-        return Ok(());
-    }
-    let mut last = [0u8; 1];
-    file.seek(SeekFrom::Start(len - 1))
-        .and_then(|_| file.read_exact(&mut last))
-        .map_err(|e| LogError::io(path, e))?;
-    if last[0] != 0 {
-        return Ok(()); // a frame ends here (its checksum's last byte)
-    }
-    let bytes = read_file(path)?;
-    let end = scan(path, &bytes, true, |_, _| Ok::<(), LogError>(()))?;
-    if end.padding > 0 {
-        truncate(path, end.valid_len)?;
-    }
-    Ok(())
 }
 
 /// Cuts `path` to `len` bytes and syncs it (recovery's torn-tail repair).

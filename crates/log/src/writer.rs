@@ -146,12 +146,10 @@ impl<W: Waiter> Log<W> {
             Some(seg) => (seg.first_seq, seg.path.clone()),
             None => (last_seq + 1, segment_path(&config.dir, last_seq + 1)),
         };
-        crate::segment::cut_padding(&path)?;
-        let mut file = config
+        let file = config
             .files
             .open_append(&path)
             .map_err(|e| LogError::io(&path, e))?;
-        file.reserve_ahead(config.segment_bytes_max);
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         if existing.is_empty() {
             config
@@ -420,14 +418,6 @@ impl<W: Waiter> LogThread<W> {
             if shutdown {
                 let pending = lock(&self.shared.pending);
                 if pending.buf.is_empty() {
-                    drop(pending);
-                    // A clean stop leaves no padding behind (a poisoned log leaves the file
-                    // as it is: recovery reads it).
-                    if lock(&self.shared.poison).is_none() {
-                        if let Err(e) = self.file.finish() {
-                            tracing::warn!(error = %e, "could not cut the log's reserved space at shutdown; recovery will");
-                        }
-                    }
                     return;
                 }
             }
@@ -509,7 +499,6 @@ impl<W: Waiter> LogThread<W> {
 
     fn roll(&mut self, first_seq: u64) -> Result<(), String> {
         self.file.sync().map_err(|e| e.to_string())?;
-        self.file.finish().map_err(|e| e.to_string())?;
         self.last_sync = Instant::now();
         self.progress.synced_seq = self.progress.written_seq;
         let path = segment_path(&self.config.dir, first_seq);
@@ -518,7 +507,6 @@ impl<W: Waiter> LogThread<W> {
             .files
             .open_append(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        self.file.reserve_ahead(self.config.segment_bytes_max);
         self.config
             .files
             .sync_dir(&self.config.dir)
