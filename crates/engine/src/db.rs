@@ -1330,21 +1330,8 @@ impl TxRef<'_> {
             ))
         })?;
         check_not_null(&schema, &values)?;
-        self.check_row_size(table_name, &values)?;
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let op = match existing {
-            Some(_) if !replace => {
-                return Err(TxError::new(
-                    ErrorCode::AlreadyExists,
-                    format!("table {table_name:?} already has a row with key {key}"),
-                ))
-            }
-            Some(_) => ChangeOp::Update,
-            None => ChangeOp::Insert,
-        };
-        let version = self.st.seq;
-        self.write(&schema, key, Some(values.into()), op, version)
+        // The rest depends on the state and the limits only: the decoded path's.
+        self.put_decoded(&schema, key, values.into(), if_version, replace)
     }
 
     /// Sets some columns of an existing row.
