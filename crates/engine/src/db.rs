@@ -1345,12 +1345,8 @@ impl TxRef<'_> {
         let table = self.db.table(table_name)?;
         let schema = table.schema.clone();
         let key = key_from_json(&schema, id)?;
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let Some(old) = existing else {
-            return Err(not_found(table_name, &key));
-        };
-        let mut values: Vec<Value> = old.values.to_vec();
+        let old = existing_row(table, &key, if_version)?.values.clone();
+        let mut typed = Vec::with_capacity(set.len());
         for (name, json) in set {
             let i = column_of(&schema, name)?;
             if i == schema.pk {
@@ -1362,12 +1358,9 @@ impl TxRef<'_> {
                     ),
                 ));
             }
-            values[i] = convert(&schema.columns[i], json)?;
+            typed.push((i, convert(&schema.columns[i], json)?));
         }
-        check_not_null(&schema, &values)?;
-        self.check_row_size(table_name, &values)?;
-        let version = self.st.seq;
-        self.write(&schema, key, Some(values.into()), ChangeOp::Update, version)
+        self.patch_row(&schema, key, &old, &mut typed)
     }
 
     pub fn delete(
@@ -1378,12 +1371,7 @@ impl TxRef<'_> {
     ) -> Result<WriteResult, TxError> {
         let table = self.db.table(table_name)?;
         let key = key_from_json(&table.schema, id)?;
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let Some(old) = existing else {
-            return Err(not_found(table_name, &key));
-        };
-        let version = old.version;
+        let version = existing_row(table, &key, if_version)?.version;
         let schema = table.schema.clone();
         self.write(&schema, key, None, ChangeOp::Delete, version)
     }
@@ -1425,33 +1413,50 @@ impl TxRef<'_> {
     }
 
     /// [`TxRef::patch`] with `set` already decoded against `schema` (the table's current
-    /// schema, `Arc::ptr_eq`): column positions (never the primary key) and converted values.
+    /// schema, `Arc::ptr_eq`): `(column position, value)` pairs, never the primary key, each
+    /// value fitting its column ([`Value::fits`]; a debug build asserts both). The values are
+    /// moved out of `set` (left NULL), so a caller can reuse its buffer. The typed request
+    /// decoder and the JavaScript `tx.patch` use it.
     pub fn patch_decoded(
         &mut self,
         schema: &Arc<TableSchema>,
         key: Key,
-        set: &[(usize, Value)],
+        set: &mut [(usize, Value)],
         if_version: Option<u64>,
     ) -> Result<WriteResult, TxError> {
-        let table_name = schema.name.as_str();
-        let table = self.db.table(table_name)?;
+        let table = self.db.table(&schema.name)?;
         debug_assert!(
             Arc::ptr_eq(&table.schema, schema),
             "decoded against another schema"
         );
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let Some(old) = existing else {
-            return Err(not_found(table_name, &key));
-        };
-        let mut values: Vec<Value> = old.values.to_vec();
-        for (i, value) in set {
-            values[*i] = value.clone();
-        }
+        debug_assert!(set
+            .iter()
+            .all(|(i, v)| *i != schema.pk && v.fits(schema.columns[*i].ty)));
+        let old = existing_row(table, &key, if_version)?.values.clone();
+        self.patch_row(schema, key, &old, set)
+    }
+
+    /// The end of every patch, once its row `old` was found: the new row (built in its final
+    /// place, one allocation; the last value set for a column wins), NOT NULL, size, write.
+    fn patch_row(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        key: Key,
+        old: &[Value],
+        set: &mut [(usize, Value)],
+    ) -> Result<WriteResult, TxError> {
+        let values: Arc<[Value]> = old
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match set.iter_mut().rfind(|(c, _)| *c == i) {
+                Some((_, new)) => std::mem::replace(new, Value::Null),
+                None => v.clone(),
+            })
+            .collect();
         check_not_null(schema, &values)?;
-        self.check_row_size(table_name, &values)?;
+        self.check_row_size(&schema.name, &values)?;
         let version = self.st.seq;
-        self.write(schema, key, Some(values.into()), ChangeOp::Update, version)
+        self.write(schema, key, Some(values), ChangeOp::Update, version)
     }
 
     /// [`TxRef::delete`] with the key already decoded against `schema` (the table's current
@@ -1462,18 +1467,12 @@ impl TxRef<'_> {
         key: Key,
         if_version: Option<u64>,
     ) -> Result<WriteResult, TxError> {
-        let table_name = schema.name.as_str();
-        let table = self.db.table(table_name)?;
+        let table = self.db.table(&schema.name)?;
         debug_assert!(
             Arc::ptr_eq(&table.schema, schema),
             "decoded against another schema"
         );
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let Some(old) = existing else {
-            return Err(not_found(table_name, &key));
-        };
-        let version = old.version;
+        let version = existing_row(table, &key, if_version)?.version;
         self.write(schema, key, None, ChangeOp::Delete, version)
     }
 
@@ -1626,49 +1625,6 @@ impl TxRef<'_> {
             version,
         })
     }
-
-    // ---- Typed writes for server functions (`sluice-functions`) ------------------------
-    // The JavaScript `tx` reads a function's values straight into typed values by the
-    // schema, so these take a key and values instead of JSON. Same checks, same order,
-    // same errors as their JSON twins above.
-
-    /// [`TxRef::patch`] with the row's key and the new values already typed: `set` holds
-    /// `(column position, value)` pairs; each value must fit its column's type
-    /// ([`Value::fits`]) and none may be the primary key (the caller checks both; a debug
-    /// build asserts them). The values are moved out of `set` (left NULL), so a caller can
-    /// reuse its buffer.
-    pub fn patch_typed(
-        &mut self,
-        table_name: &str,
-        key: Key,
-        set: &mut [(usize, Value)],
-        if_version: Option<u64>,
-    ) -> Result<WriteResult, TxError> {
-        let table = self.db.table(table_name)?;
-        let schema = table.schema.clone();
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let Some(old) = existing else {
-            return Err(not_found(table_name, &key));
-        };
-        debug_assert!(set
-            .iter()
-            .all(|(i, v)| *i != schema.pk && v.fits(schema.columns[*i].ty)));
-        // One allocation: the new row is built in its final place.
-        let values: Arc<[Value]> = old
-            .values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match set.iter_mut().rfind(|(c, _)| *c == i) {
-                Some((_, new)) => std::mem::replace(new, Value::Null),
-                None => v.clone(),
-            })
-            .collect();
-        check_not_null(&schema, &values)?;
-        self.check_row_size(table_name, &values)?;
-        let version = self.st.seq;
-        self.write(&schema, key, Some(values), ChangeOp::Update, version)
-    }
 }
 
 /// Most bytes a commit record's header takes (record type, seq, change count, topic count).
@@ -1731,6 +1687,19 @@ fn check_version(
         }
     }
     Ok(())
+}
+
+/// The row `key` of `table` for an op that needs it to exist (patch, delete): `if_version`
+/// checked first (`conflict`), then `not_found`.
+fn existing_row<'t>(
+    table: &'t Table,
+    key: &Key,
+    if_version: Option<u64>,
+) -> Result<&'t RowEntry, TxError> {
+    let name = table.schema.name.as_str();
+    let existing = table.rows.get(key);
+    check_version(name, key, existing, if_version)?;
+    existing.ok_or_else(|| not_found(name, key))
 }
 
 fn not_found(table: &str, key: &Key) -> TxError {

@@ -436,15 +436,15 @@ pub(crate) fn install<'js>(
                                     cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
                                 let atoms = cols.columns(&ctx, &table, &t.schema)?;
                                 typed_set(props, &t.schema, atoms, &mut typed)
-                                    .map(|()| key_from_json(&t.schema, &id))
+                                    .map(|()| (t.schema.clone(), key_from_json(&t.schema, &id)))
                             }
                             Err(_) => None,
                         },
                         SetArg::Json(_) => None,
                     };
                     let written = match fast {
-                        Some(key) => {
-                            key.and_then(|key| tx.patch_typed(&table, key, &mut typed, None))
+                        Some((schema, key)) => {
+                            key.and_then(|key| tx.patch_decoded(&schema, key, &mut typed, None))
                         }
                         None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
                     };

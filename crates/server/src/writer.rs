@@ -849,9 +849,9 @@ fn apply_typed(
             TypedOp::Patch {
                 schema,
                 key,
-                set,
+                mut set,
                 if_version,
-            } => w.patch_decoded(&schema, key, &set, if_version),
+            } => w.patch_decoded(&schema, key, &mut set, if_version),
             TypedOp::Delete {
                 schema,
                 key,
