@@ -17,6 +17,10 @@
 //! clients call nothing; the admin skips it. To a client, an unknown name is refused like a
 //! disallowed one, so clients cannot probe which functions exist.
 //!
+//! The exported functions (and `allow`) are resolved once, when the module loads: a call
+//! finds its function by name among them, so a module that later reassigns one of its own
+//! exported bindings does not change which function a call runs.
+//!
 //! It is *not* responsible for threads or locks. QuickJS is not `Send`, so a [`Functions`]
 //! lives on one thread — in the server, the writer thread, which is also the only thread
 //! that mutates the database, so a function is simply one more serial transaction. The
@@ -105,10 +109,12 @@ type AuthSlot = Rc<RefCell<Option<Persistent<rquickjs::Value<'static>>>>>;
 /// What calls need of a loaded module, resolved once at load (nothing is looked up by name
 /// in the mutable global object per call).
 struct Loaded {
-    /// The module namespace (immutable: exports cannot be replaced from JS).
-    namespace: Persistent<Object<'static>>,
     /// The `tx` object (frozen).
     tx: Persistent<Object<'static>>,
+    /// The callable exports, in the order of [`Functions::exports`] (sorted by name):
+    /// resolved once at load, like `allow`, so a call looks its function up by a binary
+    /// search of the names and not through the namespace object.
+    functions: Vec<Persistent<Function<'static>>>,
     /// The `allow` export, if the module has one.
     allow: Option<Persistent<Function<'static>>>,
     /// The realm's own `Object.freeze`, taken before the module ran.
@@ -221,7 +227,7 @@ impl Functions {
                 .map_err(compile_error)?;
             promise.finish::<()>().catch(&ctx).map_err(compile_error)?;
             let namespace: Object = module.namespace().catch(&ctx).map_err(compile_error)?;
-            let mut names = Vec::new();
+            let mut names: Vec<(String, Persistent<Function<'static>>)> = Vec::new();
             let mut allow = None;
             for key in namespace.keys::<String>() {
                 let key = key.map_err(|e| FunctionError::Value(e.to_string()))?;
@@ -232,13 +238,12 @@ impl Functions {
                     if key == ALLOW_EXPORT {
                         allow = Some(Persistent::save(&ctx, function.clone()));
                     } else {
-                        names.push(key);
+                        names.push((key, Persistent::save(&ctx, function.clone())));
                     }
                 }
             }
-            names.sort();
+            names.sort_by(|a, b| a.0.cmp(&b.0));
             let persisted = (
-                Persistent::save(&ctx, namespace),
                 Persistent::save(&ctx, tx),
                 allow,
                 Persistent::save(&ctx, freeze),
@@ -246,10 +251,11 @@ impl Functions {
             Ok::<_, FunctionError>((names, persisted))
         });
         self.deadline.set(None);
-        let (names, (namespace, tx, allow, freeze)) = loaded?;
+        let (names, (tx, allow, freeze)) = loaded?;
+        let (names, functions): (Vec<String>, Vec<_>) = names.into_iter().unzip();
         self.loaded = Some(Loaded {
-            namespace,
             tx,
+            functions,
             allow,
             freeze,
             columns,
@@ -272,16 +278,15 @@ impl Functions {
         auth: Option<&serde_json::Value>,
         access: A,
     ) -> (A, Result<serde_json::Value, FunctionError>) {
-        let known = self.exports.iter().any(|e| e == name);
         let Some(loaded) = &self.loaded else {
             return (access, Err(refusal(name, auth.is_some(), false)));
         };
         if auth.is_some() && loaded.allow.is_none() {
             return (access, Err(refusal(name, true, false)));
         }
-        if !known {
+        let Ok(export) = self.exports.binary_search_by(|e| e.as_str().cmp(name)) else {
             return (access, Err(refusal(name, auth.is_some(), true)));
-        }
+        };
         self.rng.set(0);
         let started = Instant::now();
         self.deadline.set(Some(started + self.limits.time_max));
@@ -335,9 +340,7 @@ impl Functions {
         *self.slot.borrow_mut() = Some(Box::new(access));
         let result = context.with(|ctx| {
             let result = (|| -> Result<serde_json::Value, FunctionError> {
-                let function: Function = restore(&ctx, &loaded.namespace)?
-                    .get(name)
-                    .map_err(|e| FunctionError::Value(e.to_string()))?;
+                let function = restore(&ctx, &loaded.functions[export])?;
                 let tx = restore(&ctx, &loaded.tx)?;
                 let js_args = convert::json_to_js(&ctx, args)
                     .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
