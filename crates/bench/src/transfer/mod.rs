@@ -55,6 +55,7 @@ use crate::CommonArgs;
 pub mod clients;
 pub mod cpu;
 pub mod ledger;
+pub mod profile;
 pub mod rpc;
 pub mod summary;
 pub mod targets;
@@ -180,6 +181,20 @@ pub struct TransferArgs {
     /// restart must account for them (the case itself fails: its clients lost the server).
     #[arg(long, hide = true)]
     pub kill_mid_window: bool,
+    /// Profile the server's writer thread (`perf record -e cpu-clock -g -t <tid>`) over the
+    /// measured window of the `sluice-ws` case at the first α ≤ 0 (else the first α), and
+    /// put its top symbols in the summary (the flat report in writer-profile.txt). On by
+    /// default in full-length runs (not --quick, --seconds ≥ 60) when `perf` is installed.
+    #[arg(long, conflicts_with = "no_profile")]
+    pub profile: bool,
+    /// Never profile the writer thread.
+    #[arg(long)]
+    pub no_profile: bool,
+    /// A saved flat profile of an earlier build (`perf report --no-children --stdio -g none
+    /// --sort sym`, e.g. an earlier run's writer-profile.txt), shown beside this one as
+    /// "before"; the label is the file name.
+    #[arg(long)]
+    pub profile_before: Option<PathBuf>,
 }
 
 /// Parameters after `--quick` is applied.
@@ -202,6 +217,10 @@ pub struct Params {
     pub tamper_before_restart: bool,
     /// `--kill-mid-window`: a run whose Sluice cases fail, with unknown transfers.
     pub kill_mid_window: bool,
+    /// The α of the `sluice-ws` case whose writer thread is profiled, if one is; else why
+    /// not (`--no-profile`, a short run, no `perf`).
+    #[serde(skip)]
+    pub profile: Result<f64, String>,
 }
 
 impl Params {
@@ -244,7 +263,24 @@ impl Params {
             .pairs
             .unwrap_or(if quick { QUICK_PAIRS } else { PAIRS_FULL });
         anyhow::ensure!(pairs >= 1, "--pairs must be at least 1");
+        let full_length = !quick && args.seconds >= 60.0;
+        let profile = if !targets.contains(&Target::SluiceWs) {
+            Err("no sluice-ws case".to_string())
+        } else if args.no_profile {
+            Err("--no-profile".to_string())
+        } else if !args.profile && !full_length {
+            Err("not a full-length run and no --profile".to_string())
+        } else if !profile::perf_available() {
+            Err("perf is not installed (Debian: linux-perf)".to_string())
+        } else {
+            Ok(alphas
+                .iter()
+                .copied()
+                .find(|&a| a <= 0.0)
+                .unwrap_or(alphas[0]))
+        };
         Ok(Params {
+            profile,
             alphas,
             seconds: if quick {
                 args.seconds.min(QUICK_SECONDS)
@@ -357,6 +393,8 @@ pub struct Case {
     /// Sluice's CPU by thread name (`sluice-writer`, `tokio-rt-worker`, `sluice-log`, …),
     /// in cores over the case.
     pub server_threads_cores: BTreeMap<String, f64>,
+    /// The writer thread's profile over the measured window (see [`profile`]).
+    pub writer_profile: Option<profile::Profile>,
     #[serde(flatten)]
     pub result: Option<Measured>,
     pub error: Option<String>,
@@ -379,6 +417,7 @@ impl Case {
             server_cpu_cores: None,
             bench_cpu_cores: None,
             server_threads_cores: BTreeMap::new(),
+            writer_profile: None,
             result: None,
             error: None,
         }
@@ -399,6 +438,17 @@ impl Case {
 
 pub fn run(args: TransferArgs) -> anyhow::Result<bool> {
     let params = Params::from(&args)?;
+    // Read up front: a bad file fails the run before its cases, not after.
+    let before = match &args.profile_before {
+        Some(path) => {
+            let label = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into(),
+            );
+            Some((label, profile::read_before(path)?))
+        }
+        None => None,
+    };
     let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
     let pg_bin = if params.targets.contains(&Target::Postgres) {
         Some(find_bin_dir(args.pg_bin.as_deref())?)
@@ -409,8 +459,16 @@ pub fn run(args: TransferArgs) -> anyhow::Result<bool> {
     let mut report = Report::new("transfer", serde_json::to_value(&params)?);
     let cases = runtime.block_on(run_cases(&params, &bin, pg_bin.as_deref(), &mut report))?;
     let failed = cases.iter().filter(|c| c.error.is_some()).count();
-    summary::write(&mut report, &params, &cases);
-    crate::harness::finish_report(&report, &args.common.out, failed)
+    summary::write(&mut report, &params, &cases, before.as_ref());
+    let ok = crate::harness::finish_report(&report, &args.common.out, failed)?;
+    if let Some(p) = cases.iter().find_map(|c| c.writer_profile.as_ref()) {
+        if !p.text.is_empty() {
+            let path = args.common.out.join("transfer").join("writer-profile.txt");
+            std::fs::write(&path, &p.text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    Ok(ok)
 }
 
 async fn run_cases(
@@ -577,9 +635,33 @@ async fn run_case(
                 let _ = tokio::task::spawn_blocking(move || crate::sys::signal(pid, "KILL")).await;
             })
         });
+    // The writer's profile over the measured window: `perf record` starts when the warm-up
+    // ends and stops by itself when the window does.
+    let profiler = running
+        .server_pid()
+        .filter(|_| target == Target::SluiceWs && params.profile == Ok(alpha))
+        .map(|pid| {
+            let warmup = Duration::from_secs_f64(params.warmup_seconds);
+            let window = Duration::from_secs_f64(params.seconds);
+            let label = format!("{target}, α = {alpha}");
+            tokio::spawn(async move {
+                tokio::time::sleep(warmup).await;
+                tokio::task::spawn_blocking(move || profile::record_writer(pid, window, label))
+                    .await
+            })
+        });
     let measured = drive(params, target, running, pairs, failures.clone(), ledger).await;
     if let Some(killer) = killer {
         killer.abort();
+    }
+    if let Some(profiler) = profiler {
+        case.writer_profile = match profiler.await {
+            Ok(Ok(p)) => Some(p),
+            Ok(Err(e)) | Err(e) => Some(profile::Profile {
+                missing: Some(format!("the profiler task failed: {e}")),
+                ..profile::Profile::default()
+            }),
+        };
     }
     let usage = CpuSample::take(running.server_pid(), by_thread).since(&cpu0);
     case.server_cpu_cores = usage.server_cores;

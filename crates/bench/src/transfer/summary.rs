@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Case, Params, Target};
+use super::{profile, Case, Params, Target};
 use crate::hist::{fmt_ratio, fmt_si};
 use crate::report::{Report, Table, Target as Goal};
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
@@ -81,7 +81,12 @@ fn pipelining(params: &Params, target: Target) -> String {
     }
 }
 
-pub fn write(report: &mut Report, params: &Params, cases: &[Case]) {
+pub fn write(
+    report: &mut Report,
+    params: &Params,
+    cases: &[Case],
+    profile_before: Option<&(String, Vec<profile::Row>)>,
+) {
     intro(report, params);
     goals(report, params, cases);
     for &alpha in &params.alphas {
@@ -92,6 +97,7 @@ pub fn write(report: &mut Report, params: &Params, cases: &[Case]) {
     if let Some(t) = threads_table(cases) {
         report.tables.push(t);
     }
+    writer_profile(report, params, cases, profile_before);
     let mut reference = Table::new(
         "For context: the keynote's published numbers (their machine, not this one)",
         &[
@@ -648,5 +654,36 @@ mod tests {
         assert_eq!(ms(8_123), "8.12");
         assert_eq!(ms(12_345), "12.3");
         assert_eq!(ms(250_100), "250");
+    }
+}
+
+/// The writer thread's profile (issue 12: "the before/after profile in the bench summary"),
+/// or a note saying why there is none.
+fn writer_profile(
+    report: &mut Report,
+    params: &Params,
+    cases: &[Case],
+    before: Option<&(String, Vec<profile::Row>)>,
+) {
+    let taken = cases.iter().find_map(|c| c.writer_profile.as_ref());
+    match (taken, &params.profile) {
+        (Some(p), _) if p.missing.is_none() => {
+            let before = before.map(|(label, rows)| (label.as_str(), rows.as_slice()));
+            report.tables.push(profile::table(p, before));
+            if let Some((label, rows)) = before {
+                report.tables.push(profile::before_table(label, rows, p));
+            }
+        }
+        (Some(p), _) => report.notes.push(format!(
+            "writer profile ({}): not taken: {}",
+            p.case,
+            p.missing.as_deref().unwrap_or("unknown")
+        )),
+        (None, Err(why)) => report.notes.push(format!(
+            "writer profile: not taken ({why}; --profile takes one)"
+        )),
+        (None, Ok(alpha)) => report.notes.push(format!(
+            "writer profile: not taken (the sluice-ws case at α = {alpha} did not run)"
+        )),
     }
 }
