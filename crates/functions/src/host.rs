@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rquickjs::{Atom, Ctx, Exception, Function, Object, Persistent, Type, Value};
 use sluice_engine::db::key_from_json;
-use sluice_engine::{ColumnType, TableSchema, TxError, Value as DbValue};
+use sluice_engine::{ColumnType, Key, TableSchema, TxError, Value as DbValue};
 
 use crate::convert::{db_to_js, js_to_json};
 use crate::{AuthSlot, Slot};
@@ -194,7 +194,7 @@ impl Prop {
     }
 }
 
-/// The `set` of a `tx.patch` as read from JavaScript, property by property in the order
+/// The `set` of a `tx.patch` (or the row of a `tx.insert` / `tx.upsert`) as read from JavaScript, property by property in the order
 /// [`js_to_json`] reads them (so getters run, and errors arise, exactly as they did when
 /// `set` was converted to a JSON object first).
 enum SetArg {
@@ -261,6 +261,43 @@ fn typed_set(
         *value = prop.take(schema.columns[*i].ty);
     }
     Some(())
+}
+
+/// `props` as a whole row of `schema` for an insert or upsert, if every property names a
+/// column and converts to its type, the columns not named take their default (else NULL),
+/// the primary key is set and no NOT NULL column is NULL: exactly the row the JSON path
+/// builds. `None` sends the write down the JSON path, which refuses it with its own errors
+/// in its own order.
+fn typed_row(
+    props: &mut [(SavedAtom, Prop)],
+    schema: &TableSchema,
+    atoms: &[SavedAtom],
+) -> Option<(Key, Vec<DbValue>)> {
+    let mut at = Vec::with_capacity(props.len());
+    for (name, prop) in props.iter() {
+        let i = atoms.iter().position(|a| a == name)?;
+        if !prop.fits(schema.columns[i].ty) {
+            return None;
+        }
+        at.push(i);
+    }
+    // All fit: only now are texts moved out (a refusal above leaves `props` whole).
+    let mut named: Vec<Option<DbValue>> = vec![None; schema.columns.len()];
+    for (&i, (_, prop)) in at.iter().zip(props.iter_mut()) {
+        named[i] = Some(prop.take(schema.columns[i].ty));
+    }
+    let values: Vec<DbValue> = named
+        .into_iter()
+        .zip(&schema.columns)
+        .map(|(v, c)| v.or_else(|| c.default.clone()).unwrap_or(DbValue::Null))
+        .collect();
+    let key = Key::from_value(&values[schema.pk])?;
+    let null_in_not_null = schema
+        .columns
+        .iter()
+        .zip(&values)
+        .any(|(c, v)| c.not_null && v.is_null());
+    (!null_in_not_null).then_some((key, values))
 }
 
 /// Makes `tx.auth` a getter that cannot be redefined, then freezes `tx`: nothing a function
@@ -389,20 +426,51 @@ pub(crate) fn install<'js>(
 
     for (name, replace) in [("insert", false), ("upsert", true)] {
         let s = slot.clone();
+        let cols = columns.clone();
         tx.set(
             name,
             Function::new(
                 ctx.clone(),
-                move |ctx: Ctx<'js>, table: String, row: Value<'js>| {
-                    let row = object_arg(&ctx, &row, "row")?;
+                move |ctx: Ctx<'js>, table: Value<'js>, row: Value<'js>| {
+                    let table = cols
+                        .try_borrow()
+                        .map_err(|_| reentered(&ctx))?
+                        .table_name(&ctx, &table)?;
+                    let mut row = SetArg::read(&ctx, &row, "row")?;
                     with_access(&ctx, &s, |access| {
                         let mut tx = access.tx();
-                        let r = if replace {
-                            tx.upsert(&table, &row, None)
-                        } else {
-                            tx.insert(&table, &row, None)
+                        // Typed when the row is whole and every property fits its column;
+                        // else the JSON path, which refuses it with the errors it always
+                        // gave, in the same order.
+                        let fast = match &mut row {
+                            SetArg::Props(props) => match tx.db().table(&table) {
+                                Ok(t) => {
+                                    let mut cols =
+                                        cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                                    let atoms = cols.columns(&ctx, &table, &t.schema)?;
+                                    typed_row(props, &t.schema, atoms)
+                                        .map(|(key, values)| (t.schema.clone(), key, values))
+                                }
+                                Err(_) => None,
+                            },
+                            SetArg::Json(_) => None,
                         };
-                        r.map(|w| w.version as f64).map_err(|e| tx_error(&ctx, e))
+                        let written = match fast {
+                            Some((schema, key, values)) => {
+                                tx.put_decoded(&schema, key, values.into(), None, replace)
+                            }
+                            None => {
+                                let row = row.into_json(&ctx)?;
+                                if replace {
+                                    tx.upsert(&table, &row, None)
+                                } else {
+                                    tx.insert(&table, &row, None)
+                                }
+                            }
+                        };
+                        written
+                            .map(|w| w.version as f64)
+                            .map_err(|e| tx_error(&ctx, e))
                     })
                 },
             )?,
