@@ -642,21 +642,6 @@ fn notes(report: &mut Report, params: &Params, cases: &[Case]) {
     crate::harness::standard_notes(report, params.quick);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_print_like_the_keynote() {
-        assert_eq!(tps(279_024.4), "279,024");
-        assert_eq!(tps(961.0), "961");
-        assert_eq!(tps(1_000_000_000.0), "1,000,000,000");
-        assert_eq!(ms(8_123), "8.12");
-        assert_eq!(ms(12_345), "12.3");
-        assert_eq!(ms(250_100), "250");
-    }
-}
-
 /// The writer thread's profile (issue 12: "the before/after profile in the bench summary"),
 /// or a note saying why there is none.
 fn writer_profile(
@@ -685,5 +670,20 @@ fn writer_profile(
         (None, Ok(alpha)) => report.notes.push(format!(
             "writer profile: not taken (the sluice-ws case at α = {alpha} did not run)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_print_like_the_keynote() {
+        assert_eq!(tps(279_024.4), "279,024");
+        assert_eq!(tps(961.0), "961");
+        assert_eq!(tps(1_000_000_000.0), "1,000,000,000");
+        assert_eq!(ms(8_123), "8.12");
+        assert_eq!(ms(12_345), "12.3");
+        assert_eq!(ms(250_100), "250");
     }
 }
