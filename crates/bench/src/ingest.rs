@@ -11,8 +11,9 @@
 //! Every case starts from an empty table (a fresh Sluice data dir; `TRUNCATE` for
 //! PostgreSQL) and runs a short warm-up, then a measured window of `--seconds`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -31,6 +32,7 @@ use crate::report::{Report, Table, Target};
 use crate::server::sluice_bin;
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 use crate::sys::TempDir;
+use crate::transfer::cpu::CpuSample;
 use crate::workload;
 use crate::CommonArgs;
 
@@ -219,6 +221,9 @@ struct Case {
     batch: u64,
     /// Concurrent tasks, clients or connections.
     concurrency: usize,
+    /// CPU by thread group over the measured window (Sluice's threads: in this process
+    /// for `inproc`, the server's for `http`), in µs per row acked in the window.
+    cpu_us_per_row: BTreeMap<String, f64>,
     #[serde(flatten)]
     result: Option<Measured>,
     error: Option<String>,
@@ -347,6 +352,7 @@ async fn run_cases(
             class,
             batch,
             concurrency,
+            cpu_us_per_row: BTreeMap::new(),
             result: None,
             error: None,
         };
@@ -356,12 +362,14 @@ async fn run_cases(
             ("inproc", Some(d), _) => inproc_case(params, d, batch, concurrency).await,
             ("http", Some(d), _) => http_case(params, bin, d, batch, concurrency).await,
             ("postgres", _, Some((pg, admin))) => {
-                postgres_case(params, pg, admin, batch, concurrency).await
+                postgres_case(params, pg, admin, batch, concurrency)
+                    .await
+                    .map(|m| (m, None))
             }
             _ => unreachable!("the plan only holds runnable cases"),
         };
         match outcome {
-            Ok(m) => {
+            Ok((m, cpu)) => {
                 progress.say(format!(
                     "  {} rows/s, ack p50 {} p99 {}{}",
                     fmt_si(m.rows_per_sec),
@@ -371,6 +379,10 @@ async fn run_cases(
                         .map(|c| format!(", {c:.1} commits/sync"))
                         .unwrap_or_default()
                 ));
+                if let Some(cpu) = cpu {
+                    case.cpu_us_per_row = cpu.per_row(m.rows_per_sec);
+                    progress.say(format!("  CPU µs/row: {}", cpu_line(&case.cpu_us_per_row)));
+                }
                 case.result = Some(m);
             }
             Err(e) => {
@@ -403,6 +415,89 @@ async fn run_cases(
     Ok(cases)
 }
 
+/// The CPU Sluice's threads used over a case's measured window, by thread, sampled from
+/// `/proc` by the case's probe (the first call opens the window, the last one closes it).
+#[derive(Clone)]
+struct CpuWindow {
+    /// The process running Sluice: this one (in-process) or the server.
+    pid: u32,
+    /// Whether the bench's own process is apart from Sluice's (its CPU is then reported).
+    separate_bench: bool,
+    samples: Arc<Mutex<(Option<CpuSample>, Option<CpuSample>)>>,
+}
+
+/// Thread groups of the CPU table: (column, prefix of the thread name). Sluice names its
+/// own threads `sluice-<role>`; tokio's workers are `tokio-runtime-w…`.
+const CPU_GROUPS: [(&str, &str); 3] = [
+    ("writer", "sluice-writer"),
+    ("tokio", "tokio-"),
+    ("log", "sluice-log"),
+];
+
+impl CpuWindow {
+    fn new(pid: u32, separate_bench: bool) -> CpuWindow {
+        CpuWindow {
+            pid,
+            separate_bench,
+            samples: Arc::default(),
+        }
+    }
+
+    fn sample(&self) {
+        let s = CpuSample::take(Some(self.pid), true);
+        let mut w = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if w.0.is_none() {
+            w.0 = Some(s);
+        } else {
+            w.1 = Some(s);
+        }
+    }
+
+    /// µs of CPU per row by thread group (`writer`, `tokio`, `log`, `other` Sluice threads,
+    /// and `bench` when it is a process of its own), at `rows_per_sec` over the window.
+    fn per_row(&self, rows_per_sec: f64) -> BTreeMap<String, f64> {
+        let w = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let (Some(first), Some(last)) = (&w.0, &w.1) else {
+            return BTreeMap::new();
+        };
+        if rows_per_sec <= 0.0 {
+            return BTreeMap::new();
+        }
+        let usage = last.since(first);
+        let us = |cores: f64| cores * 1e6 / rows_per_sec;
+        let mut out = BTreeMap::new();
+        let mut named = 0.0;
+        for (group, prefix) in CPU_GROUPS {
+            let cores: f64 = usage
+                .server_threads_cores
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, c)| c)
+                .sum();
+            named += cores;
+            out.insert(group.to_string(), us(cores));
+        }
+        let all: f64 = usage.server_threads_cores.values().sum();
+        out.insert("other".into(), us((all - named).max(0.0)));
+        if self.separate_bench {
+            if let Some(bench) = usage.bench_cores {
+                out.insert("bench".into(), us(bench));
+            }
+        }
+        out
+    }
+}
+
+/// `writer 1.23, tokio 0.45, …` for the progress lines.
+fn cpu_line(cpu: &BTreeMap<String, f64>) -> String {
+    let order = ["writer", "tokio", "log", "other", "bench"];
+    order
+        .iter()
+        .filter_map(|g| cpu.get(*g).map(|v| format!("{g} {v:.2}")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn api_err(e: sluice_server::CoreError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
@@ -412,7 +507,7 @@ async fn inproc_case(
     durability: Durability,
     batch: u64,
     tasks: usize,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, Option<CpuWindow>)> {
     let dir = TempDir::new("inproc")?;
     let mut config = Config::new(dir.path().join("data"));
     config.durability = durability;
@@ -478,7 +573,10 @@ async fn inproc_case(
         })
         .collect();
     let probe_core = core.clone();
+    let cpu = CpuWindow::new(std::process::id(), false);
+    let probe_cpu = cpu.clone();
     let probe: Probe = Box::new(move || {
+        probe_cpu.sample();
         let counts = Counts {
             commits: probe_core.commits(),
             syncs: probe_core.syncs(),
@@ -495,7 +593,7 @@ async fn inproc_case(
     drop(core);
     tokio::time::sleep(Duration::from_millis(100)).await;
     tokio::task::spawn_blocking(move || drop(dir)).await?;
-    measured
+    Ok((measured?, Some(cpu)))
 }
 
 async fn http_case(
@@ -504,7 +602,7 @@ async fn http_case(
     durability: Durability,
     batch: u64,
     clients: usize,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, Option<CpuWindow>)> {
     let mut flags = vec!["--durability".to_string(), durability.to_string()];
     if let Some(b) = params.snapshot_log_bytes {
         flags.extend(["--snapshot-log-bytes".to_string(), b.to_string()]);
@@ -556,9 +654,12 @@ async fn http_case(
             Ok(latency)
         }));
     }
+    let cpu = CpuWindow::new(server.pid(), true);
     let server = Arc::new(server);
     let probe_server = server.clone();
+    let probe_cpu = cpu.clone();
     let probe: Probe = Box::new(move || {
+        probe_cpu.sample();
         let s = probe_server.clone();
         Box::pin(async move {
             let m = s.metrics().await.ok()?;
@@ -576,7 +677,7 @@ async fn http_case(
     if let Ok(server) = Arc::try_unwrap(server) {
         tokio::task::spawn_blocking(move || server.kill9()).await?;
     }
-    measured
+    Ok((measured?, Some(cpu)))
 }
 
 async fn postgres_case(
@@ -917,6 +1018,9 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
     if !t.rows.is_empty() {
         report.tables.push(t);
     }
+    if let Some(t) = cpu_table(cases) {
+        report.tables.push(t);
+    }
     let mut t = Table::new(
         format!(
             "PostgreSQL peer (synchronous_commit=on, fsync=on), prepared {}-row INSERT",
@@ -1114,6 +1218,52 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
     }
     crate::harness::standard_notes(report, params.quick);
     report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
+}
+
+/// µs of CPU per row by thread for the Sluice cases: where a row's cost goes (the single
+/// writer against the request tasks, the log and, over HTTP, the bench's own clients).
+fn cpu_table(cases: &[Case]) -> Option<Table> {
+    let mut t = Table::new(
+        "Where the CPU went: µs of CPU per row, by thread (measured window)",
+        &[
+            "case",
+            "rows/s",
+            "writer",
+            "tokio",
+            "log",
+            "other sluice",
+            "bench clients",
+            "total",
+        ],
+    );
+    for c in cases.iter().filter(|c| !c.cpu_us_per_row.is_empty()) {
+        let Some(m) = &c.result else { continue };
+        let label = match c.kind {
+            "inproc" => format!("in-process {}, {} rows/mutate", c.class, c.batch),
+            _ => format!("HTTP {}, {} clients", c.class, c.concurrency),
+        };
+        let mut row = vec![label, fmt_si(m.rows_per_sec)];
+        for g in ["writer", "tokio", "log", "other", "bench"] {
+            row.push(
+                c.cpu_us_per_row
+                    .get(g)
+                    .map_or("—".into(), |v| format!("{v:.2}")),
+            );
+        }
+        let total: f64 = c.cpu_us_per_row.values().sum();
+        row.push(format!("{total:.2}"));
+        t.row(row);
+    }
+    t.note = Some(
+        "CPU time from /proc by thread name (threads under 0.005 core left out) over the \
+         measured window, divided by the rows acked in it. In-process, the tokio threads run \
+         both the tasks that build the rows and the core's request side; over HTTP, `tokio` \
+         is the server's request handling (body decode, reply) and `bench clients` the whole \
+         bench process (building bodies, reqwest). Everything shares this machine's CPUs: a \
+         total of 2 µs per row caps two cores at 1 M rows/s."
+            .into(),
+    );
+    (!t.rows.is_empty()).then_some(t)
 }
 
 /// The identity cells of a case followed by its measurement cells, or `failed` cells.
