@@ -57,10 +57,11 @@ pub struct IngestArgs {
     /// Rows per request over HTTP, and per INSERT for PostgreSQL.
     #[arg(long, default_value_t = 100)]
     pub batch: u64,
-    /// The rows written: `events` (5 columns, ~100-byte body) or `wide` (10 columns, ~200
-    /// bytes). Run once per shape (with another `--out`) to compare them.
-    #[arg(long, value_enum, default_value_t = workload::Shape::Events)]
-    pub shape: workload::Shape,
+    /// The rows written: `events` (5 columns, ~100-byte body) and/or `wide` (10 columns,
+    /// ~200 bytes); every case runs once per shape, and the summary has targets and tables
+    /// for each.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![workload::Shape::Events, workload::Shape::Wide])]
+    pub shape: Vec<workload::Shape>,
     /// Concurrent keep-alive HTTP clients (and PostgreSQL connections), one case each.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16, 64])]
     pub clients: Vec<usize>,
@@ -115,7 +116,7 @@ struct Params {
     seconds: f64,
     warmup_seconds: f64,
     batch: u64,
-    shape: workload::Shape,
+    shapes: Vec<workload::Shape>,
     clients: Vec<usize>,
     inproc_batches: Vec<u64>,
     inproc_tasks: usize,
@@ -148,7 +149,11 @@ impl Params {
                 (seconds / 10.0).min(0.5)
             },
             batch: args.batch,
-            shape: args.shape,
+            shapes: {
+                let mut shapes = args.shape.clone();
+                shapes.dedup();
+                shapes
+            },
             clients: if quick {
                 vec![1, 4]
             } else {
@@ -213,6 +218,8 @@ impl Params {
 /// One case's identity and result, as stored in `samples.json`.
 #[derive(Clone, Debug, Serialize)]
 struct Case {
+    /// The rows written.
+    shape: workload::Shape,
     /// `inproc`, `http` or `postgres`.
     kind: &'static str,
     /// `memory` / `disk` / `fsync` for Sluice, `synchronous_commit=on` for PostgreSQL.
@@ -231,7 +238,8 @@ struct Case {
 
 impl Case {
     fn label(&self) -> String {
-        match self.kind {
+        let rows = shape_name(self.shape);
+        let what = match self.kind {
             "inproc" => format!(
                 "in-process {} class, {} rows/mutate, {} tasks",
                 self.class, self.batch, self.concurrency
@@ -244,7 +252,8 @@ impl Case {
                 "PostgreSQL, {} connections, {} rows/INSERT",
                 self.concurrency, self.batch
             ),
-        }
+        };
+        format!("{what} ({rows} rows)")
     }
 
     fn rows_per_sec(&self) -> Option<f64> {
@@ -252,9 +261,18 @@ impl Case {
     }
 }
 
+/// `events` or `wide`, as `--shape` names it.
+fn shape_name(shape: workload::Shape) -> &'static str {
+    match shape {
+        workload::Shape::Events => "events",
+        workload::Shape::Wide => "wide",
+    }
+}
+
 pub fn run(args: IngestArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    anyhow::ensure!(!args.shape.is_empty(), "--shape names at least one shape");
     anyhow::ensure!(
         args.clients.iter().all(|&c| (1..=1024).contains(&c)),
         "--clients must each be between 1 and 1024"
@@ -299,23 +317,25 @@ async fn run_cases(
     let progress = Progress::new("ingest");
     let classes = params.durabilities();
     let mut plan = Vec::new();
-    if params.inproc {
-        for &d in &classes {
-            for &b in &params.inproc_batches {
-                plan.push(("inproc", d.as_str(), b, params.inproc_tasks));
+    for &shape in &params.shapes {
+        if params.inproc {
+            for &d in &classes {
+                for &b in &params.inproc_batches {
+                    plan.push((shape, "inproc", d.as_str(), b, params.inproc_tasks));
+                }
             }
         }
-    }
-    if params.http {
-        for &d in &classes {
+        if params.http {
+            for &d in &classes {
+                for &c in &params.clients {
+                    plan.push((shape, "http", d.as_str(), params.batch, c));
+                }
+            }
+        }
+        if pg_bin.is_some() && params.tables {
             for &c in &params.clients {
-                plan.push(("http", d.as_str(), params.batch, c));
+                plan.push((shape, "postgres", "synchronous_commit=on", params.batch, c));
             }
-        }
-    }
-    if pg_bin.is_some() && params.tables {
-        for &c in &params.clients {
-            plan.push(("postgres", "synchronous_commit=on", params.batch, c));
         }
     }
     let per_case = params.warmup_seconds + params.seconds;
@@ -332,7 +352,9 @@ async fn run_cases(
         progress.say(format!("starting PostgreSQL from {}", dir.display()));
         let pg = Postgres::start(dir).await?;
         let admin = pg.connect().await?;
-        admin.batch_execute(params.shape.create_postgres()).await?;
+        for shape in &params.shapes {
+            admin.batch_execute(shape.create_postgres()).await?;
+        }
         progress.say(format!(
             "PostgreSQL {} ready on 127.0.0.1:{} (pid {})",
             pg.version,
@@ -346,8 +368,9 @@ async fn run_cases(
     }
 
     let mut cases = Vec::with_capacity(plan.len());
-    for (i, &(kind, class, batch, concurrency)) in plan.iter().enumerate() {
+    for (i, &(shape, kind, class, batch, concurrency)) in plan.iter().enumerate() {
         let mut case = Case {
+            shape,
             kind,
             class,
             batch,
@@ -359,10 +382,10 @@ async fn run_cases(
         progress.say(format!("case {}/{}: {}", i + 1, plan.len(), case.label()));
         let durability: Option<Durability> = class.parse().ok();
         let outcome = match (kind, durability, &postgres) {
-            ("inproc", Some(d), _) => inproc_case(params, d, batch, concurrency).await,
-            ("http", Some(d), _) => http_case(params, bin, d, batch, concurrency).await,
+            ("inproc", Some(d), _) => inproc_case(params, shape, d, batch, concurrency).await,
+            ("http", Some(d), _) => http_case(params, bin, shape, d, batch, concurrency).await,
             ("postgres", _, Some((pg, admin))) => {
-                postgres_case(params, pg, admin, batch, concurrency)
+                postgres_case(params, shape, pg, admin, batch, concurrency)
                     .await
                     .map(|m| (m, None))
             }
@@ -504,6 +527,7 @@ fn api_err(e: sluice_server::CoreError) -> anyhow::Error {
 
 async fn inproc_case(
     params: &Params,
+    shape: workload::Shape,
     durability: Durability,
     batch: u64,
     tasks: usize,
@@ -517,7 +541,6 @@ async fn inproc_case(
     let core = tokio::task::spawn_blocking(move || Core::open(config))
         .await?
         .context("cannot open an in-process core")?;
-    let shape = params.shape;
     let ddl = sluice_sql::parse_ddl(shape.create_sluice())?;
     let sql = ddl
         .iter()
@@ -599,6 +622,7 @@ async fn inproc_case(
 async fn http_case(
     params: &Params,
     bin: &std::path::Path,
+    shape: workload::Shape,
     durability: Durability,
     batch: u64,
     clients: usize,
@@ -608,7 +632,6 @@ async fn http_case(
         flags.extend(["--snapshot-log-bytes".to_string(), b.to_string()]);
     }
     let server = crate::harness::Sluice::start(bin, "http", &flags).await?;
-    let shape = params.shape;
     server.sql(shape.create_sluice()).await?;
     let url = server.url("/v1/mutate");
     let meter = Meter::new(1);
@@ -682,12 +705,12 @@ async fn http_case(
 
 async fn postgres_case(
     params: &Params,
+    shape: workload::Shape,
     pg: &Postgres,
     admin: &tokio_postgres::Client,
     batch: u64,
     connections: usize,
 ) -> anyhow::Result<Measured> {
-    let shape = params.shape;
     admin
         .batch_execute(&format!("TRUNCATE {}; CHECKPOINT", shape.table()))
         .await?;
@@ -797,7 +820,56 @@ fn opt_si(v: Option<f64>) -> String {
     v.map_or("—".into(), fmt_si)
 }
 
+/// The summary: targets, tables and charts for each shape (marked with it when there are
+/// several), then the notes.
 fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
+    let multi = params.shapes.len() > 1;
+    for (n, &shape) in params.shapes.iter().enumerate() {
+        let of_shape: Vec<Case> = cases.iter().filter(|c| c.shape == shape).cloned().collect();
+        let (targets, tables, charts) = (
+            report.targets.len(),
+            report.tables.len(),
+            report.charts.len(),
+        );
+        write_shape_report(report, params, shape, &of_shape);
+        if multi {
+            let tag = shape_name(shape);
+            for t in &mut report.targets[targets..] {
+                t.what = format!("{} — `{tag}` rows", t.what);
+            }
+            for t in &mut report.tables[tables..] {
+                t.title = format!("{} — `{tag}` rows", t.title);
+            }
+            for (file, caption, _) in &mut report.charts[charts..] {
+                if n > 0 {
+                    *file = format!("{tag}_{file}");
+                }
+                *caption = format!("{caption} (`{tag}` rows)");
+            }
+        }
+    }
+    for c in cases.iter().filter(|c| c.error.is_some()) {
+        report.notes.push(format!(
+            "FAILED: {}: {}",
+            c.label(),
+            c.error.as_deref().unwrap_or_default()
+        ));
+    }
+    if !params.peers {
+        report
+            .notes
+            .push("PostgreSQL peer skipped (--no-peers).".into());
+    }
+    crate::harness::standard_notes(report, params.quick);
+    report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
+}
+
+fn write_shape_report(
+    report: &mut Report,
+    params: &Params,
+    shape: workload::Shape,
+    cases: &[Case],
+) {
     let find = |kind: &str, class: &str, pred: &dyn Fn(&Case) -> bool| {
         cases
             .iter()
@@ -805,20 +877,11 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             .and_then(Case::rows_per_sec)
     };
     report.intro.push(format!(
-        "Inserts of {} into an empty table (`--shape {}`; the other shape is `--shape {}`). \
-         Each case: {:.2}s warm-up, then {:.1}s measured; closed loop (every client waits for \
-         its ack before sending again). Clients and server share this machine's CPUs.",
-        params.shape.describe(),
-        if params.shape == workload::Shape::Events {
-            "events"
-        } else {
-            "wide"
-        },
-        if params.shape == workload::Shape::Events {
-            "wide"
-        } else {
-            "events"
-        },
+        "`--shape {}`: inserts of {} into an empty table. Each case: {:.2}s warm-up, then \
+         {:.1}s measured; closed loop (every client waits for its ack before sending again). \
+         Clients and server share this machine's CPUs.",
+        shape_name(shape),
+        shape.describe(),
         params.warmup_seconds,
         params.seconds
     ));
@@ -1203,21 +1266,6 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
             );
         }
     }
-
-    for c in cases.iter().filter(|c| c.error.is_some()) {
-        report.notes.push(format!(
-            "FAILED: {}: {}",
-            c.label(),
-            c.error.as_deref().unwrap_or_default()
-        ));
-    }
-    if !params.peers {
-        report
-            .notes
-            .push("PostgreSQL peer skipped (--no-peers).".into());
-    }
-    crate::harness::standard_notes(report, params.quick);
-    report.samples = json!({ "suite": "ingest", "params": params, "cases": cases });
 }
 
 /// µs of CPU per row by thread for the Sluice cases: where a row's cost goes (the single
