@@ -487,7 +487,8 @@ impl CpuWindow {
             return BTreeMap::new();
         }
         let usage = last.since(first);
-        let us = |cores: f64| cores * 1e6 / rows_per_sec;
+        // `+ 0.0`: an empty sum is -0.0, printed "-0.00".
+        let us = |cores: f64| cores * 1e6 / rows_per_sec + 0.0;
         let mut out = BTreeMap::new();
         let mut named = 0.0;
         for (group, prefix) in CPU_GROUPS {
