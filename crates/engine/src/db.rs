@@ -169,7 +169,9 @@ pub struct Commit {
 /// What a successful write op reports back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WriteResult {
-    pub table: String,
+    /// The table written, as its schema when the op ran (`table.name` is its name): a
+    /// reference count per row, not a copy of the name.
+    pub table: Arc<TableSchema>,
     pub key: Key,
     pub version: u64,
 }
@@ -214,9 +216,7 @@ impl Db {
     }
 
     pub fn table(&self, name: &str) -> Result<&Table, TxError> {
-        self.tables
-            .get(name)
-            .ok_or_else(|| TxError::new(ErrorCode::NotFound, format!("no table named {name:?}")))
+        self.tables.get(name).ok_or_else(|| no_table(name))
     }
 
     /// Starts a transaction. Its writes are visible to itself at once and to no one else
@@ -1373,7 +1373,8 @@ impl TxRef<'_> {
         let key = key_from_json(&table.schema, id)?;
         let version = existing_row(table, &key, if_version)?.version;
         let schema = table.schema.clone();
-        self.write(&schema, key, None, ChangeOp::Delete, version)
+        let bound = change_bytes_bound(table_name, &key, None);
+        self.write(&schema, key, None, bound, ChangeOp::Delete, version)
     }
 
     /// [`TxRef::insert`] (`replace` false) or [`TxRef::upsert`] of a row already decoded
@@ -1390,26 +1391,52 @@ impl TxRef<'_> {
         replace: bool,
     ) -> Result<WriteResult, TxError> {
         let table_name = schema.name.as_str();
-        let table = self.db.table(table_name)?;
+        let db = &mut *self.db;
+        let st = &mut *self.st;
+        let Some(table) = db.tables.get_mut(table_name) else {
+            return Err(no_table(table_name));
+        };
         debug_assert!(
             Arc::ptr_eq(&table.schema, schema),
             "decoded against another schema"
         );
-        self.check_row_size(table_name, &values)?;
-        let existing = table.rows.get(&key);
-        check_version(table_name, &key, existing, if_version)?;
-        let op = match existing {
-            Some(_) if !replace => {
-                return Err(TxError::new(
-                    ErrorCode::AlreadyExists,
-                    format!("table {table_name:?} already has a row with key {key}"),
-                ))
-            }
+        let row_bytes = row_size(table_name, &values, db.limits.row_bytes_max)?;
+        // The row goes in first — one search of the row map, not one to look and one to
+        // store — and comes out again if the op is refused (the same checks, in the same
+        // order, as looking first).
+        let version = st.seq;
+        let entry = RowEntry {
+            values: values.clone(),
+            version,
+            seq: st.seq,
+        };
+        let old = table.put(key.clone(), entry);
+        let refusal = check_version(table_name, &key, old.as_ref(), if_version)
+            .err()
+            .or_else(|| {
+                (old.is_some() && !replace).then(|| {
+                    TxError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("table {table_name:?} already has a row with key {key}"),
+                    )
+                })
+            })
+            .or_else(|| {
+                let bound = change_bytes_bound(table_name, &key, Some((values.len(), row_bytes)));
+                add_commit_bytes(st, db.limits.commit_bytes_max, bound).err()
+            });
+        if let Some(e) = refusal {
+            match old {
+                Some(old) => table.put(key, old),
+                None => table.remove(&key),
+            };
+            return Err(e);
+        }
+        let op = match old {
             Some(_) => ChangeOp::Update,
             None => ChangeOp::Insert,
         };
-        let version = self.st.seq;
-        self.write(schema, key, Some(values), op, version)
+        Ok(record(st, schema, key, Some(values), old, op, version))
     }
 
     /// [`TxRef::patch`] with `set` already decoded against `schema` (the table's current
@@ -1454,9 +1481,10 @@ impl TxRef<'_> {
             })
             .collect();
         check_not_null(schema, &values)?;
-        self.check_row_size(&schema.name, &values)?;
+        let row_bytes = row_size(&schema.name, &values, self.db.limits.row_bytes_max)?;
         let version = self.st.seq;
-        self.write(schema, key, Some(values), ChangeOp::Update, version)
+        let bound = change_bytes_bound(&schema.name, &key, Some((values.len(), row_bytes)));
+        self.write(schema, key, Some(values), bound, ChangeOp::Update, version)
     }
 
     /// [`TxRef::delete`] with the key already decoded against `schema` (the table's current
@@ -1473,7 +1501,8 @@ impl TxRef<'_> {
             "decoded against another schema"
         );
         let version = existing_row(table, &key, if_version)?.version;
-        self.write(schema, key, None, ChangeOp::Delete, version)
+        let bound = change_bytes_bound(&schema.name, &key, None);
+        self.write(schema, key, None, bound, ChangeOp::Delete, version)
     }
 
     /// Appends a record with `tags` and `data` to `topic` at append time `ts_us` (raised to
@@ -1550,45 +1579,22 @@ impl TxRef<'_> {
     /// Counts `bytes` more against `commit_bytes_max`; past it the transaction is marked
     /// (it must roll back even if its caller carries on).
     fn add_commit_bytes(&mut self, bytes: usize) -> Result<(), TxError> {
-        let total = self.st.commit_bytes.saturating_add(bytes);
-        let max = self.db.limits.commit_bytes_max;
-        if total > max {
-            let e = TxError::new(
-                ErrorCode::Limit,
-                format!(
-                    "the transaction's commit would exceed commit_bytes_max (--max-commit-bytes) of {max} bytes (at least {total} bytes after {} changes); nothing was written",
-                    self.st.changes.len() + self.st.appends.iter().map(|a| a.records.len()).sum::<usize>() + 1
-                ),
-            );
-            self.st.over_limit = Some(e.clone());
-            return Err(e);
-        }
-        self.st.commit_bytes = total;
-        Ok(())
+        add_commit_bytes(self.st, self.db.limits.commit_bytes_max, bytes)
     }
 
-    fn check_row_size(&self, table: &str, values: &[Value]) -> Result<(), TxError> {
-        let bytes: usize = values.iter().map(Value::encoded_len).sum();
-        let max = self.db.limits.row_bytes_max;
-        if bytes > max {
-            return Err(TxError::new(
-                ErrorCode::Limit,
-                format!("row for table {table:?} is {bytes} bytes; row_bytes_max (--max-row-bytes) is {max}"),
-            ));
-        }
-        Ok(())
-    }
-
+    /// Writes (`row`) or deletes the row `key` once the op was checked; `bound` is the
+    /// change's [`change_bytes_bound`], counted against the commit's size first.
     fn write(
         &mut self,
         schema: &Arc<TableSchema>,
         key: Key,
         row: Option<Arc<[Value]>>,
+        bound: usize,
         op: ChangeOp,
         version: u64,
     ) -> Result<WriteResult, TxError> {
         let table_name = schema.name.as_str();
-        self.add_commit_bytes(change_bytes_bound(table_name, &key, row.as_deref()))?;
+        self.add_commit_bytes(bound)?;
         let table = self
             .db
             .tables
@@ -1605,26 +1611,75 @@ impl TxRef<'_> {
             ),
             None => table.remove(&key),
         };
-        let before = old.as_ref().map(|e| e.values.clone());
-        self.st.undo.push(Undo::Restore {
-            table: schema.clone(),
-            key: key.clone(),
-            old,
-        });
-        self.st.changes.push(Change {
-            table: schema.clone(),
-            op,
-            key: key.clone(),
-            row,
-            old: before,
-            version,
-        });
-        Ok(WriteResult {
-            table: table_name.to_string(),
-            key,
-            version,
-        })
+        Ok(record(self.st, schema, key, row, old, op, version))
     }
+}
+
+/// Counts `bytes` more of `st` against `max` (`commit_bytes_max`); past it the transaction
+/// is marked (it must roll back even if its caller carries on).
+fn add_commit_bytes(st: &mut TxState, max: usize, bytes: usize) -> Result<(), TxError> {
+    let total = st.commit_bytes.saturating_add(bytes);
+    if total > max {
+        let e = TxError::new(
+            ErrorCode::Limit,
+            format!(
+                "the transaction's commit would exceed commit_bytes_max (--max-commit-bytes) of {max} bytes (at least {total} bytes after {} changes); nothing was written",
+                st.changes.len() + st.appends.iter().map(|a| a.records.len()).sum::<usize>() + 1
+            ),
+        );
+        st.over_limit = Some(e.clone());
+        return Err(e);
+    }
+    st.commit_bytes = total;
+    Ok(())
+}
+
+/// The encoded size of a row's values, refused past `max` (`row_bytes_max`).
+fn row_size(table: &str, values: &[Value], max: usize) -> Result<usize, TxError> {
+    let bytes: usize = values.iter().map(Value::encoded_len).sum();
+    if bytes > max {
+        return Err(TxError::new(
+            ErrorCode::Limit,
+            format!("row for table {table:?} is {bytes} bytes; row_bytes_max (--max-row-bytes) is {max}"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The end of every write, once the row map changed (`old` is what it held): the undo
+/// entry, the change, the result.
+fn record(
+    st: &mut TxState,
+    schema: &Arc<TableSchema>,
+    key: Key,
+    row: Option<Arc<[Value]>>,
+    old: Option<RowEntry>,
+    op: ChangeOp,
+    version: u64,
+) -> WriteResult {
+    let before = old.as_ref().map(|e| e.values.clone());
+    st.undo.push(Undo::Restore {
+        table: schema.clone(),
+        key: key.clone(),
+        old,
+    });
+    st.changes.push(Change {
+        table: schema.clone(),
+        op,
+        key: key.clone(),
+        row,
+        old: before,
+        version,
+    });
+    WriteResult {
+        table: schema.clone(),
+        key,
+        version,
+    }
+}
+
+fn no_table(name: &str) -> TxError {
+    TxError::new(ErrorCode::NotFound, format!("no table named {name:?}"))
 }
 
 /// Most bytes a commit record's header takes (record type, seq, change count, topic count).
@@ -1640,12 +1695,17 @@ fn record_bytes_bound(topic: &str, tags: &[String], data: &str) -> usize {
 }
 
 /// An upper bound of one change's encoded size in a commit record (`codec::encode_commit`):
-/// table name, op, version, key and values, each with its largest length prefix.
-fn change_bytes_bound(table: &str, key: &Key, row: Option<&[Value]>) -> usize {
+/// table name, op, version, key and values, each with its largest length prefix. `row` is
+/// the row's (value count, encoded size of its values), `None` for a delete.
+fn change_bytes_bound(table: &str, key: &Key, row: Option<(usize, usize)>) -> usize {
     const VARINT_MAX: usize = 10;
-    let value = |v: &Value| v.encoded_len() + 2;
-    let values: usize = row.map_or(0, |r| VARINT_MAX + r.iter().map(value).sum::<usize>());
-    VARINT_MAX + table.len() + 1 + VARINT_MAX + value(&key.to_value()) + values
+    // As `key.to_value().encoded_len()`, without making the value.
+    let key_len = match key {
+        Key::Int(_) => Value::Integer(0).encoded_len(),
+        Key::Text(s) => 5 + s.len(),
+    };
+    let values: usize = row.map_or(0, |(n, bytes)| VARINT_MAX + bytes + 2 * n);
+    VARINT_MAX + table.len() + 1 + VARINT_MAX + key_len + 2 + values
 }
 
 fn column_of(schema: &TableSchema, name: &str) -> Result<usize, TxError> {

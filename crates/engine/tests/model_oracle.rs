@@ -2172,7 +2172,7 @@ impl Harness {
             let got = run_op(&mut tx, &op);
             match (want, got) {
                 (Ok(change), Ok(result)) => {
-                    assert_eq!(result.table, op.table, "op {i} {op:?}: result table");
+                    assert_eq!(result.table.name, op.table, "op {i} {op:?}: result table");
                     assert_eq!(MKey::of(&result.key), change.key, "op {i} {op:?}: result key");
                     assert_eq!(result.version, change.version, "op {i} {op:?}: result version");
                     expected.push(change);

@@ -700,7 +700,7 @@ impl serde::Serialize for ResultsSer<'_> {
         impl serde::Serialize for One<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let mut m = s.serialize_map(Some(3))?;
-                m.serialize_entry("table", &self.0.table)?;
+                m.serialize_entry("table", &self.0.table.name)?;
                 match &self.0.key {
                     Key::Int(i) => m.serialize_entry("id", i)?,
                     Key::Text(t) => m.serialize_entry("id", &**t)?,
@@ -721,7 +721,7 @@ impl serde::Serialize for ResultsSer<'_> {
 pub(crate) fn results_json(results: &[sluice_engine::WriteResult]) -> Vec<Value> {
     results
         .iter()
-        .map(|r| json!({"table": r.table, "id": r.key.to_json(), "version": r.version}))
+        .map(|r| json!({"table": r.table.name, "id": r.key.to_json(), "version": r.version}))
         .collect()
 }
 

@@ -344,6 +344,29 @@ impl Core {
     /// ([`crate::api::parse_ops`] and [`Core::mutate_as`]) must decide: anything unusual,
     /// including every body it would refuse.
     pub fn decode_mutate(&self, body: axum::body::Bytes) -> Option<crate::decode::TypedMutate> {
+        self.decode_with(|schemas, ops_max| {
+            crate::decode::decode_mutate(body.clone(), schemas, ops_max)
+        })
+    }
+
+    /// [`Core::decode_mutate`] for a WebSocket `mutate` request (a JSON text or MessagePack
+    /// frame): its `id` and ops, or `None` when the general path must decide.
+    pub fn decode_ws_mutate(
+        &self,
+        frame: crate::decode::KeptBody,
+    ) -> Option<(serde_json::Value, crate::decode::TypedMutate)> {
+        self.decode_with(|schemas, ops_max| {
+            crate::decode::decode_ws_mutate(frame.clone(), schemas, ops_max)
+        })
+    }
+
+    /// Runs a typed decoder against the schema cache; if it gives up while the cache may be
+    /// stale (a column added since it was read, say), reads the schemas again and tries once
+    /// more.
+    fn decode_with<T>(
+        &self,
+        decode: impl Fn(&mut dyn crate::decode::Schemas, usize) -> Option<T>,
+    ) -> Option<T> {
         let cache = &self.shared.schemas;
         let mut schemas = crate::decode::CachedSchemas {
             cache,
@@ -352,17 +375,15 @@ impl Core {
             refreshed: false,
         };
         let ops_max = self.shared.config.ops_per_mutate_max;
-        if let Some(decoded) = crate::decode::decode_mutate(body.clone(), &mut schemas, ops_max) {
+        if let Some(decoded) = decode(&mut schemas, ops_max) {
             return Some(decoded);
         }
-        // Given up: if it may have been for a schema changed since the cache was read
-        // (an added column, say), read the schemas again and try once more.
         if schemas.refreshed || cache.is_current(&self.shared.db.read()) {
             return None;
         }
         schemas.map = cache.refresh(&self.shared.db.read());
         schemas.refreshed = true;
-        crate::decode::decode_mutate(body, &mut schemas, ops_max)
+        decode(&mut schemas, ops_max)
     }
 
     /// [`Core::mutate_as`] with ops from [`Core::decode_mutate`] (durability: the body's,

@@ -59,7 +59,8 @@ impl TypedOp {
     }
 }
 
-/// A mutate body decoded by [`decode_mutate`].
+/// A mutate body decoded by [`decode_mutate`] (or a WebSocket request by
+/// [`decode_ws_mutate`]).
 #[derive(Clone, Debug)]
 pub struct TypedMutate {
     pub ops: Vec<TypedOp>,
@@ -67,7 +68,43 @@ pub struct TypedMutate {
     pub durability: Option<Durability>,
     /// The body as received: re-parsed the general way if a schema changed before the
     /// writer got to it. `None` for ops built in-process ([`TypedMutate::from_ops`]).
-    pub body: Option<axum::body::Bytes>,
+    pub body: Option<KeptBody>,
+}
+
+/// The text a mutate was decoded from, kept to be parsed again the general way.
+#[derive(Clone, Debug)]
+pub enum KeptBody {
+    /// JSON text: an HTTP body or a WebSocket text frame.
+    Json(axum::body::Bytes),
+    /// A WebSocket MessagePack frame.
+    Msgpack(axum::body::Bytes),
+}
+
+impl KeptBody {
+    /// The ops the general path parses from this body (no limit on their count: the
+    /// decoder already held them to it).
+    pub fn parse_ops(&self) -> Result<Vec<crate::core::Op>, crate::api::ApiError> {
+        match self {
+            KeptBody::Json(bytes) => crate::api::parse_ops_json(bytes, usize::MAX),
+            KeptBody::Msgpack(bytes) => match msgpack_value(bytes) {
+                Ok(Json::Object(mut map)) => crate::api::parse_ops(&mut map, usize::MAX),
+                _ => Err(crate::api::ApiError::bad_request(
+                    "a request must be a MessagePack map",
+                )),
+            },
+        }
+    }
+}
+
+/// Nesting a MessagePack frame may have, as `serde_json` allows JSON: `rmp_serde`'s own
+/// limit (1024) overflows a runtime worker's 2 MiB stack in a debug build (found by fuzzing).
+pub(crate) const MSGPACK_DEPTH_MAX: usize = 128;
+
+/// A MessagePack frame as a JSON value (the WebSocket protocol's general path).
+pub(crate) fn msgpack_value(bytes: &[u8]) -> Result<Json, rmp_serde::decode::Error> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MSGPACK_DEPTH_MAX);
+    Deserialize::deserialize(&mut de)
 }
 
 impl TypedMutate {
@@ -168,37 +205,96 @@ pub fn decode_mutate(
     ops_max: usize,
 ) -> Option<TypedMutate> {
     let mut de = serde_json::Deserializer::from_slice(&body);
-    let (ops, durability) = BodySeed { schemas, ops_max }.deserialize(&mut de).ok()?;
+    let seed = BodySeed {
+        schemas,
+        ops_max,
+        ws: false,
+    };
+    let (ops, durability, _) = seed.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(TypedMutate {
         ops,
         durability,
-        body: Some(body),
+        body: Some(KeptBody::Json(body)),
     })
 }
 
+/// Decodes a WebSocket `mutate` request (`{"type": "mutate", "id"?, "ops": [...],
+/// "durability"?}`, a JSON text frame or a MessagePack frame) into its `id` and typed ops,
+/// or `None` when the general path must decide (anything unusual, every refusal among it,
+/// and any other request type). What it accepts is what the general path would make of it.
+pub fn decode_ws_mutate(
+    frame: KeptBody,
+    schemas: &mut dyn Schemas,
+    ops_max: usize,
+) -> Option<(Json, TypedMutate)> {
+    let seed = BodySeed {
+        schemas,
+        ops_max,
+        ws: true,
+    };
+    let (ops, durability, id) = match &frame {
+        KeptBody::Json(bytes) => {
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            let decoded = seed.deserialize(&mut de).ok()?;
+            de.end().ok()?;
+            decoded
+        }
+        KeptBody::Msgpack(bytes) => {
+            // As `msgpack_value` reads a frame (bytes after the value are not looked at).
+            let mut de = rmp_serde::Deserializer::from_read_ref(&bytes[..]);
+            de.set_max_depth(MSGPACK_DEPTH_MAX);
+            seed.deserialize(&mut de).ok()?
+        }
+    };
+    Some((
+        id.unwrap_or(Json::Null),
+        TypedMutate {
+            ops,
+            durability,
+            body: Some(frame),
+        },
+    ))
+}
+
+/// The top level of a mutate: an HTTP body, or (`ws`) a WebSocket request, which also has
+/// `"type": "mutate"` (required) and an `"id"`.
 struct BodySeed<'s> {
     schemas: &'s mut dyn Schemas,
     ops_max: usize,
+    ws: bool,
 }
 
+/// Ops, durability and (WebSocket) id.
+type Body = (Vec<TypedOp>, Option<Durability>, Option<Json>);
+
 impl<'de> DeserializeSeed<'de> for BodySeed<'_> {
-    type Value = (Vec<TypedOp>, Option<Durability>);
+    type Value = Body;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for BodySeed<'_> {
-    type Value = (Vec<TypedOp>, Option<Durability>);
+    type Value = Body;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a mutate body")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut ops = None;
         let mut durability = None;
+        let mut id = None;
+        let mut typed = false;
         while let Some(key) = map.next_key::<KeyStr<'de>>()? {
             match key.as_str() {
+                "type" if self.ws && !typed => {
+                    let kind: KeyStr<'de> = map.next_value()?;
+                    if kind.as_str() != "mutate" {
+                        return Err(give_up());
+                    }
+                    typed = true;
+                }
+                "id" if self.ws && id.is_none() => id = Some(map.next_value::<Json>()?),
                 "ops" if ops.is_none() => {
                     ops = Some(map.next_value_seed(OpsSeed {
                         schemas: &mut *self.schemas,
@@ -216,8 +312,8 @@ impl<'de> Visitor<'de> for BodySeed<'_> {
             }
         }
         match ops {
-            Some(ops) => Ok((ops, durability.flatten())),
-            None => Err(give_up()),
+            Some(ops) if typed || !self.ws => Ok((ops, durability.flatten(), id)),
+            _ => Err(give_up()),
         }
     }
 }
@@ -284,9 +380,12 @@ impl<'de> Visitor<'de> for OpsSeed<'_> {
         let mut ops = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.ops_max));
         // The table of the previous op, looked up again only when the name changes.
         let mut last: Option<Arc<TableSchema>> = None;
+        // Rows are decoded here first, then moved into their own allocation.
+        let mut buf = Vec::new();
         while let Some(op) = seq.next_element_seed(OpSeed {
             schemas: &mut *self.schemas,
             last: &mut last,
+            buf: &mut buf,
         })? {
             if ops.len() == self.ops_max {
                 return Err(give_up());
@@ -308,16 +407,21 @@ enum Kind {
     Delete,
 }
 
-/// A row, a `set` or an `id` seen before the op's `"table"`: kept as JSON and converted
-/// once the table is known.
+/// An op's `row` or `set`: decoded by the table's schema if the op named its table first,
+/// else kept as JSON and converted once the table is known.
 enum Pending {
-    Decoded(Vec<(usize, Value)>),
+    /// A whole `row`: every column, defaults filled, NOT NULL checked.
+    Row(Arc<[Value]>),
+    /// The columns a `set` names.
+    Set(Vec<(usize, Value)>),
     Json(Map<String, Json>),
 }
 
 struct OpSeed<'s, 'l> {
     schemas: &'s mut dyn Schemas,
     last: &'l mut Option<Arc<TableSchema>>,
+    /// Scratch space for a row being decoded (reused from op to op).
+    buf: &'l mut Vec<Value>,
 }
 
 impl<'de> DeserializeSeed<'de> for OpSeed<'_, '_> {
@@ -370,7 +474,13 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
                 f @ ("row" | "set") if fields.is_none() => {
                     let is_set = f == "set";
                     let pending = match &schema {
-                        Some(s) => Pending::Decoded(map.next_value_seed(RowSeed { schema: s })?),
+                        Some(s) if is_set => {
+                            Pending::Set(map.next_value_seed(RowSeed { schema: s })?)
+                        }
+                        Some(s) => Pending::Row(map.next_value_seed(FullRowSeed {
+                            schema: s,
+                            buf: &mut *self.buf,
+                        })?),
                         None => Pending::Json(map.next_value::<Map<String, Json>>()?),
                     };
                     fields = Some((is_set, pending));
@@ -394,10 +504,7 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
                 if is_set != (kind == Kind::Patch) {
                     return Err(give_up());
                 }
-                Some(match pending {
-                    Pending::Decoded(v) => v,
-                    Pending::Json(m) => from_json_map(&schema, &m).ok_or_else(give_up)?,
-                })
+                Some(pending)
             }
         };
         let id = match id {
@@ -412,11 +519,25 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
                 let (Some(fields), None) = (fields, id) else {
                     return Err(give_up());
                 };
-                let values = full_row(&schema, fields).ok_or_else(give_up)?;
+                let values = match fields {
+                    Pending::Row(values) => values,
+                    Pending::Json(m) => {
+                        let named = from_json_map(&schema, &m).ok_or_else(give_up)?;
+                        let mut seen = Seen::new(schema.columns.len());
+                        self.buf.clear();
+                        self.buf.resize(schema.columns.len(), Value::Null);
+                        for (i, v) in named {
+                            seen.insert(i);
+                            self.buf[i] = v;
+                        }
+                        finish_row(&schema, self.buf, &mut seen).ok_or_else(give_up)?
+                    }
+                    Pending::Set(_) => return Err(give_up()),
+                };
                 let key = Key::from_value(&values[schema.pk]).ok_or_else(give_up)?;
                 TypedOp::Put {
                     key,
-                    values: values.into(),
+                    values,
                     if_version,
                     replace: kind == Kind::Upsert,
                     schema,
@@ -425,6 +546,11 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
             Kind::Patch => {
                 let (Some(set), Some(id)) = (fields, id) else {
                     return Err(give_up());
+                };
+                let set = match set {
+                    Pending::Set(set) => set,
+                    Pending::Json(m) => from_json_map(&schema, &m).ok_or_else(give_up)?,
+                    Pending::Row(_) => return Err(give_up()),
                 };
                 if set.iter().any(|(i, _)| *i == schema.pk) {
                     return Err(give_up());
@@ -519,18 +645,80 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
     }
 }
 
-/// Which columns a row named (a repeated one gives up).
-struct Seen(Vec<u64>);
+/// Which columns a row named (a repeated one gives up). No allocation up to 64 columns.
+struct Seen {
+    low: u64,
+    /// Columns from 64 on.
+    high: Vec<u64>,
+}
 
 impl Seen {
     fn new(n: usize) -> Seen {
-        Seen(vec![0; n.div_ceil(64)])
+        Seen {
+            low: 0,
+            high: vec![0; n.saturating_sub(64).div_ceil(64)],
+        }
     }
+    fn word(&mut self, i: usize) -> (&mut u64, u64) {
+        let bit = 1u64 << (i % 64);
+        match i.checked_sub(64) {
+            None => (&mut self.low, bit),
+            Some(j) => (&mut self.high[j / 64], bit),
+        }
+    }
+    /// Marks column `i`; false if it was already marked.
     fn insert(&mut self, i: usize) -> bool {
-        let (w, b) = (i / 64, 1u64 << (i % 64));
-        let fresh = self.0[w] & b == 0;
-        self.0[w] |= b;
+        let (w, bit) = self.word(i);
+        let fresh = *w & bit == 0;
+        *w |= bit;
         fresh
+    }
+    fn contains(&mut self, i: usize) -> bool {
+        let (w, bit) = self.word(i);
+        *w & bit != 0
+    }
+}
+
+/// A whole `row` object: each named column converted by its type into `buf` (by position),
+/// the others given their default (or NULL), then moved into the row's own allocation.
+/// Unknown or repeated columns, and a NULL in a NOT NULL column, give up.
+struct FullRowSeed<'a> {
+    schema: &'a TableSchema,
+    buf: &'a mut Vec<Value>,
+}
+
+impl<'de> DeserializeSeed<'de> for FullRowSeed<'_> {
+    type Value = Arc<[Value]>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FullRowSeed<'_> {
+    type Value = Arc<[Value]>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a row object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let columns = &self.schema.columns;
+        self.buf.clear();
+        self.buf.resize(columns.len(), Value::Null);
+        let mut seen = Seen::new(columns.len());
+        // Clients usually name the columns in schema order: try the next one first.
+        let mut next = 0;
+        while let Some(name) = map.next_key::<KeyStr<'de>>()? {
+            let name = name.as_str();
+            let i = match columns.get(next) {
+                Some(c) if c.name == name => next,
+                _ => self.schema.column(name).ok_or_else(give_up)?,
+            };
+            if !seen.insert(i) {
+                return Err(give_up());
+            }
+            next = i + 1;
+            self.buf[i] = map.next_value_seed(ColumnSeed(columns[i].ty))?;
+        }
+        finish_row(self.schema, self.buf, &mut seen).ok_or_else(give_up)
     }
 }
 
@@ -616,22 +804,19 @@ fn from_json_map(schema: &TableSchema, map: &Map<String, Json>) -> Option<Vec<(u
         .collect()
 }
 
-/// A whole row from the named columns: defaults (or NULL) for the rest; `None` if a NOT
-/// NULL column would be null.
-fn full_row(schema: &TableSchema, named: Vec<(usize, Value)>) -> Option<Vec<Value>> {
-    let mut values: Vec<Option<Value>> = vec![None; schema.columns.len()];
-    for (i, v) in named {
-        values[i] = Some(v);
+/// A whole row from `buf` (one value per column; the columns in `seen` were named): the
+/// others get their default (or stay NULL); `None` if a NOT NULL column would be null.
+/// Empties `buf` into the row's own allocation (one allocation, values moved).
+fn finish_row(schema: &TableSchema, buf: &mut Vec<Value>, seen: &mut Seen) -> Option<Arc<[Value]>> {
+    for (i, c) in schema.columns.iter().enumerate() {
+        if !seen.contains(i) {
+            if let Some(d) = &c.default {
+                buf[i] = d.clone();
+            }
+        }
+        if c.not_null && buf[i].is_null() {
+            return None;
+        }
     }
-    let values: Vec<Value> = values
-        .into_iter()
-        .zip(&schema.columns)
-        .map(|(v, c)| v.or_else(|| c.default.clone()).unwrap_or(Value::Null))
-        .collect();
-    let ok = schema
-        .columns
-        .iter()
-        .zip(&values)
-        .all(|(c, v)| !(c.not_null && v.is_null()));
-    ok.then_some(values)
+    Some(buf.drain(..).collect())
 }

@@ -814,7 +814,7 @@ fn apply_mutate(
                 "a table's schema changed since these rows were built; nothing was written",
             )));
         };
-        let ops = crate::api::parse_ops_json(body, usize::MAX).map_err(|e| {
+        let ops = body.parse_ops().map_err(|e| {
             CoreError::Tx(TxError::new(
                 sluice_engine::ErrorCode::BadRequest,
                 format!("a decoded mutate does not parse again: {}", e.message),

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use sluice_live::Subscribe;
 use tokio::task::JoinHandle;
 
-use crate::api::{durability_of, parse_ops, query_json, results_json, ApiError};
+use crate::api::{durability_of, parse_ops, query_json, ApiError, ResultsSer};
 use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
@@ -36,15 +36,7 @@ use crate::writer::Request;
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
-/// Nesting a MessagePack frame may have, as `serde_json` allows JSON: `rmp_serde`'s own
-/// limit (1024) overflows a runtime worker's 2 MiB stack in a debug build (found by fuzzing).
-const MSGPACK_DEPTH_MAX: usize = 128;
-
-fn msgpack_value(bytes: &[u8]) -> Result<Value, rmp_serde::decode::Error> {
-    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
-    de.set_max_depth(MSGPACK_DEPTH_MAX);
-    serde::Deserialize::deserialize(&mut de)
-}
+use crate::decode::{msgpack_value, KeptBody, MSGPACK_DEPTH_MAX};
 
 /// A `call` request read straight into its fields, without a `Map` of the whole request
 /// (the calls of `sluice bench transfer` are most frames a busy connection reads). Only
@@ -220,7 +212,27 @@ pub(crate) async fn upgrade(
 /// encoded straight from its parts (no JSON object is built for it).
 enum Outgoing {
     Value(Value),
-    CallResult { id: Value, seq: u64, result: Value },
+    CallResult {
+        id: Value,
+        seq: u64,
+        result: Value,
+    },
+    /// A mutate's success: `{"type": "result", "seq", "results", "id"}`.
+    MutateResult {
+        id: Value,
+        ok: MutateOk,
+    },
+}
+
+/// The fields of a mutate's result reply, in the order (and so with the bytes) of the JSON
+/// object it replaces.
+#[derive(serde::Serialize)]
+struct MutateResult<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    seq: u64,
+    results: ResultsSer<'a>,
+    id: &'a Value,
 }
 
 /// The fields of a call's result reply, in the order (and so with the bytes) of the JSON
@@ -238,6 +250,15 @@ fn encode_reply(encoding: Encoding, reply: &Outgoing) -> Message {
     let (id, seq, result) = match reply {
         Outgoing::Value(value) => return encode(encoding, value),
         Outgoing::CallResult { id, seq, result } => (id, *seq, result),
+        Outgoing::MutateResult { id, ok } => {
+            let reply = MutateResult {
+                kind: "result",
+                seq: ok.seq,
+                results: ResultsSer(&ok.results),
+                id,
+            };
+            return encode_parts(encoding, &reply);
+        }
     };
     let reply = CallResult {
         kind: "result",
@@ -245,12 +266,17 @@ fn encode_reply(encoding: Encoding, reply: &Outgoing) -> Message {
         result,
         id,
     };
+    encode_parts(encoding, &reply)
+}
+
+/// A reply serialised straight from its parts.
+fn encode_parts(encoding: Encoding, reply: &impl serde::Serialize) -> Message {
     match encoding {
-        Encoding::Json => match serde_json::to_string(&reply) {
+        Encoding::Json => match serde_json::to_string(reply) {
             Ok(text) => Message::Text(text.into()),
             Err(e) => encode_failed(e.to_string()),
         },
-        Encoding::Msgpack => match rmp_serde::to_vec_named(&reply) {
+        Encoding::Msgpack => match rmp_serde::to_vec_named(reply) {
             Ok(bytes) => Message::Binary(bytes.into()),
             Err(e) => encode_failed(e.to_string()),
         },
@@ -446,6 +472,14 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                 }
                 continue;
             }
+        }
+        // A mutate (text or MessagePack) is decoded straight into typed rows, as over
+        // HTTP; anything the decoder is unsure of takes the general path below.
+        if let Some(reply) = fast_mutate(&core, &caller, &message, body_max).await {
+            if pending_tx.send(reply).await.is_err() {
+                break;
+            }
+            continue;
         }
         // An append in a text frame skips the generic parse: its records keep their JSON
         // text (as over HTTP) instead of becoming values and being printed again.
@@ -953,6 +987,60 @@ async fn fast_append(core: &Arc<Core>, caller: &Caller, text: &str) -> Option<Re
     })
 }
 
+/// A `mutate` request decoded by the typed decoder and queued for the writer; `None` when
+/// the frame is not one the decoder takes (then the general path answers it, refusals
+/// included).
+async fn fast_mutate(
+    core: &Arc<Core>,
+    caller: &Caller,
+    message: &Result<Message, axum::Error>,
+    body_max: usize,
+) -> Option<ReplyFuture> {
+    // Other requests do not get near the decoder (which may read the schemas again when
+    // it gives up): a mutate names its type, as a JSON string or a MessagePack fixstr.
+    let frame = match message {
+        Ok(Message::Text(text)) if text.len() <= body_max && text.contains("\"mutate\"") => {
+            KeptBody::Json(axum::body::Bytes::from(text.clone()))
+        }
+        Ok(Message::Binary(bytes)) if bytes.len() <= body_max && contains(bytes, b"\xa6mutate") => {
+            KeptBody::Msgpack(bytes.clone())
+        }
+        _ => return None,
+    };
+    let (id, decoded) = core.decode_ws_mutate(frame)?;
+    let durability = decoded.durability.unwrap_or(core.config().durability);
+    let queued = core
+        .enqueue(|reply| Request::Mutate {
+            ops: crate::core::MutateOps::Typed(decoded),
+            claims: caller.claims().cloned(),
+            durability,
+            reply,
+        })
+        .await;
+    Some(match queued {
+        Ok(rx) => {
+            let core = core.clone();
+            Box::pin(async move { Pending::Mutate(rx).reply(&core, id).await })
+        }
+        Err(e) => {
+            let e = ApiError::from(e);
+            note_refusal(core, &e);
+            Box::pin(std::future::ready(Outgoing::Value(error_reply(&id, e))))
+        }
+    })
+}
+
+/// Whether `needle` (not empty) occurs in `haystack`.
+fn contains(mut haystack: &[u8], needle: &[u8]) -> bool {
+    while let Some(i) = haystack.iter().position(|&b| b == needle[0]) {
+        if haystack[i..].starts_with(needle) {
+            return true;
+        }
+        haystack = &haystack[i + 1..];
+    }
+    false
+}
+
 async fn enqueue_append(
     core: &Core,
     caller: &Caller,
@@ -1015,8 +1103,19 @@ impl Pending {
     /// The reply to send for this request: a call's success as its parts, encoded by the
     /// sender without a JSON object in between; anything else as [`Pending::finish`] makes it.
     async fn reply(self, core: &Core, id: Value) -> Outgoing {
-        let Pending::Call(rx) = self else {
-            return Outgoing::Value(self.finish(core, &id).await);
+        let rx = match self {
+            Pending::Call(rx) => rx,
+            Pending::Mutate(rx) => {
+                return match core.settle(rx).await {
+                    Ok(ok) => Outgoing::MutateResult { id, ok },
+                    Err(e) => {
+                        let e = ApiError::from(e);
+                        note_refusal(core, &e);
+                        Outgoing::Value(error_reply(&id, e))
+                    }
+                };
+            }
+            other => return Outgoing::Value(other.finish(core, &id).await),
         };
         let outcome = match core.settle(rx).await {
             Ok(ok) => {
@@ -1057,9 +1156,9 @@ impl Pending {
                 }
                 Err(e) => Err(e),
             },
-            Pending::Mutate(rx) => core.settle(rx).await.map(
-                |ok| json!({"type": "result", "seq": ok.seq, "results": results_json(&ok.results)}),
-            ),
+            Pending::Mutate(rx) => core.settle(rx).await.map(|ok| {
+                json!({"type": "result", "seq": ok.seq, "results": crate::api::results_json(&ok.results)})
+            }),
             Pending::Append(rx) => core.settle(rx).await.map(
                 |ok| json!({"type": "result", "seq": ok.seq, "first": ok.first, "last": ok.last}),
             ),
