@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::io::{sync_dir, LogFile, LogFileFactory, RealFiles};
+use crate::latency::LatencyHistogram;
 use crate::segment::{list_segments, segment_path};
 use crate::{Durability, LogError};
 
@@ -116,6 +117,11 @@ struct Shared<W> {
     poison: Mutex<Option<String>>,
     stats: Mutex<LogStats>,
     active_first_seq: AtomicU64,
+    /// Time of each `write` to the active segment (a segment roll, which syncs the old
+    /// segment and creates and syncs the new one, included).
+    append_latency: LatencyHistogram,
+    /// Time of each round: from taking what is pending to its last waiter completed.
+    round_latency: LatencyHistogram,
     on_progress: Box<dyn Fn(Progress) + Send + Sync>,
 }
 
@@ -180,6 +186,8 @@ impl<W: Waiter> Log<W> {
             poison: Mutex::new(None),
             stats: Mutex::new(LogStats::default()),
             active_first_seq: AtomicU64::new(first_seq),
+            append_latency: LatencyHistogram::default(),
+            round_latency: LatencyHistogram::default(),
             on_progress: Box::new(on_progress),
         });
         let dir = config.dir.clone();
@@ -281,6 +289,16 @@ impl<W: Waiter> Log<W> {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Latency of the log thread's appends (segment rolls included).
+    pub fn append_latency(&self) -> &LatencyHistogram {
+        &self.shared.append_latency
+    }
+
+    /// Latency of the log thread's rounds (take, append, sync, complete the waiters).
+    pub fn round_latency(&self) -> &LatencyHistogram {
+        &self.shared.round_latency
     }
 
     pub fn progress(&self) -> Progress {
@@ -406,6 +424,7 @@ impl<W: Waiter> LogThread<W> {
                     pending.shutdown,
                 )
             };
+            let started = Instant::now();
             self.round(
                 &buf,
                 frames,
@@ -414,6 +433,7 @@ impl<W: Waiter> LogThread<W> {
                 sync_requested,
                 shutdown,
             );
+            self.shared.round_latency.record(started.elapsed());
             buf.clear();
             if shutdown {
                 let pending = lock(&self.shared.pending);
@@ -443,6 +463,7 @@ impl<W: Waiter> LogThread<W> {
         let mut must_sync = shutdown || sync_requested_seq > self.progress.synced_seq;
         if !buf.is_empty() {
             crate::critical::injected_panic_point("log");
+            let started = Instant::now();
             if self.segment_bytes >= self.config.segment_bytes_max {
                 let first_seq = self.progress.written_seq + 1;
                 if let Err(err) = self.roll(first_seq) {
@@ -453,6 +474,7 @@ impl<W: Waiter> LogThread<W> {
                 return self.poison(e.to_string(), waiters);
             }
             self.segment_bytes += buf.len() as u64;
+            self.shared.append_latency.record(started.elapsed());
             {
                 let mut stats = lock(&self.shared.stats);
                 stats.frames_written += frames;
