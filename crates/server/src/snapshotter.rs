@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_engine::codec::{encode_frozen, FrozenState};
-use sluice_log::snapshot::{list_snapshots, write_snapshot};
+use sluice_engine::codec::{encode_frozen_to, FrozenState};
+use sluice_log::snapshot::{list_snapshots, SnapshotWriter};
 use tokio::sync::{mpsc as request_mpsc, oneshot};
 
 use crate::core::Shared;
@@ -121,10 +121,15 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
         if newest.is_some_and(|n| n >= job.seq) {
             return Ok(job.seq); // already on disk (the snapshot thread just wrote it)
         }
-        let frames = encode_frozen(&job.state);
-        bytes = frames.iter().map(Vec::len).sum();
-        write_snapshot(dir, job.seq, &frames)?;
-        drop(frames);
+        // Streamed: each frame is written as it is encoded (the encoded state is never in
+        // memory whole) and the file is synced in pieces, so the log's syncs never queue
+        // behind the whole snapshot's dirty pages.
+        let mut out = SnapshotWriter::create(dir, job.seq)?;
+        encode_frozen_to(&job.state, |frame| {
+            bytes += frame.len();
+            out.write_framed(frame)
+        })?;
+        out.finish()?;
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
         for (_, path) in &snapshots[..excess] {
