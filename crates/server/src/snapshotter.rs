@@ -57,6 +57,7 @@ impl Snapshotter {
         let busy = Arc::new(AtomicBool::new(false));
         let thread_busy = busy.clone();
         sluice_log::critical::spawn("snapshot", move || {
+            lower_priority();
             while let Ok(job) = rx.recv() {
                 sluice_log::critical::injected_panic_point("snapshot");
                 {
@@ -102,6 +103,21 @@ impl Snapshotter {
     pub fn run_inline(&self, job: Job) -> Result<u64, CoreError> {
         let _one_at_a_time = self.gate.lock();
         write(&self.shared, &job)
+    }
+}
+
+/// Nice value of the snapshot thread: encoding a large state takes a core for a second or
+/// so, and on a small machine it would otherwise take turns with the threads a write's
+/// acknowledgement passes through (HTTP tasks, the writer, the log). At nice 10 the
+/// scheduler gives it about a tenth of a contended core and the whole of an idle one.
+const SNAPSHOT_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to [`SNAPSHOT_NICE`] (Linux nice values
+/// are per thread). Best effort: a refusal only costs latency, never correctness.
+fn lower_priority() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), SNAPSHOT_NICE) {
+        tracing::debug!(error = %e, "could not lower the snapshot thread's priority");
     }
 }
 
