@@ -904,11 +904,28 @@ pub fn encode_snapshot(db: &Db) -> Vec<Vec<u8>> {
 /// frame (~1 MiB each), so a large state is never copied into one ever-growing buffer.
 pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
+    encode_frozen_to(state, |frame| {
+        out.push(frame.to_vec());
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap_or_else(|never| match never {});
+    out
+}
+
+/// Encodes a frozen state as snapshot body frames (the bytes of [`encode_frozen`]) and
+/// hands each whole frame (~1 MiB at most for rows and records) to `sink` as it is made,
+/// through one reused buffer: the snapshot thread streams them to the file, so the
+/// encoded state never exists in memory as a whole. Stops at `sink`'s first error.
+pub fn encode_frozen_to<E>(
+    state: &FrozenState,
+    mut sink: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut payload = Vec::new();
-    let frame = |payload: &[u8]| {
-        let mut f = Vec::with_capacity(payload.len() + sluice_log::frame::FRAME_HEADER_BYTES);
-        sluice_log::frame::encode_into(&mut f, payload).expect("snapshot frames are bounded");
-        f
+    let mut framed = Vec::new();
+    let mut emit = |payload: &[u8]| {
+        framed.clear();
+        sluice_log::frame::encode_into(&mut framed, payload).expect("snapshot frames are bounded");
+        sink(&framed)
     };
     {
         let mut w = Writer(&mut payload);
@@ -918,7 +935,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
             w.table_schema(&t.schema);
         }
     }
-    out.push(frame(&payload));
+    emit(&payload)?;
     for t in state.tables.iter().filter(|t| !t.policies.is_empty()) {
         payload.clear();
         let mut w = Writer(&mut payload);
@@ -928,7 +945,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
         for p in &t.policies {
             w.policy(p);
         }
-        out.push(frame(&payload));
+        emit(&payload)?;
     }
     let mut total_rows = 0u64;
     let mut body = Vec::with_capacity(SNAP_FRAME_BYTES_TARGET + 4096);
@@ -953,7 +970,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
             w.str(&t.schema.name);
             w.varint(n);
             payload.extend_from_slice(&body);
-            out.push(frame(&payload));
+            emit(&payload)?;
             total_rows += n;
         }
     }
@@ -969,7 +986,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
         if !t.rules.read.is_empty() || !t.rules.append.is_empty() {
             w.topic_rules(&t.rules);
         }
-        out.push(frame(&payload));
+        emit(&payload)?;
         let mut records = t.records.iter().peekable();
         while let Some(first) = records.peek().map(|r| r.offset) {
             body.clear();
@@ -992,7 +1009,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
             w.varint(first);
             w.varint(n);
             payload.extend_from_slice(&body);
-            out.push(frame(&payload));
+            emit(&payload)?;
             total_records += n;
         }
     }
@@ -1003,8 +1020,7 @@ pub fn encode_frozen(state: &FrozenState) -> Vec<Vec<u8>> {
     w.varint(total_rows);
     w.varint(state.topics.len() as u64);
     w.varint(total_records);
-    out.push(frame(&payload));
-    out
+    emit(&payload)
 }
 
 fn encode_snapshot_row(w: &mut Writer<'_>, key: &Key, row: &RowEntry) {

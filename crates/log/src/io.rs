@@ -12,7 +12,17 @@ pub trait LogFile: Send {
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
     /// On success every byte appended so far **must** be on stable storage.
     fn sync(&mut self) -> std::io::Result<()>;
+    /// A second handle on the same file for syncing on another thread while appends go
+    /// on: calling it **must** make every byte appended before the call durable, as
+    /// [`LogFile::sync`] would. `None` (the default) if the file has none; the log then
+    /// syncs on its own thread.
+    fn sync_handle(&self) -> Option<SyncHandle> {
+        None
+    }
 }
+
+/// See [`LogFile::sync_handle`].
+pub type SyncHandle = Box<dyn FnMut() -> std::io::Result<()> + Send>;
 
 impl LogFile for File {
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
@@ -20,6 +30,11 @@ impl LogFile for File {
     }
     fn sync(&mut self) -> std::io::Result<()> {
         self.sync_data()
+    }
+    fn sync_handle(&self) -> Option<SyncHandle> {
+        // `fdatasync` on a duplicate descriptor flushes the file, whoever wrote it.
+        let file = self.try_clone().ok()?;
+        Some(Box::new(move || file.sync_data()))
     }
 }
 
@@ -84,6 +99,17 @@ impl LogFile for FailingFile {
             return Err(std::io::Error::other("injected fdatasync failure"));
         }
         self.file.sync_data()
+    }
+    fn sync_handle(&self) -> Option<SyncHandle> {
+        let file = self.file.try_clone().ok()?;
+        let (syncs, fail_from) = (self.syncs.clone(), self.fail_from);
+        Some(Box::new(move || {
+            let n = syncs.fetch_add(1, Ordering::SeqCst) + 1;
+            if n >= fail_from {
+                return Err(std::io::Error::other("injected fdatasync failure"));
+            }
+            file.sync_data()
+        }))
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`writer`]: [`Log`], the group-commit thread; durability classes; poisoning.
 //! - [`snapshot`]: snapshot file writer and reader (framed, written atomically).
 //! - [`critical`]: threads whose panic ends the process (and the test hook that injects one).
+//! - [`latency`]: lock-free latency histograms for `/metrics`.
 //! - [`io`]: the file abstraction the writer syncs through, with a fault-injecting variant.
 //! - [`sim`]: a simulated in-memory disk (power loss, crashes, torn and failed writes,
 //!   failed syncs) for simulation tests.
@@ -21,6 +22,7 @@
 pub mod critical;
 pub mod frame;
 pub mod io;
+pub mod latency;
 pub mod segment;
 pub mod sim;
 pub mod snapshot;

@@ -19,7 +19,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::io::{sync_dir, LogFile, LogFileFactory, RealFiles};
+use crate::io::{sync_dir, LogFile, LogFileFactory, RealFiles, SyncHandle};
+use crate::latency::LatencyHistogram;
 use crate::segment::{list_segments, segment_path};
 use crate::{Durability, LogError};
 
@@ -113,9 +114,23 @@ struct Shared<W> {
     pending_bytes_max: usize,
     progress: Mutex<Progress>,
     progress_changed: Condvar,
+    /// `progress.synced_seq`, readable without the lock (the log thread checks it each
+    /// round; the background syncer advances it).
+    synced_seq: AtomicU64,
+    /// Held while progress is merged and handed to `on_progress`: two threads publish (the
+    /// log thread and the background syncer), and the callback must see it in order.
+    publishing: Mutex<()>,
+    /// The background syncer's one job slot.
+    background: Mutex<Background>,
+    background_work: Condvar,
     poison: Mutex<Option<String>>,
     stats: Mutex<LogStats>,
     active_first_seq: AtomicU64,
+    /// Time of each `write` to the active segment (a segment roll, which syncs the old
+    /// segment and creates and syncs the new one, included).
+    append_latency: LatencyHistogram,
+    /// Time of each round: from taking what is pending to its last waiter completed.
+    round_latency: LatencyHistogram,
     on_progress: Box<dyn Fn(Progress) + Send + Sync>,
 }
 
@@ -177,9 +192,15 @@ impl<W: Waiter> Log<W> {
             pending_bytes_max: config.pending_bytes_max,
             progress: Mutex::new(progress),
             progress_changed: Condvar::new(),
+            synced_seq: AtomicU64::new(last_seq),
+            publishing: Mutex::new(()),
+            background: Mutex::new(Background::default()),
+            background_work: Condvar::new(),
             poison: Mutex::new(None),
             stats: Mutex::new(LogStats::default()),
             active_first_seq: AtomicU64::new(first_seq),
+            append_latency: LatencyHistogram::default(),
+            round_latency: LatencyHistogram::default(),
             on_progress: Box::new(on_progress),
         });
         let dir = config.dir.clone();
@@ -192,6 +213,7 @@ impl<W: Waiter> Log<W> {
                 segment_bytes: size,
                 progress,
                 last_sync: Instant::now(),
+                background_upto: last_seq,
             }
             .run()
         })
@@ -283,6 +305,16 @@ impl<W: Waiter> Log<W> {
         }
     }
 
+    /// Latency of the log thread's appends (segment rolls included).
+    pub fn append_latency(&self) -> &LatencyHistogram {
+        &self.shared.append_latency
+    }
+
+    /// Latency of the log thread's rounds (take, append, sync, complete the waiters).
+    pub fn round_latency(&self) -> &LatencyHistogram {
+        &self.shared.round_latency
+    }
+
     pub fn progress(&self) -> Progress {
         *lock(&self.shared.progress)
     }
@@ -355,18 +387,132 @@ struct LogThread<W> {
     file: Box<dyn LogFile>,
     segment_bytes: u64,
     progress: Progress,
-    /// When the log was last synced (or opened): background syncs are due from here.
+    /// When the log was last synced (or opened, or a background sync was handed over):
+    /// background syncs are due from here.
     last_sync: Instant,
+    /// The seq the last job handed to the background syncer covers; while it is above
+    /// `synced_seq`, that sync is in flight.
+    background_upto: u64,
+}
+
+/// A sync with no waiter (the once-per-interval background sync, or a `sync_barrier`) is
+/// handed to the background syncer thread, through a second handle on the segment
+/// ([`LogFile::sync_handle`]), so the log thread goes on writing and completing `disk`
+/// commits while it runs: a `fdatasync` can take tens of milliseconds, and `disk` commits
+/// that arrived meanwhile used to wait for it.
+#[derive(Default)]
+struct Background {
+    /// Sync every frame up to this seq through this handle.
+    job: Option<(u64, SyncHandle)>,
+    stop: bool,
+}
+
+/// Merges `p` into the published progress (each field only moves forward) and hands the
+/// result to `on_progress`, in order across the threads that publish.
+fn publish_progress<W>(shared: &Shared<W>, p: Progress) {
+    let ordered = lock(&shared.publishing);
+    let merged = {
+        let mut cur = lock(&shared.progress);
+        cur.written_seq = cur.written_seq.max(p.written_seq);
+        cur.synced_seq = cur.synced_seq.max(p.synced_seq);
+        *cur
+    };
+    shared
+        .synced_seq
+        .fetch_max(merged.synced_seq, Ordering::AcqRel);
+    (shared.on_progress)(merged);
+    drop(ordered);
+    shared.progress_changed.notify_all();
+}
+
+/// Records a sync that took `took` in the stats.
+fn count_sync<W>(shared: &Shared<W>, took: Duration, commits: u64) {
+    let took_us = took.as_micros() as u64;
+    let mut stats = lock(&shared.stats);
+    stats.syncs += 1;
+    stats.synced_commits += commits;
+    let bucket = (64 - took_us.leading_zeros() as usize).min(SYNC_LATENCY_BUCKETS - 1);
+    stats.sync_latency_us_buckets[bucket] += 1;
+    stats.sync_latency_us_sum += took_us;
+}
+
+/// The background syncer: runs the jobs the log thread hands it until told to stop.
+fn background_syncer<W: Waiter>(shared: Arc<Shared<W>>) {
+    loop {
+        let (upto, mut sync) = {
+            let mut bg = lock(&shared.background);
+            loop {
+                if let Some(job) = bg.job.take() {
+                    break job;
+                }
+                if bg.stop {
+                    return;
+                }
+                bg = shared
+                    .background_work
+                    .wait(bg)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let started = Instant::now();
+        match sync() {
+            Ok(()) => {
+                count_sync(&shared, started.elapsed(), 0);
+                publish_progress(
+                    &shared,
+                    Progress {
+                        written_seq: 0,
+                        synced_seq: upto,
+                    },
+                );
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::error!(%reason, "log poisoned (background sync): refusing writes until restart");
+                let mut poison = lock(&shared.poison);
+                poison.get_or_insert(reason);
+                drop(poison);
+                shared.progress_changed.notify_all();
+            }
+        }
+        // Wake the log thread (taking its lock orders this after its check): a sync
+        // requested while this one ran is handed over now.
+        drop(lock(&shared.pending));
+        shared.work.notify_one();
+    }
 }
 
 impl<W: Waiter> LogThread<W> {
-    fn run(mut self) {
+    fn run(self) {
+        let shared = self.shared.clone();
+        let syncer = {
+            let shared = shared.clone();
+            crate::critical::spawn("log-sync", move || background_syncer(shared))
+        };
+        self.rounds();
+        lock(&shared.background).stop = true;
+        shared.background_work.notify_all();
+        if let Ok(syncer) = syncer {
+            let _ = syncer.join();
+        }
+    }
+
+    /// Whether a sync handed to the background syncer has not finished.
+    fn background_in_flight(&self) -> bool {
+        self.background_upto > self.progress.synced_seq
+    }
+
+    fn rounds(mut self) {
         let mut buf = Vec::new();
         let mut waiters = Vec::new();
         loop {
             let (frames, last_seq, sync_requested, shutdown) = {
                 let mut pending = lock(&self.shared.pending);
                 loop {
+                    self.progress.synced_seq = self
+                        .progress
+                        .synced_seq
+                        .max(self.shared.synced_seq.load(Ordering::Acquire));
                     let interval = self.config.background_sync_interval;
                     let unsynced = self.progress.written_seq > self.progress.synced_seq;
                     if unsynced && self.last_sync.elapsed() >= interval {
@@ -375,8 +521,16 @@ impl<W: Waiter> LogThread<W> {
                         pending.sync_requested_seq =
                             pending.sync_requested_seq.max(self.progress.written_seq);
                     }
+                    // While the background syncer runs, a requested sync is not work for
+                    // this thread: the syncer wakes it when done, and what is still
+                    // unsynced then is handed over.
+                    let sync_covered = if self.background_in_flight() {
+                        u64::MAX
+                    } else {
+                        self.progress.synced_seq
+                    };
                     let has_work = !pending.buf.is_empty()
-                        || pending.sync_requested_seq > self.progress.synced_seq
+                        || pending.sync_requested_seq > sync_covered
                         || pending.shutdown;
                     if has_work {
                         break;
@@ -406,6 +560,7 @@ impl<W: Waiter> LogThread<W> {
                     pending.shutdown,
                 )
             };
+            let started = Instant::now();
             self.round(
                 &buf,
                 frames,
@@ -414,6 +569,7 @@ impl<W: Waiter> LogThread<W> {
                 sync_requested,
                 shutdown,
             );
+            self.shared.round_latency.record(started.elapsed());
             buf.clear();
             if shutdown {
                 let pending = lock(&self.shared.pending);
@@ -440,9 +596,13 @@ impl<W: Waiter> LogThread<W> {
             }
             return;
         }
-        let mut must_sync = shutdown || sync_requested_seq > self.progress.synced_seq;
+        // A sync someone waits on (or the last one) is done here; one nobody waits on is
+        // handed to the background syncer below when it can be.
+        let mut must_sync = shutdown;
+        let wanted = sync_requested_seq > self.progress.synced_seq;
         if !buf.is_empty() {
             crate::critical::injected_panic_point("log");
+            let started = Instant::now();
             if self.segment_bytes >= self.config.segment_bytes_max {
                 let first_seq = self.progress.written_seq + 1;
                 if let Err(err) = self.roll(first_seq) {
@@ -453,6 +613,7 @@ impl<W: Waiter> LogThread<W> {
                 return self.poison(e.to_string(), waiters);
             }
             self.segment_bytes += buf.len() as u64;
+            self.shared.append_latency.record(started.elapsed());
             {
                 let mut stats = lock(&self.shared.stats);
                 stats.frames_written += frames;
@@ -471,21 +632,28 @@ impl<W: Waiter> LogThread<W> {
                 }
             }
         }
+        if !must_sync && wanted && self.progress.synced_seq < self.progress.written_seq {
+            if self.background_in_flight() {
+                // Running already: what it does not cover is handed over once it is done
+                // (the syncer wakes this thread).
+            } else if let Some(handle) = self.file.sync_handle() {
+                self.background_upto = self.progress.written_seq;
+                self.last_sync = Instant::now();
+                lock(&self.shared.background).job = Some((self.background_upto, handle));
+                self.shared.background_work.notify_one();
+            } else {
+                must_sync = true;
+            }
+        } else if wanted {
+            must_sync = true;
+        }
         if must_sync && self.progress.synced_seq < self.progress.written_seq {
             let started = Instant::now();
             if let Err(e) = self.file.sync() {
                 return self.poison(e.to_string(), waiters);
             }
             self.last_sync = Instant::now();
-            let took_us = started.elapsed().as_micros() as u64;
-            {
-                let mut stats = lock(&self.shared.stats);
-                stats.syncs += 1;
-                stats.synced_commits += waiters.len() as u64;
-                let bucket = (64 - took_us.leading_zeros() as usize).min(SYNC_LATENCY_BUCKETS - 1);
-                stats.sync_latency_us_buckets[bucket] += 1;
-                stats.sync_latency_us_sum += took_us;
-            }
+            count_sync(&self.shared, started.elapsed(), waiters.len() as u64);
             self.progress.synced_seq = self.progress.written_seq;
             self.publish();
         } else if must_sync && self.progress.synced_seq < sync_requested_seq {
@@ -520,9 +688,7 @@ impl<W: Waiter> LogThread<W> {
     }
 
     fn publish(&self) {
-        *lock(&self.shared.progress) = self.progress;
-        self.shared.progress_changed.notify_all();
-        (self.shared.on_progress)(self.progress);
+        publish_progress(&self.shared, self.progress);
     }
 
     fn poison(&mut self, reason: String, waiters: &mut Vec<W>) {
@@ -624,6 +790,123 @@ mod tests {
             stats.syncs < seq,
             "disk commits do not each wait for a sync"
         );
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Real files whose background sync handles wait at a gate until it opens.
+    #[derive(Clone, Default)]
+    struct GatedSyncs {
+        /// (open, background syncs that reached the gate)
+        gate: Arc<(Mutex<(bool, u64)>, Condvar)>,
+    }
+
+    impl GatedSyncs {
+        fn wait_for_a_stuck_sync(&self) {
+            let (lock, cv) = &*self.gate;
+            let g = lock.lock().unwrap();
+            let (g, timeout) = cv
+                .wait_timeout_while(g, Duration::from_secs(10), |g| g.1 == 0)
+                .unwrap();
+            assert!(!timeout.timed_out(), "no background sync started: {:?}", *g);
+        }
+        fn open(&self) {
+            let (lock, cv) = &*self.gate;
+            lock.lock().unwrap().0 = true;
+            cv.notify_all();
+        }
+    }
+
+    struct GatedFile(std::fs::File, GatedSyncs);
+
+    impl LogFile for GatedFile {
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.0.append(bytes)
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            self.0.sync_data()
+        }
+        fn sync_handle(&self) -> Option<SyncHandle> {
+            let (file, gates) = (self.0.try_clone().ok()?, self.1.clone());
+            Some(Box::new(move || {
+                let (lock, cv) = &*gates.gate;
+                let mut g = lock.lock().unwrap();
+                g.1 += 1;
+                cv.notify_all();
+                while !g.0 {
+                    g = cv.wait(g).unwrap();
+                }
+                drop(g);
+                file.sync_data()
+            }))
+        }
+    }
+
+    impl LogFileFactory for GatedSyncs {
+        fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+            Ok(Box::new(GatedFile(
+                crate::io::open_append_file(path)?,
+                self.clone(),
+            )))
+        }
+    }
+
+    #[test]
+    fn disk_commits_are_acknowledged_while_a_background_sync_is_stuck() {
+        let dir = temp_dir("stuck-background");
+        let files = GatedSyncs::default();
+        let mut config = LogConfig::new(&dir);
+        config.background_sync_interval = Duration::from_millis(10);
+        config.files = Arc::new(files.clone());
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let w = |seq| TestWaiter {
+            seq,
+            durability: Durability::Disk,
+            done: tx.clone(),
+        };
+        log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
+        assert_eq!(rx.recv().unwrap(), (1, true));
+        files.wait_for_a_stuck_sync();
+        for seq in 2..=20 {
+            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
+            let done = rx.recv_timeout(Duration::from_secs(10));
+            assert_eq!(
+                done,
+                Ok((seq, true)),
+                "disk commit {seq} waited for the sync"
+            );
+        }
+        assert_eq!(log.progress().written_seq, 20);
+        assert!(log.progress().synced_seq < 20, "{:?}", log.progress());
+        files.open();
+        log.sync_barrier(20).unwrap();
+        assert_eq!(log.progress().synced_seq, 20);
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_background_sync_poisons_the_log() {
+        let dir = temp_dir("poison-background");
+        let mut config = LogConfig::new(&dir);
+        config.background_sync_interval = Duration::from_millis(10);
+        config.files = Arc::new(FailingSyncs::new(1));
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let w = |seq| TestWaiter {
+            seq,
+            durability: Durability::Disk,
+            done: tx.clone(),
+        };
+        log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
+        assert_eq!(rx.recv().unwrap(), (1, true));
+        assert!(matches!(log.sync_barrier(1), Err(LogError::Poisoned(_))));
+        assert!(matches!(
+            log.submit(&one_frame(2), 1, 2, [w(2)]),
+            Err(LogError::Poisoned(_))
+        ));
+        assert_eq!(log.progress().synced_seq, 0);
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
     }

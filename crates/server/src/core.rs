@@ -90,6 +90,12 @@ pub(crate) struct Counters {
     pub ws_connections: AtomicU64,
     /// WebSocket requests read and not yet answered, over all connections.
     pub ws_inflight: AtomicU64,
+    /// Mutates from the moment they are queued for the writer until their reply (or
+    /// refusal) is settled: the server's share of a client's ack latency.
+    pub mutate_latency: sluice_log::latency::LatencyHistogram,
+    /// Writer rounds: lock, apply, unlock, hand the frames to the log, reply to `memory`
+    /// commits (a submit that waits on back-pressure included).
+    pub writer_round_latency: sluice_log::latency::LatencyHistogram,
 }
 
 /// Facts from startup, for logs and `/metrics`.
@@ -330,13 +336,20 @@ impl Core {
     ) -> Result<MutateOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
-        self.call(|reply| Request::Mutate {
-            ops: MutateOps::Json(ops),
-            claims,
-            durability,
-            reply,
-        })
-        .await
+        let started = std::time::Instant::now();
+        let result = self
+            .call(|reply| Request::Mutate {
+                ops: MutateOps::Json(ops),
+                claims,
+                durability,
+                reply,
+            })
+            .await;
+        self.shared
+            .counters
+            .mutate_latency
+            .record(started.elapsed());
+        result
     }
 
     /// Decodes a mutate body (`{"ops": [...], "durability"?}` JSON) straight into rows by
@@ -395,13 +408,20 @@ impl Core {
     ) -> Result<MutateOk, CoreError> {
         let durability = decoded.durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
-        self.call(|reply| Request::Mutate {
-            ops: MutateOps::Typed(decoded),
-            claims,
-            durability,
-            reply,
-        })
-        .await
+        let started = std::time::Instant::now();
+        let result = self
+            .call(|reply| Request::Mutate {
+                ops: MutateOps::Typed(decoded),
+                claims,
+                durability,
+                reply,
+            })
+            .await;
+        self.shared
+            .counters
+            .mutate_latency
+            .record(started.elapsed());
+        result
     }
 
     /// The compiled row rules of `table` in `db` (cached per schema state).
@@ -620,6 +640,14 @@ impl Core {
 
     pub(crate) fn log_stats(&self) -> sluice_log::LogStats {
         self.shared.log.stats()
+    }
+
+    pub(crate) fn log_append_latency(&self) -> &sluice_log::latency::LatencyHistogram {
+        self.shared.log.append_latency()
+    }
+
+    pub(crate) fn log_round_latency(&self) -> &sluice_log::latency::LatencyHistogram {
+        self.shared.log.round_latency()
     }
 
     pub fn commits(&self) -> u64 {

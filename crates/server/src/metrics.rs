@@ -282,6 +282,30 @@ pub(crate) fn render(core: &Core) -> String {
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", log.syncs);
     let _ = writeln!(out, "{name}_sum {}", log.sync_latency_us_sum as f64 / 1e6);
     let _ = writeln!(out, "{name}_count {}", log.syncs);
+    for (h, name, help) in [
+        (
+            &c.mutate_latency,
+            "sluice_mutate_seconds",
+            "Mutates from queued for the writer to settled (the server's share of an ack).",
+        ),
+        (
+            &c.writer_round_latency,
+            "sluice_writer_round_seconds",
+            "Writer rounds (lock, apply, unlock, hand frames to the log, memory replies).",
+        ),
+        (
+            core.log_append_latency(),
+            "sluice_log_append_seconds",
+            "Writes to the active log segment (segment rolls included).",
+        ),
+        (
+            core.log_round_latency(),
+            "sluice_log_round_seconds",
+            "Log thread rounds (take pending frames, write, sync if asked, complete waiters).",
+        ),
+    ] {
+        h.render(&mut out, name, help);
+    }
     core.authenticator().render_metrics(&mut out);
     if let Some(hook) = HOOK.get() {
         hook(&mut out);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_engine::codec::{encode_frozen, FrozenState};
-use sluice_log::snapshot::{list_snapshots, write_snapshot};
+use sluice_engine::codec::{encode_frozen_to, FrozenState};
+use sluice_log::snapshot::{list_snapshots, SnapshotWriter};
 use tokio::sync::{mpsc as request_mpsc, oneshot};
 
 use crate::core::Shared;
@@ -57,6 +57,7 @@ impl Snapshotter {
         let busy = Arc::new(AtomicBool::new(false));
         let thread_busy = busy.clone();
         sluice_log::critical::spawn("snapshot", move || {
+            lower_priority();
             while let Ok(job) = rx.recv() {
                 sluice_log::critical::injected_panic_point("snapshot");
                 {
@@ -105,6 +106,21 @@ impl Snapshotter {
     }
 }
 
+/// Nice value of the snapshot thread: encoding a large state takes a core for a second or
+/// so, and on a small machine it would otherwise take turns with the threads a write's
+/// acknowledgement passes through (HTTP tasks, the writer, the log). At nice 10 the
+/// scheduler gives it about a tenth of a contended core and the whole of an idle one.
+const SNAPSHOT_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to [`SNAPSHOT_NICE`] (Linux nice values
+/// are per thread). Best effort: a refusal only costs latency, never correctness.
+fn lower_priority() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), SNAPSHOT_NICE) {
+        tracing::debug!(error = %e, "could not lower the snapshot thread's priority");
+    }
+}
+
 fn run(shared: &Shared, job: Job) {
     let result = write(shared, &job);
     for reply in job.replies {
@@ -121,10 +137,15 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
         if newest.is_some_and(|n| n >= job.seq) {
             return Ok(job.seq); // already on disk (the snapshot thread just wrote it)
         }
-        let frames = encode_frozen(&job.state);
-        bytes = frames.iter().map(Vec::len).sum();
-        write_snapshot(dir, job.seq, &frames)?;
-        drop(frames);
+        // Streamed: each frame is written as it is encoded (the encoded state is never in
+        // memory whole) and the file is synced in pieces, so the log's syncs never queue
+        // behind the whole snapshot's dirty pages.
+        let mut out = SnapshotWriter::create(dir, job.seq)?;
+        encode_frozen_to(&job.state, |frame| {
+            bytes += frame.len();
+            out.write_framed(frame)
+        })?;
+        out.finish()?;
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
         for (_, path) in &snapshots[..excess] {

@@ -285,7 +285,11 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if let Some(reply) = self.round(&mut batch) {
+            let started = std::time::Instant::now();
+            let stop = self.round(&mut batch);
+            let counters = &self.shared.counters;
+            counters.writer_round_latency.record(started.elapsed());
+            if let Some(reply) = stop {
                 rx.close();
                 // Whatever was queued behind the shutdown is refused.
                 for r in batch.drain(..) {
