@@ -705,7 +705,7 @@ impl Db {
     /// replayed write are held in `bulk` (in log order) and built in bulk at the next
     /// schema commit or at [`Db::finish_bulk`], which **must** be called before the state
     /// is used: sorted by key (stable), the last write of each key is its row
-    /// ([`Table::load_sorted`]), and each write's before-image is set in its changelog
+    /// ([`Table::load_map`]), and each write's before-image is set in its changelog
     /// entry then (while held back, a change's `old` is `None`). The end state is the one
     /// [`Db::replay`] builds.
     pub fn replay_bulk(
@@ -728,7 +728,8 @@ impl Db {
             // before-image is the one before it.
             writes
                 .sort_unstable_by(|a, b| (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change)));
-            let mut rows = Vec::with_capacity(writes.len());
+            // Straight into the row map's chunks: no second `Vec` of every row.
+            let mut rows = crate::cow::CowMapBuilder::with_capacity(writes.len());
             let mut i = 0;
             while i < writes.len() {
                 let mut j = i + 1;
@@ -741,14 +742,14 @@ impl Db {
                 }
                 let last = &mut writes[j - 1];
                 if let Some(values) = last.values.take() {
-                    rows.push((
+                    rows.push(
                         std::mem::replace(&mut last.key, Key::Int(0)),
                         RowEntry {
                             values,
                             version: last.version,
                             seq: last.seq,
                         },
-                    ));
+                    );
                 }
                 i = j;
             }
@@ -756,7 +757,7 @@ impl Db {
             self.tables
                 .get_mut(&name)
                 .expect("tables change only at schema commits, which flush first")
-                .load_sorted(rows);
+                .load_map(rows.finish());
         }
     }
 
