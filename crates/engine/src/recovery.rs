@@ -108,14 +108,17 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
 /// commit up to the snapshot anyway (so loading it would be followed by decoding the whole
 /// log for the window). Replaying every commit from seq 1 builds the same state and the same
 /// window — it is what recovery does when there is no snapshot. Decided from file names and
-/// sizes only (segment bytes bound the frames' payload bytes from above).
+/// sizes (segment bytes bound the frames' payload bytes from above), and only for a
+/// snapshot that passes the checks that need no decoding.
 fn whole_log_replaces_snapshot(
     dir: &Path,
     opts: &RecoveryOptions,
 ) -> Result<Option<u64>, RecoveryError> {
-    let Some(&(snapshot_seq, _)) = list_snapshots(dir)?.last() else {
+    let snapshots = list_snapshots(dir)?;
+    let Some((snapshot_seq, path)) = snapshots.last() else {
         return Ok(None);
     };
+    let snapshot_seq = *snapshot_seq;
     let segments = list_segments(dir)?;
     if segments.first().is_none_or(|s| s.first_seq != 1)
         || snapshot_seq > opts.retention.commits_max as u64
@@ -135,7 +138,17 @@ fn whole_log_replaces_snapshot(
             return Ok(None);
         }
     }
-    Ok(Some(snapshot_seq))
+    // The snapshot stays the base of the next one (and of deleting segments), so it must
+    // pass the checks that need no decoding — checksums, seq, an end frame; a damaged one
+    // is left to the usual path, which passes it over and reports it.
+    let intact = SnapshotFile::read(path).is_ok_and(|file| {
+        file.seq == snapshot_seq
+            && file
+                .frames()
+                .last()
+                .is_some_and(|(_, payload)| payload.first() == Some(&crate::codec::SNAP_END))
+    });
+    Ok(intact.then_some(snapshot_seq))
 }
 
 /// Recovery from the newest snapshot that passes its checks and the log after it, or, with
