@@ -846,11 +846,34 @@ impl Db {
         mut bulk: Option<&mut BulkLoad>,
     ) -> Result<Vec<Change>, String> {
         let mut changes = Vec::with_capacity(rows.len());
+        // The rows of one commit mostly name one table, sharing its name (decoded once):
+        // the table and its bulk state are looked up once per name, not once per row.
+        let mut current: Option<(Arc<str>, &mut Table, Option<&mut BulkTable>)> = None;
         for r in rows {
-            let table = self
-                .tables
-                .get_mut(&*r.table)
-                .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+            if !current
+                .as_ref()
+                .is_some_and(|(name, ..)| Arc::ptr_eq(name, &r.table))
+            {
+                let table = self
+                    .tables
+                    .get_mut(&*r.table)
+                    .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+                let state = match bulk.as_deref_mut() {
+                    None => None,
+                    Some(bulk) => Some(match bulk.tables.entry(r.table.to_string()) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(if table.rows.is_empty() {
+                                BulkTable::Pending(Vec::new())
+                            } else {
+                                BulkTable::Off
+                            })
+                        }
+                    }),
+                };
+                current = Some((r.table.clone(), table, state));
+            }
+            let (_, table, state) = current.as_mut().expect("set above");
             let row = r.values;
             if let Some(values) = &row {
                 if values.len() != table.schema.columns.len() {
@@ -862,18 +885,7 @@ impl Db {
                     ));
                 }
             }
-            if let Some(bulk) = bulk.as_deref_mut() {
-                let state =
-                    match bulk.tables.get_mut(&*r.table) {
-                        Some(state) => state,
-                        None => bulk.tables.entry(r.table.to_string()).or_insert(
-                            if table.rows.is_empty() {
-                                BulkTable::Pending(Vec::new())
-                            } else {
-                                BulkTable::Off
-                            },
-                        ),
-                    };
+            if let Some(state) = state.as_deref_mut() {
                 if let BulkTable::Pending(writes) = state {
                     // Held back; the before-image is filled in when the table is built.
                     writes.push(PendingWrite {
