@@ -89,9 +89,19 @@ pub struct RecoveryPhases {
 }
 
 pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, RecoveryError> {
-    if let Some(snapshot_seq) = whole_log_replaces_snapshot(dir, opts)? {
-        match recover_from(dir, opts, Some(snapshot_seq)) {
-            Ok(recovered) => return Ok(recovered),
+    let mut torn_tail = None;
+    if let Some((snapshot_seq, path)) = whole_log_replaces_snapshot(dir, opts)? {
+        // The snapshot is checked on a thread of its own while the log replays.
+        let (recovered, intact) = std::thread::scope(|scope| {
+            let check = scope.spawn(|| snapshot_is_intact(&path, snapshot_seq));
+            let recovered = recover_from(dir, opts, Some(snapshot_seq));
+            (recovered, check.join().unwrap_or(false))
+        });
+        match recovered {
+            Ok(recovered) if intact => return Ok(recovered),
+            // A damaged snapshot: recover the usual way, which passes it over and reports
+            // it (the torn tail this replay cut, if any, is reported all the same).
+            Ok(recovered) => torn_tail = recovered.torn_tail,
             // The log alone did not replay (damage the snapshot would have covered):
             // recover the usual way, which reports any damage that remains.
             Err(e) => tracing::warn!(
@@ -100,7 +110,24 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
             ),
         }
     }
-    recover_from(dir, opts, None)
+    let mut recovered = recover_from(dir, opts, None)?;
+    if recovered.torn_tail.is_none() {
+        recovered.torn_tail = torn_tail;
+    }
+    Ok(recovered)
+}
+
+/// Whether the snapshot at `path` passes the checks that need no decoding — checksums, its
+/// seq, an end frame. It stays the base of the next snapshot (and of deleting segments)
+/// when the whole log is replayed in its place, so a damaged one must not.
+fn snapshot_is_intact(path: &Path, snapshot_seq: u64) -> bool {
+    SnapshotFile::read(path).is_ok_and(|file| {
+        file.seq == snapshot_seq
+            && file
+                .frames()
+                .last()
+                .is_some_and(|(_, payload)| payload.first() == Some(&crate::codec::SNAP_END))
+    })
 }
 
 /// The seq of the newest snapshot if replaying the whole log costs less than loading that
@@ -108,12 +135,12 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
 /// commit up to the snapshot anyway (so loading it would be followed by decoding the whole
 /// log for the window). Replaying every commit from seq 1 builds the same state and the same
 /// window — it is what recovery does when there is no snapshot. Decided from file names and
-/// sizes (segment bytes bound the frames' payload bytes from above), and only for a
-/// snapshot that passes the checks that need no decoding.
+/// sizes (segment bytes bound the frames' payload bytes from above); the snapshot must
+/// also pass [`snapshot_is_intact`], checked alongside the replay.
 fn whole_log_replaces_snapshot(
     dir: &Path,
     opts: &RecoveryOptions,
-) -> Result<Option<u64>, RecoveryError> {
+) -> Result<Option<(u64, PathBuf)>, RecoveryError> {
     let snapshots = list_snapshots(dir)?;
     let Some((snapshot_seq, path)) = snapshots.last() else {
         return Ok(None);
@@ -138,17 +165,7 @@ fn whole_log_replaces_snapshot(
             return Ok(None);
         }
     }
-    // The snapshot stays the base of the next one (and of deleting segments), so it must
-    // pass the checks that need no decoding — checksums, seq, an end frame; a damaged one
-    // is left to the usual path, which passes it over and reports it.
-    let intact = SnapshotFile::read(path).is_ok_and(|file| {
-        file.seq == snapshot_seq
-            && file
-                .frames()
-                .last()
-                .is_some_and(|(_, payload)| payload.first() == Some(&crate::codec::SNAP_END))
-    });
-    Ok(intact.then_some(snapshot_seq))
+    Ok(Some((snapshot_seq, path.clone())))
 }
 
 /// Recovery from the newest snapshot that passes its checks and the log after it, or, with
