@@ -705,7 +705,7 @@ impl Db {
     /// replayed write are held in `bulk` (in log order) and built in bulk at the next
     /// schema commit or at [`Db::finish_bulk`], which **must** be called before the state
     /// is used: sorted by key (stable), the last write of each key is its row
-    /// ([`Table::load_sorted`]), and each write's before-image is set in its changelog
+    /// ([`Table::load_map`]), and each write's before-image is set in its changelog
     /// entry then (while held back, a change's `old` is `None`). The end state is the one
     /// [`Db::replay`] builds.
     pub fn replay_bulk(
@@ -723,40 +723,78 @@ impl Db {
             let BulkTable::Pending(mut writes) = state else {
                 continue;
             };
-            // Each key's writes in log order (seq, then place in the commit; an unstable
-            // sort needs no scratch memory): the last one is the row, and each write's
-            // before-image is the one before it.
-            writes
-                .sort_unstable_by(|a, b| (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change)));
-            let mut rows = Vec::with_capacity(writes.len());
-            let mut i = 0;
-            while i < writes.len() {
-                let mut j = i + 1;
-                while j < writes.len() && writes[j].key == writes[i].key {
-                    let old = writes[j - 1].values.clone();
-                    if old.is_some() {
-                        self.changelog.set_old(writes[j].seq, writes[j].change, old);
+            // Each key's writes in log order (seq, then place in the commit): the last one
+            // is the row, and each write's before-image is the one before it. Sorted in
+            // parts (on as many threads when there are many writes; an unstable sort needs
+            // no scratch memory), then merged straight into the row map's chunks — no
+            // second `Vec` of every row.
+            let order = |a: &PendingWrite, b: &PendingWrite| {
+                (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change))
+            };
+            let parts = bulk_sort_parts(writes.len());
+            let part_len = writes.len().div_ceil(parts).max(1);
+            if writes.len() >= BULK_PARALLEL_SORT_MIN {
+                std::thread::scope(|scope| {
+                    for part in writes.chunks_mut(part_len) {
+                        scope.spawn(move || part.sort_unstable_by(order));
                     }
-                    j += 1;
+                });
+            } else {
+                for part in writes.chunks_mut(part_len) {
+                    part.sort_unstable_by(order);
                 }
-                let last = &mut writes[j - 1];
-                if let Some(values) = last.values.take() {
-                    rows.push((
-                        std::mem::replace(&mut last.key, Key::Int(0)),
-                        RowEntry {
-                            values,
-                            version: last.version,
-                            seq: last.seq,
-                        },
-                    ));
+            }
+            // Each part's next unmerged write (start, end).
+            let mut cursors: Vec<(usize, usize)> = (0..writes.len())
+                .step_by(part_len)
+                .map(|start| (start, (start + part_len).min(writes.len())))
+                .collect();
+            let mut rows = crate::cow::CowMapBuilder::with_capacity(writes.len());
+            // The previous write in merged order (the last one of its key so far).
+            let mut prev: Option<usize> = None;
+            loop {
+                let next = cursors
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (at, end))| at < end)
+                    .min_by(|(_, (a, _)), (_, (b, _))| order(&writes[*a], &writes[*b]))
+                    .map(|(c, _)| c);
+                let at = next.map(|c| {
+                    cursors[c].0 += 1;
+                    cursors[c].0 - 1
+                });
+                if let Some(p) = prev {
+                    if at.is_some_and(|i| writes[i].key == writes[p].key) {
+                        let i = at.expect("checked");
+                        let old = writes[p].values.clone();
+                        if old.is_some() {
+                            self.changelog.set_old(writes[i].seq, writes[i].change, old);
+                        }
+                    } else {
+                        // `p` was its key's last write: its row, unless it deleted it.
+                        let last = &mut writes[p];
+                        if let Some(values) = last.values.take() {
+                            rows.push(
+                                std::mem::replace(&mut last.key, Key::Int(0)),
+                                RowEntry {
+                                    values,
+                                    version: last.version,
+                                    seq: last.seq,
+                                },
+                            );
+                        }
+                    }
                 }
-                i = j;
+                match at {
+                    Some(i) => prev = Some(i),
+                    None => break,
+                }
             }
             drop(writes);
             self.tables
                 .get_mut(&name)
                 .expect("tables change only at schema commits, which flush first")
-                .load_sorted(rows);
+                .load_map(rows.finish());
         }
     }
 
@@ -845,11 +883,34 @@ impl Db {
         mut bulk: Option<&mut BulkLoad>,
     ) -> Result<Vec<Change>, String> {
         let mut changes = Vec::with_capacity(rows.len());
+        // The rows of one commit mostly name one table, sharing its name (decoded once):
+        // the table and its bulk state are looked up once per name, not once per row.
+        let mut current: Option<(Arc<str>, &mut Table, Option<&mut BulkTable>)> = None;
         for r in rows {
-            let table = self
-                .tables
-                .get_mut(&*r.table)
-                .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+            if !current
+                .as_ref()
+                .is_some_and(|(name, ..)| Arc::ptr_eq(name, &r.table))
+            {
+                let table = self
+                    .tables
+                    .get_mut(&*r.table)
+                    .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
+                let state = match bulk.as_deref_mut() {
+                    None => None,
+                    Some(bulk) => Some(match bulk.tables.entry(r.table.to_string()) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(if table.rows.is_empty() {
+                                BulkTable::Pending(Vec::new())
+                            } else {
+                                BulkTable::Off
+                            })
+                        }
+                    }),
+                };
+                current = Some((r.table.clone(), table, state));
+            }
+            let (_, table, state) = current.as_mut().expect("set above");
             let row = r.values;
             if let Some(values) = &row {
                 if values.len() != table.schema.columns.len() {
@@ -861,37 +922,24 @@ impl Db {
                     ));
                 }
             }
-            if let Some(bulk) = bulk.as_deref_mut() {
-                let state =
-                    match bulk.tables.get_mut(&*r.table) {
-                        Some(state) => state,
-                        None => bulk.tables.entry(r.table.to_string()).or_insert(
-                            if table.rows.is_empty() {
-                                BulkTable::Pending(Vec::new())
-                            } else {
-                                BulkTable::Off
-                            },
-                        ),
-                    };
-                if let BulkTable::Pending(writes) = state {
-                    // Held back; the before-image is filled in when the table is built.
-                    writes.push(PendingWrite {
-                        key: r.key.clone(),
-                        values: row.clone(),
-                        version: r.version,
-                        seq,
-                        change: changes.len(),
-                    });
-                    changes.push(Change {
-                        table: table.schema.clone(),
-                        op: r.op,
-                        key: r.key,
-                        row,
-                        old: None,
-                        version: r.version,
-                    });
-                    continue;
-                }
+            if let Some(BulkTable::Pending(writes)) = state.as_deref_mut() {
+                // Held back; the before-image is filled in when the table is built.
+                writes.push(PendingWrite {
+                    key: r.key.clone(),
+                    values: row.clone(),
+                    version: r.version,
+                    seq,
+                    change: changes.len(),
+                });
+                changes.push(Change {
+                    table: table.schema.clone(),
+                    op: r.op,
+                    key: r.key,
+                    row,
+                    old: None,
+                    version: r.version,
+                });
+                continue;
             }
             let old = match &row {
                 Some(values) => table.put(
@@ -914,6 +962,22 @@ impl Db {
             });
         }
         Ok(changes)
+    }
+}
+
+/// Held-back writes from which [`Db::finish_bulk`] sorts parts on threads of their own.
+const BULK_PARALLEL_SORT_MIN: usize = 1 << 16;
+
+/// How many parts [`Db::finish_bulk`] sorts `n` writes in before merging them: one per
+/// available core (at most 4) when sorted on threads, else two from a few writes up (so the
+/// merge is exercised by small workloads too).
+fn bulk_sort_parts(n: usize) -> usize {
+    if n >= BULK_PARALLEL_SORT_MIN {
+        std::thread::available_parallelism().map_or(1, |p| p.get().clamp(1, 4))
+    } else if n >= 8 {
+        2
+    } else {
+        1
     }
 }
 

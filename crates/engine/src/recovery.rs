@@ -1,6 +1,8 @@
 //! Recovery: rebuild a [`Db`] from a data directory, and verify one offline.
 //!
-//! 1. Load the newest snapshot that passes every check (older ones are the fallback).
+//! 1. Load the newest snapshot that passes every check (older ones are the fallback) —
+//!    unless the log still starts at seq 1 and the changelog window would hold all of it
+//!    anyway: then replaying the whole log is cheaper and builds the same state and window.
 //! 2. Scan every segment, oldest first. Frames must carry consecutive seqs. Frames at or
 //!    below the snapshot's seq only rebuild the changelog window; later ones are replayed.
 //! 3. A torn tail of the newest segment is cut off (when repairing). Any other damage stops
@@ -49,7 +51,12 @@ pub struct RecoveryOptions {
 
 pub struct Recovered {
     pub db: Db,
+    /// The snapshot the state continues: loaded, or (see `whole_log`) covered by replaying
+    /// the whole log instead.
     pub snapshot_seq: Option<u64>,
+    /// The whole log was replayed instead of loading the snapshot at `snapshot_seq` (the
+    /// changelog window would have covered the whole log anyway, so that was cheaper).
+    pub whole_log: bool,
     /// Commits replayed from the log on top of the snapshot.
     pub replayed: u64,
     /// Log bytes (frames) of those commits: how much log the next snapshot would cover.
@@ -82,10 +89,102 @@ pub struct RecoveryPhases {
 }
 
 pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, RecoveryError> {
+    let mut torn_tail = None;
+    if let Some((snapshot_seq, path)) = whole_log_replaces_snapshot(dir, opts)? {
+        // The snapshot is checked on a thread of its own while the log replays.
+        let (recovered, intact) = std::thread::scope(|scope| {
+            let check = scope.spawn(|| snapshot_is_intact(&path, snapshot_seq));
+            let recovered = recover_from(dir, opts, Some(snapshot_seq));
+            (recovered, check.join().unwrap_or(false))
+        });
+        match recovered {
+            Ok(recovered) if intact => return Ok(recovered),
+            // A damaged snapshot: recover the usual way, which passes it over and reports
+            // it (the torn tail this replay cut, if any, is reported all the same).
+            Ok(recovered) => torn_tail = recovered.torn_tail,
+            // The log alone did not replay (damage the snapshot would have covered):
+            // recover the usual way, which reports any damage that remains.
+            Err(e) => tracing::warn!(
+                error = %e,
+                "replaying the whole log instead of loading the snapshot failed; loading it"
+            ),
+        }
+    }
+    let mut recovered = recover_from(dir, opts, None)?;
+    if recovered.torn_tail.is_none() {
+        recovered.torn_tail = torn_tail;
+    }
+    Ok(recovered)
+}
+
+/// Whether the snapshot at `path` passes the checks that need no decoding — checksums, its
+/// seq, an end frame. It stays the base of the next snapshot (and of deleting segments)
+/// when the whole log is replayed in its place, so a damaged one must not.
+fn snapshot_is_intact(path: &Path, snapshot_seq: u64) -> bool {
+    SnapshotFile::read(path).is_ok_and(|file| {
+        file.seq == snapshot_seq
+            && file
+                .frames()
+                .last()
+                .is_some_and(|(_, payload)| payload.first() == Some(&crate::codec::SNAP_END))
+    })
+}
+
+/// The seq of the newest snapshot if replaying the whole log costs less than loading that
+/// snapshot: the log still starts at seq 1 and the changelog window would hold every
+/// commit up to the snapshot anyway (so loading it would be followed by decoding the whole
+/// log for the window). Replaying every commit from seq 1 builds the same state and the same
+/// window — it is what recovery does when there is no snapshot. Decided from file names and
+/// sizes (segment bytes bound the frames' payload bytes from above); the snapshot must
+/// also pass [`snapshot_is_intact`], checked alongside the replay.
+fn whole_log_replaces_snapshot(
+    dir: &Path,
+    opts: &RecoveryOptions,
+) -> Result<Option<(u64, PathBuf)>, RecoveryError> {
+    let snapshots = list_snapshots(dir)?;
+    let Some((snapshot_seq, path)) = snapshots.last() else {
+        return Ok(None);
+    };
+    let snapshot_seq = *snapshot_seq;
+    let segments = list_segments(dir)?;
+    if segments.first().is_none_or(|s| s.first_seq != 1)
+        || snapshot_seq > opts.retention.commits_max as u64
+    {
+        return Ok(None);
+    }
+    let mut bytes = 0u64;
+    for seg in &segments {
+        let len = std::fs::metadata(&seg.path)
+            .map_err(|source| LogError::Io {
+                path: seg.path.clone(),
+                source,
+            })?
+            .len();
+        bytes = bytes.saturating_add(len);
+        if bytes > opts.retention.bytes_max as u64 {
+            return Ok(None);
+        }
+    }
+    Ok(Some((snapshot_seq, path.clone())))
+}
+
+/// Recovery from the newest snapshot that passes its checks and the log after it, or, with
+/// `whole_log` (the seq of a snapshot [`whole_log_replaces_snapshot`] chose not to load),
+/// from the whole log, counting as replayed only the commits after that snapshot.
+fn recover_from(
+    dir: &Path,
+    opts: &RecoveryOptions,
+    whole_log: Option<u64>,
+) -> Result<Recovered, RecoveryError> {
     let started = Instant::now();
     let mut skipped_snapshots = Vec::new();
     let mut loaded = None;
-    for (_, path) in list_snapshots(dir)?.into_iter().rev() {
+    let snapshots = if whole_log.is_some() {
+        Vec::new()
+    } else {
+        list_snapshots(dir)?
+    };
+    for (_, path) in snapshots.into_iter().rev() {
         match load_snapshot(&path, opts) {
             Ok(db) => {
                 loaded = Some(db);
@@ -101,9 +200,12 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
         snapshot: started.elapsed(),
         ..RecoveryPhases::default()
     };
-    let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq);
+    let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq).or(whole_log);
     let mut db =
         loaded.unwrap_or_else(|| Db::new(opts.limits.clone(), Changelog::new(opts.retention)));
+    // Commits up to here are in the state's base (a loaded or a replaced snapshot); those
+    // after it count as replayed.
+    let base_seq = snapshot_seq.unwrap_or(0);
 
     let segments = list_segments(dir)?;
     // One buffer holds one segment at a time (segments are read, checked and decoded one
@@ -233,9 +335,11 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
                     }
                     db.replay_bulk(seq, body, &mut bulk)
                         .map_err(|r| corrupt(f, r))?;
-                    replayed += 1;
-                    replayed_bytes +=
-                        (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
+                    if seq > base_seq {
+                        replayed += 1;
+                        replayed_bytes +=
+                            (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
+                    }
                     Ok(())
                 },
             );
@@ -254,10 +358,10 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     db.finish_bulk(&mut bulk);
     phases.build = t.elapsed();
     if let Some(last) = chain.prev {
-        if last < db.seq {
+        if last < base_seq.max(db.seq) {
             return Err(RecoveryError::Inconsistent(format!(
                 "the log ends at seq {last}, before the snapshot's seq {}",
-                db.seq
+                base_seq.max(db.seq)
             )));
         }
     }
@@ -267,6 +371,7 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
     Ok(Recovered {
         db,
         snapshot_seq,
+        whole_log: whole_log.is_some(),
         replayed,
         replayed_bytes,
         frames_read,

@@ -89,8 +89,14 @@ impl Table {
     /// Fills an empty table from rows in strictly ascending key order (snapshot loading):
     /// the row map and every index are built in bulk.
     pub fn load_sorted(&mut self, rows: Vec<(Key, RowEntry)>) {
-        assert!(self.rows.is_empty(), "load_sorted fills an empty table");
-        self.rows = CowMap::from_sorted(rows);
+        self.load_map(CowMap::from_sorted(rows));
+    }
+
+    /// Fills an empty table with the row map `rows` (built in bulk, e.g. with a
+    /// [`crate::cow::CowMapBuilder`]); every index is built from it.
+    pub fn load_map(&mut self, rows: CowMap<Key, RowEntry>) {
+        assert!(self.rows.is_empty(), "load_map fills an empty table");
+        self.rows = rows;
         for i in 0..self.indexes.len() {
             let entries: IndexEntries = self
                 .rows

@@ -55,8 +55,8 @@ fn retention() -> Retention {
     }
 }
 
-fn new_db() -> Db {
-    Db::new(Limits::default(), Changelog::new(retention()))
+fn new_db_with(retention: Retention) -> Db {
+    Db::new(Limits::default(), Changelog::new(retention))
 }
 
 fn obj(v: Json) -> Map<String, Json> {
@@ -317,7 +317,11 @@ fn commit_text(c: &Commit) -> String {
 
 /// The plain path: every logged commit decoded and replayed one by one.
 fn replay_one_by_one(dir: &Path) -> Db {
-    let mut db = new_db();
+    replay_one_by_one_with(dir, retention())
+}
+
+fn replay_one_by_one_with(dir: &Path, retention: Retention) -> Db {
+    let mut db = new_db_with(retention);
     for seg in sluice_log::segment::list_segments(dir).unwrap() {
         let bytes = std::fs::read(&seg.path).unwrap();
         sluice_log::segment::scan(&seg.path, &bytes, true, |_, payload| {
@@ -349,8 +353,18 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs `commits` random steps into a fresh directory; with `snapshot_at`, snapshots after
 /// that many steps (deleting the segments a server would) and carries on.
 fn build(dir: &Path, seed: u64, commits: usize, snapshot_at: Option<usize>) -> Db {
+    build_with(dir, seed, commits, snapshot_at, retention())
+}
+
+fn build_with(
+    dir: &Path,
+    seed: u64,
+    commits: usize,
+    snapshot_at: Option<usize>,
+    retention: Retention,
+) -> Db {
     let mut rng = Rng(seed | 1);
-    let mut db = new_db();
+    let mut db = new_db_with(retention);
     let mut log = Log {
         dir: dir.to_path_buf(),
         segment_bytes: 512 + rng.below(4096) as usize,
@@ -485,6 +499,104 @@ fn recovery_from_a_snapshot_restores_the_live_state_and_its_window() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A snapshot whose whole log is still on disk and inside the changelog window: recovery
+/// replays the whole log instead of loading it (cheaper: loading it would be followed by
+/// decoding every commit for the window anyway), and must end exactly where loading it
+/// would — the same rows, the same window (before-images included, as the live changelog
+/// holds them), and replayed counts that start after the snapshot (they pace the next one).
+#[test]
+fn recovery_replays_the_whole_log_instead_of_a_snapshot_it_covers_with_the_same_result() {
+    let dir = scratch("whole");
+    let wide = Retention {
+        commits_max: 100_000,
+        bytes_max: 64 << 20,
+    };
+    let opts = RecoveryOptions {
+        retention: wide,
+        ..options()
+    };
+    for case in 0..cases() {
+        let seed = 0x3401_E000 + case;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        let commits = 60 + (case as usize * 53) % 400;
+        let snapshot_at = (commits / 3 + (case as usize % 7) * 5).min(commits - 1);
+        let live = build_with(&dir, seed, commits, Some(snapshot_at), wide);
+        let recovered =
+            recover(&dir, &opts).unwrap_or_else(|e| panic!("seed {seed:#x}: recovery failed: {e}"));
+        let snap_seq = recovered.snapshot_seq.expect("a snapshot was taken");
+        assert!(
+            recovered.whole_log,
+            "seed {seed:#x}: the snapshot was loaded"
+        );
+        assert_eq!(
+            recovered.replayed,
+            recovered.db.seq - snap_seq,
+            "seed {seed:#x}: replayed commits count from the snapshot"
+        );
+        let (fast, want) = (state(&recovered.db), state(&live));
+        if fast != want {
+            panic!(
+                "seed {seed:#x}: recovered state differs from the live one\n{}",
+                first_difference(&fast, &want)
+            );
+        }
+        let plain = state(&replay_one_by_one_with(&dir, wide));
+        if fast != plain {
+            panic!(
+                "seed {seed:#x}: recovery differs from one-by-one replay\n{}",
+                first_difference(&fast, &plain)
+            );
+        }
+        // A damaged snapshot is never stood in for: it is passed over and reported as
+        // before (here there is no older one, so the whole log is replayed the usual way).
+        let snapshots = sluice_log::snapshot::list_snapshots(&dir).unwrap();
+        let (_, path) = snapshots.last().unwrap();
+        let mut bytes = std::fs::read(path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(path, &bytes).unwrap();
+        let recovered =
+            recover(&dir, &opts).unwrap_or_else(|e| panic!("seed {seed:#x}: recovery failed: {e}"));
+        assert!(!recovered.whole_log, "seed {seed:#x}");
+        assert_eq!(recovered.snapshot_seq, None, "seed {seed:#x}");
+        assert_eq!(recovered.skipped_snapshots.len(), 1, "seed {seed:#x}");
+        assert_eq!(state(&recovered.db), fast, "seed {seed:#x}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The whole log is replayed instead of a snapshot only when it starts at seq 1 and fits the
+/// window: a log too large for the window, or one whose first segments were deleted, loads
+/// the snapshot.
+#[test]
+fn a_snapshot_is_loaded_when_the_log_does_not_fit_the_window_or_lost_its_start() {
+    let dir = scratch("nowhole");
+    let seed = 0xB16_1065;
+    // Too many commits for the window (retention() keeps 40).
+    let live = build(&dir, seed, 300, Some(150));
+    let recovered = recover(&dir, &options()).expect("recovers");
+    assert!(!recovered.whole_log);
+    let newest = sluice_log::snapshot::list_snapshots(&dir).unwrap();
+    assert_eq!(recovered.snapshot_seq, newest.last().map(|s| s.0));
+    assert_eq!(recovered.db.seq, live.seq);
+    // Even with a window wide enough, a log whose first segments the snapshot let go (as
+    // `build` deletes them) cannot stand in for it.
+    let segments = sluice_log::segment::list_segments(&dir).unwrap();
+    assert!(segments[0].first_seq > 1, "the first segments were deleted");
+    let opts = RecoveryOptions {
+        retention: Retention {
+            commits_max: 100_000,
+            bytes_max: 64 << 20,
+        },
+        ..options()
+    };
+    let recovered = recover(&dir, &opts).expect("recovers");
+    assert!(!recovered.whole_log);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
