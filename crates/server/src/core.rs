@@ -103,6 +103,9 @@ pub(crate) struct Counters {
 pub struct RecoveryInfo {
     pub seq: u64,
     pub snapshot_seq: Option<u64>,
+    /// The whole log was replayed in place of the snapshot at `snapshot_seq` (it was cheaper:
+    /// the changelog window needed every commit of the log anyway).
+    pub whole_log: bool,
     pub replayed: u64,
     pub duration: Duration,
     /// Where `duration` went (`sluice_recovery_*_seconds`).
@@ -187,6 +190,7 @@ impl Core {
         let info = RecoveryInfo {
             seq,
             snapshot_seq: recovered.snapshot_seq,
+            whole_log: recovered.whole_log,
             replayed: recovered.replayed,
             duration: recovered.duration,
             phases: recovered.phases,

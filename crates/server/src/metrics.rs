@@ -240,6 +240,7 @@ pub(crate) fn render(core: &Core) -> String {
     let r = core.recovery();
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
     let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);
+    let _ = writeln!(out, "# HELP sluice_recovery_whole_log 1 if startup replayed the whole log in place of the snapshot it covers (cheaper when the changelog window needs every commit anyway).\n# TYPE sluice_recovery_whole_log gauge\nsluice_recovery_whole_log {}", u8::from(r.whole_log));
     for (phase, help, d) in [
         ("snapshot", "loading the snapshot", r.phases.snapshot),
         (

@@ -541,6 +541,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             data = %data.display(),
             seq = r.seq,
             snapshot_seq = ?r.snapshot_seq,
+            whole_log = r.whole_log,
             replayed = r.replayed,
             recovery_ms = r.duration.as_secs_f64() * 1e3,
             "recovered"

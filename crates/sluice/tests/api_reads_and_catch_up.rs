@@ -561,6 +561,11 @@ async fn catch_up_pages_changes_in_order_and_survives_a_graceful_restart() {
     let server = Server::start(&data, root.path(), &args);
     let api = server.api();
     assert_eq!(api.metric("sluice_recovery_replayed").await, 0.0);
+    assert_eq!(
+        api.metric("sluice_recovery_whole_log").await,
+        0.0,
+        "the log no longer starts at seq 1, so the snapshot must have been loaded"
+    );
     assert_eq!(api.health_seq().await, head);
     assert_eq!(
         (
