@@ -412,6 +412,14 @@ impl LogFile for SimHandle {
     fn sync(&mut self) -> std::io::Result<()> {
         self.disk.sync(&self.path)
     }
+    /// The background syncer's handle: the same file, synced from another thread (which
+    /// makes the order of operations, and so where a planned cut lands, depend on thread
+    /// timing — the invariants checked at each cut must hold for every order).
+    fn sync_handle(&self) -> Option<crate::io::SyncHandle> {
+        let disk = self.disk.clone();
+        let path = self.path.clone();
+        Some(Box::new(move || disk.sync(&path)))
+    }
 }
 
 #[cfg(test)]
