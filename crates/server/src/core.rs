@@ -338,12 +338,24 @@ impl Core {
         ops: Vec<Op>,
         durability: Option<Durability>,
     ) -> Result<MutateOk, CoreError> {
+        self.mutate_ops(caller, MutateOps::Json(ops), durability)
+            .await
+    }
+
+    /// Sends mutate ops to the writer and waits for their outcome, timed for
+    /// `sluice_mutate_seconds` (queued for the writer → reply settled).
+    async fn mutate_ops(
+        &self,
+        caller: &crate::auth::Caller,
+        ops: MutateOps,
+        durability: Option<Durability>,
+    ) -> Result<MutateOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
         let started = std::time::Instant::now();
         let result = self
             .call(|reply| Request::Mutate {
-                ops: MutateOps::Json(ops),
+                ops,
                 claims,
                 durability,
                 reply,
@@ -410,22 +422,9 @@ impl Core {
         caller: &crate::auth::Caller,
         decoded: crate::decode::TypedMutate,
     ) -> Result<MutateOk, CoreError> {
-        let durability = decoded.durability.unwrap_or(self.shared.config.durability);
-        let claims = caller.claims().cloned();
-        let started = std::time::Instant::now();
-        let result = self
-            .call(|reply| Request::Mutate {
-                ops: MutateOps::Typed(decoded),
-                claims,
-                durability,
-                reply,
-            })
-            .await;
-        self.shared
-            .counters
-            .mutate_latency
-            .record(started.elapsed());
-        result
+        let durability = decoded.durability;
+        self.mutate_ops(caller, MutateOps::Typed(decoded), durability)
+            .await
     }
 
     /// The compiled row rules of `table` in `db` (cached per schema state).
