@@ -323,15 +323,22 @@ fn give_up<E: de::Error>() -> E {
 }
 
 /// A string that borrows from the input when it can.
-enum KeyStr<'de> {
+pub(crate) enum KeyStr<'de> {
     Borrowed(&'de str),
     Owned(String),
 }
 
 impl KeyStr<'_> {
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             KeyStr::Borrowed(s) => s,
+            KeyStr::Owned(s) => s,
+        }
+    }
+
+    pub(crate) fn into_string(self) -> String {
+        match self {
+            KeyStr::Borrowed(s) => s.to_owned(),
             KeyStr::Owned(s) => s,
         }
     }

@@ -36,7 +36,7 @@ use crate::writer::Request;
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
-use crate::decode::{msgpack_value, KeptBody, MSGPACK_DEPTH_MAX};
+use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
 
 /// A `call` request read straight into its fields, without a `Map` of the whole request
 /// (the calls of `sluice bench transfer` are most frames a busy connection reads). Only
@@ -76,29 +76,6 @@ impl<'de> serde::Deserialize<'de> for CallFrame {
 
 struct CallFrameVisitor;
 
-/// A string as `serde_json::Value` reads one: text only (a MessagePack `bin` is not one, as
-/// `String` would take it).
-struct Text(String);
-
-impl<'de> serde::Deserialize<'de> for Text {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Text;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text, E> {
-                Ok(Text(v))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
 impl<'de> serde::de::Visitor<'de> for CallFrameVisitor {
     type Value = CallFrame;
 
@@ -116,23 +93,24 @@ impl<'de> serde::de::Visitor<'de> for CallFrameVisitor {
                 Some(_) => Err(E::custom("a field twice")),
             }
         }
-        while let Some(Text(key)) = map.next_key::<Text>()? {
+        while let Some(key) = map.next_key::<KeyStr<'de>>()? {
             match key.as_str() {
                 "type" => {
-                    let Text(kind) = map.next_value::<Text>()?;
-                    if call || kind != "call" {
+                    let kind: KeyStr<'de> = map.next_value()?;
+                    if call || kind.as_str() != "call" {
                         return Err(A::Error::custom("not a call"));
                     }
                     call = true;
                 }
                 "id" => once(&mut id, map.next_value::<Value>()?)?,
-                "name" => once(&mut name, map.next_value::<Text>()?.0)?,
+                "name" => once(&mut name, map.next_value::<KeyStr<'de>>()?.into_string())?,
                 "args" => once(&mut args, map.next_value::<Value>()?)?,
                 "durability" => {
-                    let class = match map.next_value::<Option<Text>>()? {
+                    let class = match map.next_value::<Option<KeyStr<'de>>>()? {
                         None => None,
-                        Some(Text(class)) => Some(
+                        Some(class) => Some(
                             class
+                                .as_str()
                                 .parse::<sluice_log::Durability>()
                                 .map_err(A::Error::custom)?,
                         ),
