@@ -4,26 +4,12 @@
 //! a JavaScript error (the function fails, its writes roll back) — never a Rust panic,
 //! which on the writer thread would stop the whole server.
 
+mod support;
+
 use serde_json::json;
-use sluice_engine::{Changelog, Db, Limits, Retention, TxRef, TxState};
-use sluice_functions::{FunctionLimits, Functions, TxAccess};
-
-struct Owned {
-    db: Db,
-    st: TxState,
-}
-
-impl TxAccess for Owned {
-    fn tx(&mut self) -> TxRef<'_> {
-        self.db.tx(&mut self.st)
-    }
-    fn now_us(&self) -> i64 {
-        1_700_000_000_000_000
-    }
-    fn seed(&self) -> u64 {
-        1
-    }
-}
+use sluice_engine::{Changelog, Db, Limits, Retention};
+use sluice_functions::{FunctionLimits, Functions};
+use support::Owned;
 
 fn db() -> Db {
     let mut db = Db::new(Limits::default(), Changelog::new(Retention::default()));
