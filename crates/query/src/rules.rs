@@ -45,6 +45,12 @@ impl RowRule {
         })
     }
 
+    /// Whether the rule reads other tables (membership subqueries): then whether a row
+    /// passes depends on more than the row and the caller's claims.
+    pub fn reads_tables(&self) -> bool {
+        !self.subqueries.is_empty()
+    }
+
     /// The values of the claims this rule reads, and its subqueries' results over `db`
     /// (the state the rows it will check come from).
     pub fn bind(&self, db: &Db, claims: &Map<String, Json>) -> Result<Bound, QueryError> {

@@ -765,34 +765,78 @@ async fn get_row(
     State(core): St,
     Extension(caller): Extension<Caller>,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> ApiResult {
+) -> Result<Response, ApiError> {
     let Path((table, id)) = path.map_err(path_error)?;
-    let (found, seq) = core
-        .read(|db| {
-            let t = db.table(&table)?;
-            let key = Key::parse(t.schema.pk_column().ty, &id).map_err(TxError::schema)?;
-            let absent = || {
-                TxError::new(
-                    ErrorCode::NotFound,
-                    format!("table {table:?} has no row with key {key}"),
-                )
-            };
-            let row = t.rows.get(&key).ok_or_else(absent)?;
-            if let Some(claims) = caller.claims() {
-                // Not readable reads as absent: a client learns nothing of rows it may not see.
-                let readable = core
-                    .rules(db, &table)
-                    .is_ok_and(|r| crate::rules::allows(&r.read, db, &row.values, &claims.all));
-                if !readable {
-                    return Err(absent());
-                }
-            }
-            Ok((row_to_json(&t.schema, &row.values), row.version))
-        })
+    // A point read (`crate::point`): under the read lock, confirmed without waiting when
+    // the row's own commit already is.
+    let got = core
+        .get(&caller, &table, crate::point::Given::Text(&id))
         .await?;
-    Ok(Json(
-        json!({"row": found.0, "version": found.1, "seq": seq}),
-    ))
+    let Some(row) = &got.row else {
+        // Absent, or not readable by this client: the two read the same.
+        let key = sluice_engine::Key::parse(got.schema.pk_column().ty, &id)
+            .map(|k| k.to_string())
+            .unwrap_or(id);
+        return Err(ApiError::not_found(format!(
+            "table {table:?} has no row with key {key}"
+        )));
+    };
+    #[derive(serde::Serialize)]
+    struct Reply<'a> {
+        row: crate::point::RowSer<'a>,
+        version: u64,
+        seq: u64,
+    }
+    let reply = Reply {
+        row: crate::point::RowSer {
+            schema: &got.schema,
+            values: &row.values,
+        },
+        version: row.version,
+        seq: got.seq,
+    };
+    Ok(Json(reply).into_response())
+}
+
+/// `GET /v1/tables/{t}/rows?index=NAME&value=V` (or `column=C&value=V`): one page of the
+/// rows holding `V` in an indexed column, in primary key order (`crate::point`).
+async fn find_rows(
+    core: &Core,
+    caller: &Caller,
+    table: &str,
+    params: &HashMap<String, String>,
+    limit: usize,
+) -> ApiResult {
+    let by = match (params.get("index"), params.get("column")) {
+        (Some(name), None) => crate::point::IndexBy::Name(name),
+        (None, Some(column)) => crate::point::IndexBy::Column(column),
+        _ => {
+            return Err(ApiError::bad_request(
+                "a lookup by value takes \"index\" or \"column\" (one of them) and \"value\"",
+            ))
+        }
+    };
+    let value = params.get("value").ok_or_else(|| {
+        ApiError::bad_request("a lookup by \"index\" or \"column\" needs \"value\"")
+    })?;
+    let lookup = crate::point::IndexLookup {
+        by,
+        value: crate::point::Given::Text(value),
+        after: params
+            .get("after")
+            .map(|a| crate::point::Given::Text(a.as_str())),
+        limit,
+    };
+    let found = core.find(caller, table, lookup).await?;
+    let rows: Vec<Value> = found
+        .rows
+        .iter()
+        .map(|r| {
+            json!({"row": sluice_engine::db::row_to_json(&found.schema, &r.values), "version": r.version})
+        })
+        .collect();
+    let next = found.next.as_ref().map(Key::to_json);
+    Ok(Json(json!({"rows": rows, "next": next, "seq": found.seq})))
 }
 
 fn param_u64(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
@@ -831,6 +875,10 @@ async fn scan(
     let Path(table) = path.map_err(path_error)?;
     let Query(params) = query.map_err(query_error)?;
     let limit = page_limit(&core, &params)?;
+    if params.contains_key("index") || params.contains_key("column") || params.contains_key("value")
+    {
+        return find_rows(&core, &caller, &table, &params, limit).await;
+    }
     let after = params.get("after").cloned();
     let ((rows, next), seq) = core
         .read(|db| {

@@ -50,6 +50,9 @@ impl State {
 
 pub(crate) struct Confirmations {
     state: Mutex<State>,
+    /// The confirmed seq as one atomic load (every point read checks it): set before the
+    /// watch below, which waiters subscribe to.
+    latest: std::sync::atomic::AtomicU64,
     tx: watch::Sender<u64>,
     /// Woken on every advance, for threads that wait without a runtime (`wait_blocking`).
     advanced: std::sync::Condvar,
@@ -68,6 +71,7 @@ impl Confirmations {
         };
         Confirmations {
             state: Mutex::new(state),
+            latest: std::sync::atomic::AtomicU64::new(seq),
             tx: watch::channel(seq).0,
             advanced: std::sync::Condvar::new(),
         }
@@ -78,7 +82,7 @@ impl Confirmations {
     }
 
     pub fn confirmed(&self) -> u64 {
-        *self.tx.borrow()
+        self.latest.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The writer applied commits up to `applied`; `waiting` are the (seq, class) of those
@@ -107,6 +111,8 @@ impl Confirmations {
     }
 
     fn publish(&self, c: u64) {
+        self.latest
+            .fetch_max(c, std::sync::atomic::Ordering::AcqRel);
         let advanced = self.tx.send_if_modified(|v| {
             if c > *v {
                 *v = c;

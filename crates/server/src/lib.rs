@@ -13,6 +13,8 @@
 //! - `writer`: the writer thread; `confirm`: which seqs reached their class.
 //! - `snapshotter`: the background snapshot thread.
 //! - [`decode`]: mutate bodies decoded straight into typed rows (off the writer thread).
+//! - [`point`]: point reads (by primary key, through an index) under the read lock,
+//!   confirmed without waiting when the row's own commit already is.
 //! - [`error`]: [`CoreError`], the core's own errors; each transport maps them.
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
@@ -25,6 +27,7 @@ pub mod config;
 pub mod core;
 pub mod decode;
 pub mod error;
+pub mod point;
 
 mod confirm;
 mod live;

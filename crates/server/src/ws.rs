@@ -38,6 +38,9 @@ pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
 use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
 
+/// `get`: point reads by key or through an index.
+mod get;
+
 /// A `call` request read straight into its fields, without a `Map` of the whole request
 /// (the calls of `sluice bench transfer` are most frames a busy connection reads). Only
 /// accepts: a frame this reader is unsure of — not an object, no `"type": "call"`, a field
@@ -200,6 +203,8 @@ enum Outgoing {
         id: Value,
         ok: MutateOk,
     },
+    /// Encoded already (a `get`'s reply, from the row's typed values).
+    Encoded(Message),
 }
 
 /// The fields of a mutate's result reply, in the order (and so with the bytes) of the JSON
@@ -224,9 +229,14 @@ struct CallResult<'a> {
     id: &'a Value,
 }
 
-fn encode_reply(encoding: Encoding, reply: &Outgoing) -> Message {
-    let (id, seq, result) = match reply {
+fn encode_reply(encoding: Encoding, reply: Outgoing) -> Message {
+    let reply = match reply {
+        Outgoing::Encoded(message) => return message,
+        other => other,
+    };
+    let (id, seq, result) = match &reply {
         Outgoing::Value(value) => return encode(encoding, value),
+        Outgoing::Encoded(_) => unreachable!("returned above"),
         Outgoing::CallResult { id, seq, result } => (id, *seq, result),
         Outgoing::MutateResult { id, ok } => {
             let reply = MutateResult {
@@ -360,13 +370,13 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                 Some(watch) = watches_rx.recv() => watching.push(watch),
                 Some(reply) = inflight.replies.next(), if !inflight.replies.is_empty() => {
                     let mut answered = 1;
-                    let mut fed = sink.feed(encode_reply(encoding, &reply)).await.is_ok();
+                    let mut fed = sink.feed(encode_reply(encoding, reply)).await.is_ok();
                     while fed {
                         let Some(Some(reply)) = inflight.replies.next().now_or_never() else {
                             break;
                         };
                         answered += 1;
-                        fed = sink.feed(encode_reply(encoding, &reply)).await.is_ok();
+                        fed = sink.feed(encode_reply(encoding, reply)).await.is_ok();
                     }
                     // One update of the shared gauge per batch of replies, not per reply.
                     inflight.answered(answered);
@@ -440,6 +450,13 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
             // with 1001 (going away) and a reason.
             _ = closing.wait_for(|&c| c) => break,
         };
+        // A point read is answered from the read lock, without the writer.
+        if let Some(reply) = get::fast(&core, &caller, &message, body_max, encoding) {
+            if pending_tx.send(reply).await.is_err() {
+                break;
+            }
+            continue;
+        }
         // A call is read straight into its fields (the generic path reads what it does not
         // take).
         if let Ok(message) = &message {
@@ -543,6 +560,8 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         Some(reply) => ready(reply),
                         None => continue,
                     }
+                } else if kind == Some("get") {
+                    get::generic(&core, &caller, &request, encoding)
                 } else {
                     match dispatch(&core, &caller, &mut request).await {
                         Ok(Pending::Now(mut reply)) => {
@@ -1217,7 +1236,7 @@ async fn dispatch(
             Ok(Pending::Now(reply))
         }
         other => Err(ApiError::bad_request(format!(
-            "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe, append, watch, unwatch or ping"
+            "unknown request type {other:?}: expected call, mutate, query, get, subscribe, unsubscribe, append, watch, unwatch or ping"
         ))),
     }
 }
