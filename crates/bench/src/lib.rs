@@ -25,6 +25,9 @@
 //! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
 //!   number of views and query shape, memory per view, against PostgreSQL's
 //!   trigger + LISTEN/NOTIFY + re-query.
+//! - [`reads`]: `sluice bench reads` — point reads by key and by index in-process, over
+//!   HTTP and pipelined WebSocket, with and without background writes, against Redis
+//!   `GET`/`HGETALL` and PostgreSQL prepared `SELECT`.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
 //! - [`harness`]: what every suite shares — runtime, the server under test with its own
@@ -51,6 +54,7 @@ pub mod live;
 pub mod load;
 pub mod peers;
 pub mod progress;
+pub mod reads;
 pub mod recovery;
 pub mod report;
 pub mod server;
@@ -87,6 +91,10 @@ pub enum Suite {
     /// pub/sub and Redis Streams (XREAD BLOCK) as peers.
     Fanout(fanout::FanoutArgs),
     Snapshot(snapshot::SnapshotArgs),
+    /// Point reads by key and by index: in-process, HTTP, WebSocket pipelined (JSON and
+    /// MessagePack), with and without background writes; Redis GET/HGETALL and PostgreSQL
+    /// prepared SELECT as peers.
+    Reads(reads::ReadsArgs),
 }
 
 /// Options every suite takes.
@@ -115,6 +123,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "live" => live::verify_samples(&samples),
         "fanout" => fanout::verify_samples(&samples),
         "snapshot" => snapshot::verify_samples(&samples),
+        "reads" => reads::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -128,6 +137,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Live(a) => live::run(a)?,
         Suite::Fanout(a) => fanout::run(a)?,
         Suite::Snapshot(a) => snapshot::run(a)?,
+        Suite::Reads(a) => reads::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS
