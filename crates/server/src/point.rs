@@ -65,6 +65,8 @@ pub enum IndexBy<'a> {
 pub struct PointRow {
     pub values: Arc<[Value]>,
     pub version: u64,
+    /// The seq of the commit that last wrote the row.
+    pub seq: u64,
 }
 
 /// A row read by primary key.
@@ -179,8 +181,10 @@ impl Core {
     ) -> Unconfirmed<Found> {
         let db = self.shared.db.read();
         let confirmed = self.shared.confirm.confirmed();
-        let outcome = find_locked(self, &db, caller, table, lookup);
-        let depends = db.seq;
+        let (outcome, depends) = match find_locked(self, &db, caller, table, lookup, confirmed) {
+            Ok((schema, rows, next, depends)) => (Ok((schema, rows, next)), depends),
+            Err(e) => (Err(e), db.seq),
+        };
         drop(db);
         let seq = depends.max(confirmed);
         Unconfirmed {
@@ -237,7 +241,14 @@ fn get_locked(
         }
     };
     let Some(entry) = t.rows.get(key) else {
-        return Ok((schema.clone(), None, db.seq));
+        // Absent now; absent in the confirmed state too unless a later commit touched the
+        // key (a delete not yet confirmed, say).
+        let depends = if changed_since(db, confirmed, table, |c| c.key == *key) {
+            db.seq
+        } else {
+            confirmed
+        };
+        return Ok((schema.clone(), None, depends));
     };
     // What the answer depends on beyond this row: the table's schema and policies, and
     // for a client any table its read policy reads.
@@ -259,11 +270,13 @@ fn get_locked(
     let row = PointRow {
         values: entry.values.clone(),
         version: entry.version,
+        seq: entry.seq,
     };
     Ok((schema.clone(), Some(row), depends))
 }
 
-type Page = (Arc<TableSchema>, Vec<PointRow>, Option<Key>);
+/// A page of rows, its `next`, and the seq the answer depends on.
+type Page = (Arc<TableSchema>, Vec<PointRow>, Option<Key>, u64);
 
 fn find_locked(
     core: &Core,
@@ -271,6 +284,7 @@ fn find_locked(
     caller: &Caller,
     table: &str,
     lookup: IndexLookup<'_>,
+    confirmed: u64,
 ) -> Result<Page, CoreError> {
     let t = db.table(table)?;
     let schema = &t.schema;
@@ -386,21 +400,35 @@ fn find_locked(
     };
     let mut rows = Vec::new();
     let mut next = None;
+    let reads_tables = read.as_ref().is_some_and(|(r, _)| r.read.reads_tables());
     let Some(index) = index else {
-        // By primary key: at most one row.
+        // By primary key: at most one row, vouched for as a read by key is.
+        let mut depends = confirmed;
         if let Some(key) = Key::from_value(&value) {
             if after.as_ref().is_none_or(|a| *a < key) {
-                if let Some(entry) = t.rows.get(&key) {
-                    if readable(&entry.values) {
-                        rows.push(PointRow {
-                            values: entry.values.clone(),
-                            version: entry.version,
-                        });
+                match t.rows.get(&key) {
+                    Some(entry) => {
+                        depends = entry.seq.max(confirmed);
+                        if readable(&entry.values) {
+                            rows.push(PointRow {
+                                values: entry.values.clone(),
+                                version: entry.version,
+                                seq: entry.seq,
+                            });
+                        }
+                    }
+                    None => {
+                        if changed_since(db, confirmed, table, |c| c.key == key) {
+                            depends = db.seq;
+                        }
                     }
                 }
             }
         }
-        return Ok((schema.clone(), rows, None));
+        if db.schema_seq > confirmed || reads_tables {
+            depends = db.seq;
+        }
+        return Ok((schema.clone(), rows, None, depends));
     };
     let first = |v: &Value| -> Box<[Value]> { Box::new([v.clone()]) };
     let start = match after {
@@ -423,10 +451,59 @@ fn find_locked(
             rows.push(PointRow {
                 values: entry.values.clone(),
                 version: entry.version,
+                seq: entry.seq,
             });
         }
     }
-    Ok((schema.clone(), rows, next))
+    // The rows found vouch for themselves up to their own commits; a row that left the
+    // value (or was deleted) after the confirmed state is not here to vouch, so the
+    // commits since are looked at for it.
+    let mut depends = rows.iter().map(|r| r.seq).max().unwrap_or(0).max(confirmed);
+    let left = changed_since(db, confirmed, table, |c| {
+        c.old.as_ref().is_some_and(|old| old[column] == value)
+    });
+    if left || db.schema_seq > confirmed || reads_tables {
+        depends = db.seq;
+    }
+    Ok((schema.clone(), rows, next, depends))
+}
+
+/// Changes looked at, at most, to tell that none after the confirmed seq matters to a
+/// point read; past it the read waits for the whole state instead.
+const CHANGES_LOOKED_AT_MAX: usize = 4096;
+
+/// Whether a commit after `confirmed` (up to the applied state) may change the answer of a
+/// read of `table`: a schema commit, a change to `table` that `hit` picks, or commits no
+/// longer retained or too many to look at (then: yes).
+fn changed_since(
+    db: &Db,
+    confirmed: u64,
+    table: &str,
+    hit: impl Fn(&sluice_engine::Change) -> bool,
+) -> bool {
+    if db.seq <= confirmed {
+        return false;
+    }
+    let Ok(commits) = db.changelog.since(confirmed) else {
+        return true;
+    };
+    let mut looked = 0;
+    for commit in commits {
+        match &commit.body {
+            sluice_engine::CommitBody::Rows(changes) => {
+                looked += changes.len();
+                if looked > CHANGES_LOOKED_AT_MAX {
+                    return true;
+                }
+                if changes.iter().any(|c| c.table.name == table && hit(c)) {
+                    return true;
+                }
+            }
+            sluice_engine::CommitBody::Schema { .. } => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The row an index entry names (an index never names a missing row).

@@ -556,16 +556,17 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
         DDL,
     )
     .await;
-    let row = |id: i64, name: &str| {
-        json!({"id": id, "owner": "u1", "name": name})
+    let row = |id: i64, owner: &str, name: &str| {
+        json!({"id": id, "owner": owner, "name": name})
             .as_object()
             .unwrap()
             .clone()
     };
-    let ops = (1..=2)
-        .map(|id| sluice_server::Op::Insert {
+    let ops = [(1, "u1"), (2, "u1"), (3, "u3"), (4, "u5"), (5, "u6")]
+        .into_iter()
+        .map(|(id, owner)| sluice_server::Op::Insert {
             table: "items".into(),
-            row: row(id, "old"),
+            row: row(id, owner, "old"),
             if_version: None,
         })
         .collect();
@@ -573,19 +574,29 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
         .await
         .unwrap();
     let durable = core.confirmed_seq();
-    // An fsync write of row 1 applies, and waits at the closed gate for its sync.
+    // An fsync write applies, and waits at the closed gate for its sync: row 1 renamed,
+    // row 3 moved from owner u3 to u4, row 5 deleted.
     gate.set(true);
     let write = {
         let core = core.clone();
-        let op = sluice_server::Op::Upsert {
-            table: "items".into(),
-            row: row(1, "new"),
-            if_version: None,
-        };
-        tokio::spawn(async move {
-            core.mutate(vec![op], Some(sluice_log::Durability::Fsync))
-                .await
-        })
+        let ops = vec![
+            sluice_server::Op::Upsert {
+                table: "items".into(),
+                row: row(1, "u1", "new"),
+                if_version: None,
+            },
+            sluice_server::Op::Upsert {
+                table: "items".into(),
+                row: row(3, "u4", "moved"),
+                if_version: None,
+            },
+            sluice_server::Op::Delete {
+                table: "items".into(),
+                id: json!(5),
+                if_version: None,
+            },
+        ];
+        tokio::spawn(async move { core.mutate(ops, Some(sluice_log::Durability::Fsync)).await })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while core.db().seq == durable {
@@ -618,6 +629,36 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
         core.find_rows(&admin, "items", lookup).waits_for(),
         Some(pending)
     );
+    let owners: Vec<sluice_engine::Value> = ["u3", "u4", "u5", "u6"]
+        .map(|o| sluice_engine::Value::Text(o.into()))
+        .into();
+    let by_owner = |i: usize| IndexLookup {
+        by: IndexBy::Column("owner"),
+        value: Given::Typed(&owners[i]),
+        after: None,
+        limit: 10,
+    };
+    // Row 3 left u3 in the pending commit, and row 5 (u6) was deleted: "nobody" is not
+    // yet a durable answer for either. u5 was not touched since: answered at once.
+    assert_eq!(
+        core.find_rows(&admin, "items", by_owner(0)).waits_for(),
+        Some(pending)
+    );
+    assert_eq!(
+        core.find_rows(&admin, "items", by_owner(3)).waits_for(),
+        Some(pending)
+    );
+    let untouched = core.find_rows(&admin, "items", by_owner(2));
+    assert_eq!(untouched.waits_for(), None);
+    let found = untouched.now().ok().expect("no waiting").unwrap();
+    assert_eq!(found.rows.len(), 1);
+    assert_eq!(found.seq, durable);
+    // An absent key nobody touched since answers at once; one deleted since waits.
+    let (absent, deleted) = (sluice_engine::Key::Int(99), sluice_engine::Key::Int(5));
+    let read = core.get_row(&admin, "items", Given::Typed(&absent));
+    assert_eq!(read.waits_for(), None);
+    let read = core.get_row(&admin, "items", Given::Typed(&deleted));
+    assert_eq!(read.waits_for(), Some(pending));
     // Over the WebSocket: row 2 answers while the sync is held; row 1 does not.
     let mut ws = connect(addr, false).await;
     let reply = ask(
@@ -651,4 +692,6 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     assert!(got.seq >= pending);
     let found = core.find(&admin, "items", lookup).await.unwrap();
     assert_eq!(found.rows.len(), 2);
+    let found = core.find(&admin, "items", by_owner(1)).await.unwrap();
+    assert_eq!(found.rows.len(), 1);
 }
