@@ -1522,10 +1522,11 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
         .render(),
     );
     report.notes.push(
-        "Reads are confirmed reads: a row written by a commit not yet durable in its class \
-         is shown only once it is (crate::point). A read by key whose row's own commit is \
-         confirmed answers at once; a lookup through an index waits for the whole state's \
-         seq, so with background `fsync` writes it waits for the next group commit."
+        "Reads are confirmed reads: nothing is shown before its commit is durable in its \
+         class (crate::point). A read whose answer no unconfirmed commit changed — the row's \
+         own commit is confirmed, or for a lookup through the index no unconfirmed commit \
+         took a row from the value — answers at once; the others wait for the next group \
+         commit of the background writer's `fsync` commits."
             .into(),
     );
     report.samples = json!({

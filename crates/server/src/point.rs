@@ -13,11 +13,14 @@
 //! that key (the row is the newest), so the row is also what the state at every seq from
 //! `row.seq` to the applied seq holds — in particular the confirmed state, if `row.seq` is
 //! already confirmed. Then the read answers at once with the confirmed seq, with no waiting
-//! machinery at all; otherwise it waits until `row.seq` is confirmed. What that does not
-//! cover waits for the whole state's seq, as before: an absent row (its delete may be
-//! unconfirmed), a refusal, a lookup through an index (a row that left the value is not
-//! there to look at), a schema or policy change not yet confirmed, and a client's read
-//! policy that reads other tables (membership subqueries).
+//! machinery at all; otherwise it waits until `row.seq` is confirmed. What the rows found
+//! cannot vouch for is looked up in the commits after the confirmed seq (the changelog, at
+//! most `CHANGES_LOOKED_AT_MAX` changes): an absent key is absent in the confirmed state
+//! too unless one of them touched it (a delete not yet confirmed); a lookup through an
+//! index is exact unless one of them took a row away from the value. Anything else waits
+//! for the whole state's seq, as before: a refusal, such a commit, a schema or policy
+//! commit not yet confirmed, a row hidden by a client's policy, and a client's read policy
+//! that reads other tables (membership subqueries).
 
 use std::ops::Bound;
 use std::sync::Arc;
