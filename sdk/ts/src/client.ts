@@ -14,6 +14,8 @@ import type {
   Op,
   Params,
   QueryResult,
+  GetResult,
+  FindResult,
   SqlReply,
   TokenSource,
   TopicRecord,
@@ -386,6 +388,28 @@ export class SluiceClient implements Client {
       types: (field(m, "types") as (string | null)[] | undefined) ?? columns.map(() => null),
       rows: field(m, "rows") as Row[],
     };
+  }
+
+  async get<Row = Record<string, unknown>>(table: string, key: number | string | bigint): Promise<GetResult<Row>> {
+    const m = await this.request({ type: "get", table, key });
+    return { seq: field(m, "seq") as number, row: (field(m, "row") ?? null) as Row | null, version: (field(m, "version") ?? null) as number | null };
+  }
+
+  async find<Row = Record<string, unknown>>(
+    table: string,
+    by: { index: string } | { column: string },
+    value: unknown,
+    options?: { limit?: number; after?: unknown },
+  ): Promise<FindResult<Row>> {
+    const m = await this.request({
+      type: "get",
+      table,
+      ...by,
+      value,
+      ...(options?.limit !== undefined ? { limit: options.limit } : {}),
+      ...(options?.after !== undefined ? { after: options.after } : {}),
+    });
+    return { seq: field(m, "seq") as number, rows: field(m, "rows") as FindResult<Row>["rows"], next: field(m, "next") ?? null };
   }
 
   async mutate(ops: Op[], options?: { durability?: Durability }): Promise<MutateResult> {

@@ -13,6 +13,8 @@ export type {
   Op,
   Params,
   QueryResult,
+  GetResult,
+  FindResult,
   SqlReply,
   SqlStatementResult,
   TokenSource,

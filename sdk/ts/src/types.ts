@@ -51,6 +51,21 @@ export interface QueryResult<Row> {
   rows: Row[];
 }
 
+/** A row read by primary key (`Client.get`): `row` is null when there is no such row or the caller may not read it. */
+export interface GetResult<Row> {
+  seq: number;
+  row: Row | null;
+  version: number | null;
+}
+
+/** One page of the rows holding a value of an indexed column (`Client.find`), in primary key order. */
+export interface FindResult<Row> {
+  seq: number;
+  rows: { row: Row; version: number }[];
+  /** More rows may match: pass it as `after` for the next page. */
+  next: unknown;
+}
+
 export interface WriteResult {
   table: string;
   id: unknown;
@@ -113,6 +128,15 @@ export interface Client {
   setToken(token: TokenSource): void;
 
   query<Row = Record<string, unknown>>(sql: string, params?: Params): Promise<QueryResult<Row>>;
+  /** One row by primary key, without a query (the WebSocket `get`); null when absent or not readable. */
+  get<Row = Record<string, unknown>>(table: string, key: number | string | bigint): Promise<GetResult<Row>>;
+  /** The rows holding `value` in an indexed column (`{column}`) or index (`{index}`), paged by `limit`/`after`. */
+  find<Row = Record<string, unknown>>(
+    table: string,
+    by: { index: string } | { column: string },
+    value: unknown,
+    options?: { limit?: number; after?: unknown },
+  ): Promise<FindResult<Row>>;
   mutate(ops: Op[], options?: { durability?: Durability }): Promise<MutateResult>;
   call<Result = unknown>(name: string, args?: unknown, options?: { durability?: Durability }): Promise<{ seq: number; result: Result }>;
   sql(sql: string, params?: Params, options?: { durability?: Durability }): Promise<SqlReply>;
