@@ -510,7 +510,7 @@ async fn inproc_reader(core: &Core, p: &Params, lookup: Lookup, clock: Clock) ->
         tally.record(took, clock.measuring(now));
         i += 1;
         // Yield now and then so the background writer's tasks run on this runtime too.
-        if i % 256 == 0 {
+        if i.is_multiple_of(256) {
             if clock.done(now) {
                 break;
             }
