@@ -135,6 +135,8 @@ pub(crate) async fn sse(
         (subscription, guard, None::<SseChunks>),
         |(mut s, g, mut chunks)| async move {
             if let Some(sse) = chunks.as_mut().and_then(Iterator::next) {
+                // Between chunks, let other tasks on this worker run (see `send_ws`).
+                tokio::task::yield_now().await;
                 return Some((Ok::<_, Infallible>(sse), (s, g, chunks)));
             }
             let mut next = SseChunks::new(s.next().await?);

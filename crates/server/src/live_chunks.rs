@@ -90,5 +90,8 @@ pub(crate) async fn send_ws(
             return true;
         }
         from = end;
+        // Encoding a chunk is a millisecond or so of CPU on a runtime worker: let the
+        // connection's other requests (and other connections) run between chunks.
+        tokio::task::yield_now().await;
     }
 }
