@@ -20,6 +20,8 @@
 //!   of topic watchers over SSE and WebSocket, against Redis pub/sub and Redis Streams.
 //! - [`topics`]: the topic rows of `sluice bench ingest` and the tag index micro-benchmark.
 //! - [`recovery`]: `sluice bench recovery` — time-to-ready after `kill -9`.
+//! - [`bootstrap`]: `sluice bench bootstrap` — subscribe → last snapshot row by view size
+//!   and transport, and how long a concurrent writer is held meanwhile.
 //! - [`snapshot`]: `sluice bench snapshot` — ack latency of writes while a snapshot is
 //!   written, and the copy-on-write row map against `BTreeMap`.
 //! - [`live`]: `sluice bench live` — write → diff latency of live queries by view size,
@@ -46,6 +48,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod bootstrap;
 pub mod fanout;
 pub mod harness;
 pub mod hist;
@@ -95,6 +98,9 @@ pub enum Suite {
     /// MessagePack), with and without background writes; Redis GET/HGETALL and PostgreSQL
     /// prepared SELECT as peers.
     Reads(reads::ReadsArgs),
+    /// Subscription bootstrap: subscribe → last snapshot row (rows/s) over SSE and WebSocket
+    /// (JSON, MessagePack) by view size, and the slowest ack of a concurrent writer.
+    Bootstrap(bootstrap::BootstrapArgs),
 }
 
 /// Options every suite takes.
@@ -124,6 +130,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "fanout" => fanout::verify_samples(&samples),
         "snapshot" => snapshot::verify_samples(&samples),
         "reads" => reads::verify_samples(&samples),
+        "bootstrap" => bootstrap::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -138,6 +145,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Fanout(a) => fanout::run(a)?,
         Suite::Snapshot(a) => snapshot::run(a)?,
         Suite::Reads(a) => reads::run(a)?,
+        Suite::Bootstrap(a) => bootstrap::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

@@ -17,10 +17,12 @@
 //! - [`operator`]: filter, aggregate and re-evaluating operators.
 //! - [`view`]: the materialised result, ordering, windows, diffs and their JSON.
 //! - [`checksum`]: the documented multiset hash.
+//! - [`chunked`]: large snapshots, frozen once and encoded chunk by chunk by the transport.
 //! - [`sink`]: events and subscriber queues.
 //! - [`thread`]: the live thread that owns a [`Live`] next to a server's writer.
 
 pub mod checksum;
+pub mod chunked;
 pub mod engine;
 pub mod operator;
 mod ranked;

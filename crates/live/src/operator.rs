@@ -695,3 +695,92 @@ fn as_f64(v: &Value) -> f64 {
         _ => 0.0,
     }
 }
+
+/// A frozen version of one table's rows: a copy-on-write clone of its row map, taken under
+/// the `Db`'s read lock in O(rows / chunk) and read after the lock is released.
+pub(crate) type FrozenRows = sluice_engine::cow::CowMap<Key, sluice_engine::table::RowEntry>;
+
+impl Operator {
+    /// For a view that can be built from its one table's rows alone (a filter or an
+    /// aggregate, no subquery, reading the table by a full scan), a frozen version of those
+    /// rows: the caller takes it under the read lock and builds with
+    /// [`Operator::load_frozen`] after releasing it, so the writer waits microseconds however
+    /// large the view. `None`: build with [`Operator::load`] under the lock.
+    pub(crate) fn freeze(&self, select: &Select, db: &Db) -> Option<FrozenRows> {
+        let scans = matches!(select.access, sluice_query::Access::Scan)
+            && select.sources.len() == 1
+            && select.subqueries.is_empty();
+        if !scans || !matches!(self, Operator::Filter { .. } | Operator::Aggregate { .. }) {
+            return None;
+        }
+        db.tables
+            .get(&select.sources[0].schema.name)
+            .map(|t| t.rows.clone())
+    }
+
+    /// [`Operator::load`] from a frozen version of the view's one table (see
+    /// [`Operator::freeze`]): the same rows, without the `Db`.
+    pub(crate) fn load_frozen(
+        &mut self,
+        select: &Select,
+        rows: &FrozenRows,
+        params: &[Value],
+        rows_max: usize,
+    ) -> Result<Vec<(RKey, Out)>, QueryError> {
+        match self {
+            Operator::Filter { identity } => {
+                let identity = *identity;
+                let mut out = Vec::new();
+                for (k, r) in rows.iter() {
+                    if !passes(select, params, &r.values) {
+                        continue;
+                    }
+                    if out.len() >= rows_max {
+                        return Err(QueryError::Limit(format!(
+                            "the view has more than {rows_max} rows; view_rows_max (--live-view-rows-max) is {rows_max}"
+                        )));
+                    }
+                    let projected = project(
+                        select,
+                        params,
+                        &r.values,
+                        &[],
+                        identity.then_some(&r.values),
+                    );
+                    out.push((vec![k.to_value()], projected));
+                }
+                Ok(out)
+            }
+            Operator::Aggregate { groups } => {
+                let agg = select.aggregate.as_ref().expect("an aggregate plan");
+                groups.clear();
+                if agg.keys.is_empty() {
+                    groups.insert(Vec::new(), Group::new(&agg.aggs));
+                }
+                for r in rows.values() {
+                    if passes(select, params, &r.values) {
+                        let env = env(&r.values, params, &[]);
+                        let key: RKey = agg.keys.iter().map(|k| k.eval(&env)).collect();
+                        groups
+                            .entry(key)
+                            .or_insert_with(|| Group::new(&agg.aggs))
+                            .add(&agg.aggs, &env, 1);
+                        if groups.len() > rows_max {
+                            return Err(QueryError::Limit(format!(
+                                "the view has {} rows or more; view_rows_max (--live-view-rows-max) is {rows_max}",
+                                groups.len()
+                            )));
+                        }
+                    }
+                }
+                Ok(groups
+                    .iter()
+                    .filter_map(|(k, g)| group_out(select, params, k, g).map(|o| (k.clone(), o)))
+                    .collect())
+            }
+            Operator::Join | Operator::Subquery { .. } | Operator::Reeval => {
+                unreachable!("only filters and aggregates are frozen (Operator::freeze)")
+            }
+        }
+    }
+}

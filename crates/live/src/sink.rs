@@ -39,8 +39,11 @@ pub struct Event {
     /// The seq the view reflects after this event: deliver once it is confirmed.
     pub seq: u64,
     pub kind: EventKind,
-    /// The message body: a JSON object (see `docs/protocol.md`).
+    /// The message body: a JSON object (see `docs/protocol.md`); empty when `chunked`.
     pub json: String,
+    /// A snapshot too large for one message: the transport sends it in chunks
+    /// ([`crate::chunked`]), encoding each from these frozen rows as the socket takes them.
+    pub chunked: Option<Arc<crate::chunked::ChunkedSnapshot>>,
 }
 
 impl Event {
@@ -149,6 +152,7 @@ impl Sink {
             seq: 0,
             kind: EventKind::Error,
             json,
+            chunked: None,
         }));
         s.closed = true;
         drop(s);

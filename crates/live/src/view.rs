@@ -378,6 +378,43 @@ impl Materialized {
         body.to_string()
     }
 
+    /// The snapshot event at `seq`: one rendered message up to
+    /// [`crate::chunked::SNAPSHOT_MESSAGE_ROWS_MAX`] visible rows (exactly
+    /// [`Materialized::snapshot_json`]), else the visible rows frozen for the transport to
+    /// send in chunks — O(rows) pointer copies here instead of rendering.
+    pub fn snapshot_event(&self, seq: u64, reset: bool) -> crate::sink::Event {
+        let visible = if self.windowed {
+            self.len().saturating_sub(self.offset).min(self.limit)
+        } else {
+            self.len()
+        };
+        if visible <= crate::chunked::SNAPSHOT_MESSAGE_ROWS_MAX {
+            return crate::sink::Event {
+                seq,
+                kind: crate::sink::EventKind::Snapshot,
+                json: self.snapshot_json(seq, reset),
+                chunked: None,
+            };
+        }
+        let rows = self
+            .visible()
+            .map(|(k, o)| (k.clone(), o.row.clone()))
+            .collect();
+        crate::sink::Event {
+            seq,
+            kind: crate::sink::EventKind::Snapshot,
+            json: String::new(),
+            chunked: Some(Arc::new(crate::chunked::ChunkedSnapshot::new(
+                seq,
+                reset,
+                self.columns.clone(),
+                self.types.clone(),
+                rows,
+                self.checksum,
+            ))),
+        }
+    }
+
     /// The diff message body at `seq`.
     pub fn diff_json(&self, seq: u64, ops: &[Op]) -> String {
         let changes: Vec<Json> = ops

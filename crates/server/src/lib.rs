@@ -18,6 +18,7 @@
 //! - [`error`]: [`CoreError`], the core's own errors; each transport maps them.
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
+//! - `live`, `live_chunks`: live queries over SSE, and large snapshots sent in chunks.
 //! - `metrics`: Prometheus text rendering.
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
@@ -31,6 +32,7 @@ pub mod point;
 
 mod confirm;
 mod live;
+mod live_chunks;
 mod metrics;
 mod rules;
 mod snapshotter;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
@@ -18,6 +18,7 @@ use sluice_query::Params;
 
 use crate::api::ApiError;
 use crate::core::Core;
+use crate::live_chunks::SseChunks;
 
 #[derive(Deserialize)]
 pub(crate) struct LiveQuery {
@@ -129,16 +130,20 @@ pub(crate) async fn sse(
     )
     .await?;
     // The guard counts this stream against the caller's connections while it is open.
-    let stream = futures_util::stream::unfold((subscription, guard), |(mut s, g)| async move {
-        let event = s.next().await?;
-        let mut sse = SseEvent::default()
-            .event(event.kind.as_str())
-            .data(&event.json);
-        if event.kind != EventKind::Error {
-            sse = sse.id(event.seq.to_string());
-        }
-        Some((Ok::<_, Infallible>(sse), (s, g)))
-    });
+    // A large snapshot goes out as several SSE events, each encoded when hyper asks for it.
+    let stream = futures_util::stream::unfold(
+        (subscription, guard, None::<SseChunks>),
+        |(mut s, g, mut chunks)| async move {
+            if let Some(sse) = chunks.as_mut().and_then(Iterator::next) {
+                // Between chunks, let other tasks on this worker run (see `send_ws`).
+                tokio::task::yield_now().await;
+                return Some((Ok::<_, Infallible>(sse), (s, g, chunks)));
+            }
+            let mut next = SseChunks::new(s.next().await?);
+            let sse = next.next()?;
+            Some((Ok(sse), (s, g, Some(next))))
+        },
+    );
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(core.config().live_heartbeat))
         .into_response())

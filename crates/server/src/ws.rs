@@ -714,6 +714,13 @@ impl Subscriptions {
         let events = events.clone();
         let task = tokio::spawn(async move {
             while let Some(event) = subscription.next().await {
+                if let Some(snapshot) = &event.chunked {
+                    let msgpack = encoding == Encoding::Msgpack;
+                    if !crate::live_chunks::send_ws(snapshot, &qid, msgpack, &events).await {
+                        break;
+                    }
+                    continue;
+                }
                 let text = event.with_qid(&qid);
                 let message = match encoding {
                     Encoding::Json => Message::Text(text.into()),

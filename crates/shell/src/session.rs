@@ -358,11 +358,16 @@ impl Session {
                 let mut events = self.client.events(url).await?;
                 let mut columns: Vec<String> = Vec::new();
                 let mut types: Vec<Value> = Vec::new();
+                let mut chunks = SnapshotChunks::default();
                 while let Some(event) = events.next().await? {
                     let data: Value = serde_json::from_str(&event.data)
                         .map_err(|e| Error::Protocol(format!("bad {} event: {e}", event.event)))?;
                     match event.event.as_str() {
                         "snapshot" => {
+                            // A large snapshot comes in chunks: show it once it is whole.
+                            let Some(data) = chunks.add(data) else {
+                                continue;
+                            };
                             columns = strings(data.get("columns"));
                             types = data["types"].as_array().cloned().unwrap_or_default();
                             let seq = data["seq"].as_u64().unwrap_or(0);
@@ -528,4 +533,65 @@ pub fn print(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
+}
+
+/// The chunks of a large snapshot (docs/protocol.md, "Large snapshots"): every chunk but
+/// the last has `"more": true`; the whole snapshot is the last chunk with every chunk's
+/// `keys` and `rows` in order.
+#[derive(Default)]
+struct SnapshotChunks {
+    seq: Option<Value>,
+    keys: Vec<Value>,
+    rows: Vec<Value>,
+}
+
+impl SnapshotChunks {
+    /// Takes one `snapshot` event's data; the whole snapshot once its last chunk arrived.
+    fn add(&mut self, mut data: Value) -> Option<Value> {
+        // A chunk of another seq starts a new snapshot (the unfinished one is dropped).
+        if self.seq.as_ref().is_some_and(|s| *s != data["seq"]) {
+            *self = SnapshotChunks::default();
+        }
+        let mut take = |field: &str, into: &mut Vec<Value>| {
+            if let Some(Value::Array(items)) = data.get_mut(field) {
+                into.append(items);
+            }
+        };
+        take("keys", &mut self.keys);
+        take("rows", &mut self.rows);
+        if data.get("more") == Some(&Value::Bool(true)) {
+            self.seq = Some(data["seq"].clone());
+            return None;
+        }
+        let whole = std::mem::take(self);
+        data["keys"] = Value::Array(whole.keys);
+        data["rows"] = Value::Array(whole.rows);
+        Some(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SnapshotChunks;
+    use serde_json::json;
+
+    #[test]
+    fn snapshot_chunks_are_shown_whole_once_the_last_arrives() {
+        let mut chunks = SnapshotChunks::default();
+        let one = json!({"seq": 3, "columns": ["id"], "keys": [1], "rows": [{"id": 1}], "checksum": "x"});
+        assert_eq!(chunks.add(one.clone()), Some(one), "a one-message snapshot as it is");
+        assert_eq!(
+            chunks.add(json!({"seq": 5, "keys": [1, 2], "rows": [{"id": 1}, {"id": 2}], "more": true})),
+            None
+        );
+        // Cut short by a snapshot of another seq: that one starts over.
+        assert_eq!(
+            chunks.add(json!({"seq": 7, "keys": [3], "rows": [{"id": 3}], "more": true})),
+            None
+        );
+        assert_eq!(
+            chunks.add(json!({"seq": 7, "keys": [4], "rows": [{"id": 4}], "checksum": "c", "reset": true})),
+            Some(json!({"seq": 7, "keys": [3, 4], "rows": [{"id": 3}, {"id": 4}], "checksum": "c", "reset": true}))
+        );
+    }
 }

@@ -539,6 +539,12 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   private fresh = false;
   /** Consecutive events that failed to apply or verify. */
   private failures = 0;
+  /**
+   * The chunks of a large snapshot received so far (docs/protocol.md, "Large snapshots"):
+   * every chunk but the last says `more: true`; the rows are applied, and the checksum
+   * verified, only when the last one arrives.
+   */
+  private chunks: { seq: unknown; keys: unknown[]; rows: unknown[] } | null = null;
   private readonly listeners = new Set<() => void>();
 
   constructor(
@@ -575,6 +581,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   }
 
   private start(since: number | null) {
+    this.chunks = null;
     if (this.qid) this.client.streams.delete(this.qid);
     this.qid = this.client.newQid("q");
     this.client.streams.set(this.qid, this);
@@ -594,6 +601,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
   }
 
   onDisconnected() {
+    this.chunks = null;
     if (this.qid) this.client.streams.delete(this.qid);
     this.qid = null;
     if (this.closed || this.status === "error") return;
@@ -608,6 +616,15 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     const type = m.get("type");
     if (type === "error") return this.onError(SluiceError.from(plain(m.get("error"))));
     if (type !== "snapshot" && type !== "diff") return;
+    if (type === "snapshot") {
+      const whole = this.assemble(m);
+      if (!whole) return;
+      m = whole;
+    } else if (this.chunks) {
+      // A diff before the snapshot it follows ended: the server never sends one.
+      console.warn(`sluice-client: live query ${JSON.stringify(this.sql)}: a diff inside a chunked snapshot; subscribing again`);
+      return this.resync();
+    }
     this.client.hooks?.beforeApply?.(m);
     try {
       if (type === "snapshot") this.applySnapshot(m);
@@ -675,6 +692,36 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
         actual: got,
       });
     }
+  }
+
+  /**
+   * Collects a chunked snapshot: `null` while chunks are still to come, else the whole
+   * snapshot as one message (the last chunk's fields, every chunk's keys and rows in order).
+   * A snapshot of one message is returned as it is.
+   */
+  private assemble(m: Wire): Wire | null {
+    const more = m.get("more") === true;
+    const keys = (m.get("keys") as unknown[]) ?? [];
+    const rows = (m.get("rows") as unknown[]) ?? [];
+    let chunks = this.chunks;
+    // A chunk of another seq starts a new snapshot (the previous one was cut short).
+    if (chunks && chunks.seq !== m.get("seq")) chunks = null;
+    if (more) {
+      if (!chunks) chunks = { seq: m.get("seq"), keys: [], rows: [] };
+      for (const k of keys) chunks.keys.push(k);
+      for (const r of rows) chunks.rows.push(r);
+      this.chunks = chunks;
+      return null;
+    }
+    this.chunks = null;
+    if (!chunks) return m;
+    for (const k of keys) chunks.keys.push(k);
+    for (const r of rows) chunks.rows.push(r);
+    const names = m.keys.slice();
+    const values = m.values.slice();
+    values[names.indexOf("keys")] = chunks.keys;
+    values[names.indexOf("rows")] = chunks.rows;
+    return new OMap(names, values);
   }
 
   private applySnapshot(m: Wire) {

@@ -85,3 +85,46 @@ test("a diff that does not add up keeps the previous rows and resubscribes; bad 
   ]);
   assert.match(w3[0], /a diff at seq 3 after seq 3/);
 });
+
+test("a chunked snapshot is applied once its last chunk arrives, checksum verified over every chunk", () => {
+  const live = new LiveQueryImpl(stub(), "SELECT id, v FROM t", undefined);
+  let notified = 0;
+  live.subscribe(() => notified++);
+  const all = [[1, "a"], [2, "b"], [3, "c"], [4, "d"], [5, "e"]];
+  const chunk = (rows, extra) => msg({ type: "snapshot", seq: 9, columns: COLS, types: TYPES, keys: rows.map(([id]) => id), rows: rows.map(([id, v]) => row(id, v)), ...extra });
+  const w = feed(live, [chunk(all.slice(0, 2), { more: true }), chunk(all.slice(2, 3), { more: true })]);
+  assert.deepEqual(w, []);
+  assert.equal(live.seq, 0, "no seq before the last chunk");
+  assert.deepEqual(live.rows, []);
+  assert.equal(live.status, "loading");
+  assert.equal(notified, 0);
+  feed(live, [
+    chunk(all.slice(3), { checksum: sum(all) }),
+    msg({ type: "diff", seq: 10, changes: [change("remove", 2)], checksum: sum(all.filter(([id]) => id !== 2)) }),
+  ]);
+  assert.deepEqual(live.rows.map((r) => r.id), [1, 3, 4, 5]);
+  assert.equal(live.seq, 10);
+  assert.equal(live.checksumsVerified, 2);
+  assert.equal(live.checksumMismatches, 0);
+  assert.deepEqual(live.appliedSeqs, [9, 10]);
+});
+
+test("a chunked snapshot that does not add up resubscribes; a new snapshot's chunks replace an unfinished one", () => {
+  const live = new LiveQueryImpl(stub(), "SELECT id, v FROM t", undefined);
+  const chunk = (seq, rows, extra) => msg({ type: "snapshot", seq, columns: COLS, types: TYPES, keys: rows.map(([id]) => id), rows: rows.map(([id, v]) => row(id, v)), ...extra });
+  const w = feed(live, [chunk(4, [[1, "a"]], { more: true }), chunk(4, [[2, "b"]], { checksum: sum([[1, "a"]]) })]);
+  assert.equal(live.checksumMismatches, 1);
+  assert.match(w[0], /checksum mismatch at seq 4/);
+  assert.equal(live.status, "reconnecting");
+
+  const l2 = new LiveQueryImpl(stub(), "SELECT id, v FROM t", undefined);
+  feed(l2, [
+    chunk(4, [[1, "a"]], { more: true }),
+    // Cut short (a reset, say): the snapshot at seq 7 starts over.
+    chunk(7, [[2, "b"]], { more: true }),
+    chunk(7, [[3, "c"]], { checksum: sum([[2, "b"], [3, "c"]]), reset: true }),
+  ]);
+  assert.deepEqual(l2.rows.map((r) => r.id), [2, 3]);
+  assert.equal(l2.seq, 7);
+  assert.equal(l2.checksumMismatches, 0);
+});

@@ -1,0 +1,767 @@
+//! `sluice bench bootstrap`: how fast a new subscription gets its initial snapshot, and how
+//! long writers are held meanwhile (SPEC §11, issue 13).
+//!
+//! For each table size (`--rows`, default 10 K / 100 K / 1 M / 5 M; `--quick`: 10 K and
+//! 100 K) a fresh `sluice serve` is loaded with that many `events` rows (batched HTTP
+//! mutates), then `SELECT * FROM events` is subscribed `--runs` times over each transport —
+//! SSE, WebSocket JSON, WebSocket MessagePack — each time on a view that does not exist yet
+//! (the server runs with `--live-ttl-secs 0` and the run waits for `sluice_live_views` to
+//! reach 0 before the next), so every run pays the view's build as well as the snapshot's
+//! encoding and transfer. Measured per run, from the subscribe sent (an SSE request on a
+//! warm connection; a `subscribe` frame on an open WebSocket) to the last snapshot row
+//! received: the time, rows/s, and bytes. The client parses every snapshot message enough
+//! to count its rows and to see the end (a snapshot without `"more": true`, carrying the
+//! checksum), and checks the count against the table.
+//!
+//! Meanwhile one writer upserts a random existing row (`memory` durability: acknowledged
+//! once applied, so its latency is the writer's, not the disk's) every
+//! `--writer-interval-ms` over HTTP; the acknowledgements that overlapped a subscribe give
+//! that run's slowest ack and p99 — how long building the snapshot held the writer.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::{SinkExt, StreamExt};
+use serde::de::{IgnoredAny, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{json, Value};
+use sluice_log::Durability;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::harness::Bench;
+use crate::hist::{fmt_si, fmt_us, Latency, LatencySummary};
+use crate::report::{Table, Target};
+use crate::server::SluiceServer;
+use crate::svg::{BarChart, BarSeries};
+use crate::workload;
+use crate::CommonArgs;
+
+/// Goal: rows/s of a snapshot over MessagePack WebSocket at the largest size (issue 13).
+const TARGET_ROWS_PER_SEC: f64 = 5_000_000.0;
+/// Goal: the slowest writer acknowledgement while a view is built (issue 13).
+const TARGET_WRITER_MAX_US: u64 = 5_000;
+/// Rows per load mutate (the server runs with `--max-ops` at least this).
+const LOAD_BATCH: u64 = 5_000;
+/// Concurrent clients while loading.
+const LOAD_CLIENTS: usize = 2;
+/// How long one snapshot may take to arrive.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the previous run's view may take to expire.
+const EXPIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most rows one size may have.
+const ROWS_MAX: u64 = 20_000_000;
+/// The measured query.
+const SQL: &str = "SELECT * FROM events";
+/// `--snapshot-log-bytes` that keeps the server from snapshotting on its own.
+const NO_BACKGROUND_SNAPSHOTS: u64 = 1 << 60;
+
+/// The transports, in run order: (name, WebSocket subprotocol).
+const TRANSPORTS: [(&str, Option<&str>); 3] = [
+    ("sse", None),
+    ("ws-json", Some("sluice.json.v1")),
+    ("ws-msgpack", Some("sluice.msgpack.v1")),
+];
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BootstrapArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Table sizes, one server each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10_000u64, 100_000, 1_000_000, 5_000_000])]
+    pub rows: Vec<u64>,
+    /// Subscribes per transport and size (each on a fresh view).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// The concurrent writer sends one upsert every this many ms.
+    #[arg(long, default_value_t = 2)]
+    pub writer_interval_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Params {
+    rows: Vec<u64>,
+    runs: usize,
+    writer_interval_ms: u64,
+    quick: bool,
+}
+
+/// One transport at one size, over every run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Case {
+    pub transport: &'static str,
+    pub rows: u64,
+    /// Subscribe sent → last snapshot row received, per run, in µs.
+    pub time_us: Vec<f64>,
+    /// Bytes received up to the end of the snapshot, per run.
+    pub bytes: Vec<usize>,
+    /// Snapshot messages (chunks) per run.
+    pub messages: Vec<usize>,
+    /// Median run.
+    pub time_p50_us: f64,
+    pub rows_per_sec: f64,
+    /// The writer's acknowledgements that overlapped a subscribe of this case.
+    pub writer: LatencySummary,
+    /// Every snapshot held exactly the table's row count and ended with a checksum.
+    pub verified: bool,
+    pub error: Option<String>,
+}
+
+pub fn run(args: BootstrapArgs) -> anyhow::Result<bool> {
+    let quick = args.common.quick;
+    let rows: Vec<u64> = if quick {
+        vec![10_000, 100_000]
+    } else {
+        args.rows.clone()
+    };
+    anyhow::ensure!(
+        !rows.is_empty() && rows.iter().all(|n| (1..=ROWS_MAX).contains(n)),
+        "--rows must list sizes between 1 and {ROWS_MAX}"
+    );
+    anyhow::ensure!(
+        (1..=100).contains(&args.runs),
+        "--runs must be between 1 and 100"
+    );
+    anyhow::ensure!(
+        (1..=1_000).contains(&args.writer_interval_ms),
+        "--writer-interval-ms must be between 1 and 1000"
+    );
+    let params = Params {
+        rows,
+        runs: if quick { 1 } else { args.runs },
+        writer_interval_ms: args.writer_interval_ms,
+        quick,
+    };
+    let mut bench = Bench::new("bootstrap", &args.common, &params)?;
+    let bin = bench.bin()?;
+    let runtime = crate::harness::runtime()?;
+    let mut cases = Vec::new();
+    let mut failed = 0;
+    for &n in &params.rows {
+        match runtime.block_on(size_cases(&bench, &bin, &params, n)) {
+            Ok(c) => {
+                failed += c
+                    .iter()
+                    .filter(|c| c.error.is_some() || !c.verified)
+                    .count();
+                cases.extend(c);
+            }
+            Err(e) => {
+                bench
+                    .progress
+                    .say(format!("  {n} rows: FAILED: {e:#}"));
+                for (transport, _) in TRANSPORTS {
+                    cases.push(failed_case(transport, n, format!("{e:#}")));
+                }
+                failed += TRANSPORTS.len();
+            }
+        }
+    }
+    drop(runtime);
+    write_report(&mut bench, &params, &cases);
+    bench.finish(failed)
+}
+
+fn failed_case(transport: &'static str, rows: u64, error: String) -> Case {
+    Case {
+        transport,
+        rows,
+        time_us: Vec::new(),
+        bytes: Vec::new(),
+        messages: Vec::new(),
+        time_p50_us: 0.0,
+        rows_per_sec: 0.0,
+        writer: LatencySummary::default(),
+        verified: false,
+        error: Some(error),
+    }
+}
+
+/// One size: a fresh server, loaded, then every transport's runs with the writer going.
+async fn size_cases(
+    bench: &Bench,
+    bin: &std::path::Path,
+    params: &Params,
+    n: u64,
+) -> anyhow::Result<Vec<Case>> {
+    let flags: Vec<String> = [
+        "--live-ttl-secs".to_string(),
+        "0".into(),
+        "--live-view-rows-max".into(),
+        (n + 1_000).max(2_000_000).to_string(),
+        "--max-ops".into(),
+        LOAD_BATCH.to_string(),
+        "--snapshot-log-bytes".into(),
+        NO_BACKGROUND_SNAPSHOTS.to_string(),
+    ]
+    .to_vec();
+    let sluice = crate::harness::Sluice::start(bin, "bootstrap", &flags).await?;
+    let server: &SluiceServer = &sluice;
+    server.sql(workload::CREATE_SLUICE).await?;
+    let started = Instant::now();
+    load(server, n).await?;
+    bench.progress.say(format!(
+        "{} rows loaded in {:.1}s (sluice serve pid {})",
+        fmt_si(n as f64),
+        started.elapsed().as_secs_f64(),
+        server.pid()
+    ));
+    let writer = Writer::start(server, n, params.writer_interval_ms)?;
+    let http = crate::live::client::http_client(None)?;
+    let mut cases = Vec::new();
+    for (transport, protocol) in TRANSPORTS {
+        let mut case = failed_case(transport, n, String::new());
+        case.error = None;
+        case.verified = true;
+        let mut windows = Vec::new();
+        for _ in 0..params.runs {
+            wait_no_views(server).await?;
+            let got = match protocol {
+                None => sse_snapshot(&http, server).await,
+                Some(p) => ws_snapshot(server, p).await,
+            };
+            match got {
+                Ok(got) => {
+                    case.verified &= got.rows == n && got.checksum;
+                    case.time_us.push(got.elapsed.as_secs_f64() * 1e6);
+                    case.bytes.push(got.bytes);
+                    case.messages.push(got.messages);
+                    windows.push((got.sent, got.sent + got.elapsed));
+                    if got.rows != n {
+                        case.error = Some(format!(
+                            "the snapshot held {} rows, the table {n}",
+                            got.rows
+                        ));
+                    }
+                }
+                Err(e) => {
+                    case.error = Some(format!("{e:#}"));
+                    break;
+                }
+            }
+        }
+        let mut times = case.time_us.clone();
+        times.sort_by(f64::total_cmp);
+        case.time_p50_us = times.get(times.len().saturating_sub(1) / 2).copied().unwrap_or(0.0);
+        case.rows_per_sec = if case.time_p50_us > 0.0 {
+            n as f64 / (case.time_p50_us / 1e6)
+        } else {
+            0.0
+        };
+        case.writer = writer.during(&windows);
+        bench.progress.say(format!(
+            "  {transport}: {} rows in {} p50 ({} rows/s, {} bytes, {} messages); writer ack max {} p99 {} over {} acks{}",
+            fmt_si(n as f64),
+            fmt_us(case.time_p50_us as u64),
+            fmt_si(case.rows_per_sec),
+            fmt_si(case.bytes.first().copied().unwrap_or(0) as f64),
+            case.messages.first().copied().unwrap_or(0),
+            fmt_us(case.writer.max_us),
+            fmt_us(case.writer.p99_us),
+            case.writer.count,
+            match (&case.error, case.verified) {
+                (Some(e), _) => format!(", FAILED: {e}"),
+                (None, false) => ", VERIFICATION FAILED".into(),
+                (None, true) => ", verified".into(),
+            }
+        ));
+        cases.push(case);
+    }
+    writer.stop().await?;
+    drop(sluice);
+    Ok(cases)
+}
+
+/// Inserts rows `0..rows` with `disk`-class mutates from a few clients.
+async fn load(server: &SluiceServer, rows: u64) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let url = server.url("/v1/mutate");
+    let mut tasks = Vec::new();
+    for _ in 0..LOAD_CLIENTS {
+        let (next, url) = (next.clone(), url.clone());
+        let client = crate::live::client::http_client(Some(Duration::from_secs(120)))?;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
+                if from >= rows {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let n = LOAD_BATCH.min(rows - from);
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(workload::mutate_body(from, n, Durability::Disk))
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.context("a load task panicked")??;
+    }
+    Ok(())
+}
+
+/// Waits until the server holds no live view (the previous run's has expired), so the next
+/// subscribe builds its view from the table.
+async fn wait_no_views(server: &SluiceServer) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        if server.metrics().await?.get("sluice_live_views") == 0.0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < EXPIRE_TIMEOUT,
+            "the previous run's view did not expire within {EXPIRE_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The concurrent writer
+
+/// One acknowledged write: sent at (since the writer started) and how long it took.
+type Ack = (Duration, Duration);
+
+struct Writer {
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Writer {
+    fn start(server: &SluiceServer, rows: u64, interval_ms: u64) -> anyhow::Result<Writer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let started = Instant::now();
+        let client = crate::live::client::http_client(Some(Duration::from_secs(60)))?;
+        let url = server.url("/v1/mutate");
+        let task = {
+            let (stop, acks) = (stop.clone(), acks.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(interval_ms));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let id = x % rows;
+                    n += 1;
+                    let body = format!(
+                        r#"{{"durability":"memory","ops":[{{"op":"upsert","table":"{}","row":{{"id":{id},"room":"{}","author":"w-{n}","body":"{}","ts":{n}}}}}]}}"#,
+                        workload::TABLE,
+                        workload::room(id),
+                        workload::body(id),
+                    );
+                    let sent = Instant::now();
+                    let resp = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await?;
+                    let status = resp.status();
+                    let text = resp.text().await?;
+                    let took = sent.elapsed();
+                    anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
+                    acks.lock()
+                        .expect("the ack list is never poisoned")
+                        .push((sent - started, took));
+                }
+                Ok(())
+            })
+        };
+        Ok(Writer {
+            stop,
+            started,
+            acks,
+            task,
+        })
+    }
+
+    /// The acks whose request overlapped one of `windows` (instants of subscribe → end).
+    fn during(&self, windows: &[(Instant, Instant)]) -> LatencySummary {
+        let acks = self.acks.lock().expect("the ack list is never poisoned");
+        let mut hist = Latency::new();
+        for &(at, took) in acks.iter() {
+            let (a, b) = (self.started + at, self.started + at + took);
+            if windows.iter().any(|&(s, e)| a < e && b > s) {
+                hist.record(took);
+            }
+        }
+        hist.summary()
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.context("the writer task panicked")?
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Clients
+
+/// The parts of a snapshot message the client reads: the rows are counted, not kept.
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default)]
+    rows: Option<Count>,
+    #[serde(default)]
+    more: Option<bool>,
+    #[serde(default)]
+    checksum: Option<String>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+/// The length of a sequence, read without keeping its elements.
+struct Count(usize);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Count(n))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// A received snapshot.
+struct Got {
+    sent: Instant,
+    elapsed: Duration,
+    rows: u64,
+    bytes: usize,
+    messages: usize,
+    /// The last message carried a checksum.
+    checksum: bool,
+}
+
+/// Adds one snapshot message; `Ok(true)` once it was the last one.
+fn take_chunk(chunk: Chunk, seq: &mut Option<u64>, got: &mut Got) -> anyhow::Result<bool> {
+    if chunk.error.is_some() {
+        anyhow::bail!("the subscription ended with an error");
+    }
+    if let (Some(first), Some(this)) = (*seq, chunk.seq) {
+        anyhow::ensure!(
+            first == this,
+            "a snapshot chunk at seq {this} after one at {first}"
+        );
+    }
+    *seq = seq.or(chunk.seq);
+    got.rows += chunk.rows.map_or(0, |c| c.0 as u64);
+    got.messages += 1;
+    if chunk.more == Some(true) {
+        return Ok(false);
+    }
+    got.checksum = chunk.checksum.is_some();
+    Ok(true)
+}
+
+async fn sse_snapshot(http: &reqwest::Client, server: &SluiceServer) -> anyhow::Result<Got> {
+    // Warm the pooled connection, so the run measures the stream, not the TCP handshake.
+    http.get(server.url("/health")).send().await?.bytes().await?;
+    let mut url = reqwest::Url::parse(&server.url("/v1/live"))?;
+    url.query_pairs_mut().append_pair("sql", SQL);
+    let sent = Instant::now();
+    let mut resp = http
+        .get(url)
+        .header("accept", "text/event-stream")
+        .header("accept-encoding", "identity")
+        .send()
+        .await
+        .context("GET /v1/live")?;
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "GET /v1/live: {}",
+        resp.status()
+    );
+    let mut got = Got {
+        sent,
+        elapsed: Duration::ZERO,
+        rows: 0,
+        bytes: 0,
+        messages: 0,
+        checksum: false,
+    };
+    let mut seq = None;
+    let mut buf: Vec<u8> = Vec::new();
+    // Where the search for the end of the current event resumes.
+    let mut scanned = 0;
+    loop {
+        let chunk = tokio::time::timeout(SNAPSHOT_TIMEOUT, resp.chunk())
+            .await
+            .context("no snapshot in time")??
+            .context("the stream ended before its snapshot")?;
+        got.bytes += chunk.len();
+        buf.extend_from_slice(&chunk);
+        let mut start = 0;
+        while let Some(end) = find(&buf[scanned.max(start)..], b"\n\n") {
+            let end = scanned.max(start) + end;
+            let event = &buf[start..end];
+            start = end + 2;
+            scanned = start;
+            let mut kind = "";
+            let mut data: &[u8] = &[];
+            for line in event.split(|&b| b == b'\n') {
+                if let Some(k) = line.strip_prefix(b"event: ") {
+                    kind = std::str::from_utf8(k).unwrap_or("");
+                } else if let Some(d) = line.strip_prefix(b"data: ") {
+                    data = d;
+                }
+            }
+            match kind {
+                "snapshot" => {
+                    let chunk: Chunk =
+                        serde_json::from_slice(data).context("a snapshot event's data")?;
+                    if take_chunk(chunk, &mut seq, &mut got)? {
+                        got.elapsed = sent.elapsed();
+                        return Ok(got);
+                    }
+                }
+                "error" => anyhow::bail!(
+                    "the subscription failed: {}",
+                    String::from_utf8_lossy(data)
+                ),
+                _ => {}
+            }
+        }
+        buf.drain(..start);
+        scanned = buf.len().saturating_sub(1);
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+async fn ws_snapshot(server: &SluiceServer, protocol: &'static str) -> anyhow::Result<Got> {
+    let url = format!("{}/v1/ws", server.base_url.replacen("http://", "ws://", 1));
+    let request = crate::server::ws_request(&url, crate::server::admin_token(), Some(protocol))?;
+    // Snapshots before chunking came as one message of any size.
+    let config = WebSocketConfig::default()
+        .max_message_size(None)
+        .max_frame_size(None);
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+        .await
+        .with_context(|| format!("cannot open a WebSocket to {url}"))?;
+    let subscribe = json!({"type": "subscribe", "qid": 1, "sql": SQL});
+    let msgpack = protocol.contains("msgpack");
+    let frame = if msgpack {
+        Message::Binary(rmp_serde::to_vec_named(&subscribe)?.into())
+    } else {
+        Message::Text(subscribe.to_string().into())
+    };
+    let sent = Instant::now();
+    ws.send(frame).await?;
+    let mut got = Got {
+        sent,
+        elapsed: Duration::ZERO,
+        rows: 0,
+        bytes: 0,
+        messages: 0,
+        checksum: false,
+    };
+    let mut seq = None;
+    loop {
+        let message = tokio::time::timeout(SNAPSHOT_TIMEOUT, ws.next())
+            .await
+            .context("no snapshot in time")?
+            .context("the WebSocket closed before the snapshot")??;
+        let chunk: Chunk = match &message {
+            Message::Text(t) => {
+                got.bytes += t.len();
+                serde_json::from_str(t.as_str()).context("a JSON message")?
+            }
+            Message::Binary(b) => {
+                got.bytes += b.len();
+                rmp_serde::from_slice(b).context("a MessagePack message")?
+            }
+            _ => continue,
+        };
+        match chunk.kind.as_deref() {
+            Some("snapshot") => {
+                if take_chunk(chunk, &mut seq, &mut got)? {
+                    got.elapsed = sent.elapsed();
+                    let _ = ws.close(None).await;
+                    return Ok(got);
+                }
+            }
+            Some("error") => anyhow::bail!("the subscription failed"),
+            _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+/// Checks a run's samples: every case ran, verified, and counted rows.
+pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
+    let cases = samples["cases"]
+        .as_array()
+        .context("samples.json has no cases")?;
+    anyhow::ensure!(!cases.is_empty(), "no cases");
+    for c in cases {
+        anyhow::ensure!(c["error"].is_null(), "a case failed: {c}");
+        anyhow::ensure!(c["verified"] == true, "a snapshot did not verify: {c}");
+        anyhow::ensure!(
+            c["rows_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "no rate: {c}"
+        );
+        anyhow::ensure!(
+            c["writer"]["count"].as_u64().is_some(),
+            "no writer summary: {c}"
+        );
+    }
+    Ok(())
+}
+
+fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
+    let report = &mut bench.report;
+    report.intro.push(format!(
+        "A table of `events` rows (5 columns, ~150 bytes) at each size; `{SQL}` subscribed \
+         {} time(s) per transport, each on a view that does not exist yet (`--live-ttl-secs 0`; \
+         the next run waits until the previous view expired), so a run pays the view's build, \
+         the snapshot's encoding and its transfer. Time runs from the subscribe sent (an SSE \
+         request on a warm connection, a `subscribe` frame on an open WebSocket) to the last \
+         snapshot row received and parsed (rows counted, the end and its checksum seen). A \
+         writer upserts one existing row (`memory` durability) every {} ms over HTTP; its \
+         acknowledgements that overlapped a subscribe give the writer columns.",
+        params.runs, params.writer_interval_ms
+    ));
+    let mut t = Table::new(
+        "Subscribe → last snapshot row",
+        &[
+            "rows",
+            "transport",
+            "time p50",
+            "rows/s",
+            "bytes",
+            "messages",
+            "writer ack max",
+            "writer ack p99",
+            "verified",
+        ],
+    );
+    for c in cases {
+        if let Some(e) = &c.error {
+            t.failed_row(vec![fmt_si(c.rows as f64), c.transport.into(), e.clone()]);
+            continue;
+        }
+        t.row(vec![
+            fmt_si(c.rows as f64),
+            c.transport.to_string(),
+            fmt_us(c.time_p50_us as u64),
+            fmt_si(c.rows_per_sec),
+            fmt_si(c.bytes.first().copied().unwrap_or(0) as f64),
+            c.messages.first().copied().unwrap_or(0).to_string(),
+            fmt_us(c.writer.max_us),
+            fmt_us(c.writer.p99_us),
+            if c.verified { "yes" } else { "**no**" }.to_string(),
+        ]);
+    }
+    t.note = Some(
+        "Client and server share the machine (loopback): the client's parsing competes with \
+         the server for the same cores."
+            .into(),
+    );
+    report.tables.push(t);
+
+    let largest = params.rows.iter().copied().max().unwrap_or(0);
+    let at_largest = |transport: &str| {
+        cases
+            .iter()
+            .find(|c| c.rows == largest && c.transport == transport && c.error.is_none())
+    };
+    if let Some(c) = at_largest("ws-msgpack") {
+        report.targets.push(Target {
+            what: format!("rows/s, {} rows over WebSocket MessagePack", fmt_si(largest as f64)),
+            goal: format!("≥ {}", fmt_si(TARGET_ROWS_PER_SEC)),
+            measured: fmt_si(c.rows_per_sec),
+            met: (!params.quick).then_some(c.rows_per_sec >= TARGET_ROWS_PER_SEC),
+        });
+    }
+    let writer_max = cases
+        .iter()
+        .filter(|c| c.error.is_none())
+        .map(|c| c.writer.max_us)
+        .max()
+        .unwrap_or(0);
+    report.targets.push(Target {
+        what: "slowest writer ack during a subscribe (every size and transport)".into(),
+        goal: format!("≤ {}", fmt_us(TARGET_WRITER_MAX_US)),
+        measured: fmt_us(writer_max),
+        met: (!params.quick).then_some(writer_max <= TARGET_WRITER_MAX_US),
+    });
+
+    let categories: Vec<String> = params.rows.iter().map(|&n| fmt_si(n as f64)).collect();
+    let series = |value: fn(&Case) -> f64| -> Vec<BarSeries> {
+        TRANSPORTS
+            .iter()
+            .map(|&(transport, _)| BarSeries {
+                name: transport.to_string(),
+                values: params
+                    .rows
+                    .iter()
+                    .map(|&n| {
+                        cases
+                            .iter()
+                            .find(|c| c.rows == n && c.transport == transport && c.error.is_none())
+                            .map(value)
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    let rate = BarChart {
+        title: "Snapshot rows/s by table size".into(),
+        x_label: "rows in the view".into(),
+        y_label: "rows/s (subscribe → last row)".into(),
+        categories: categories.clone(),
+        series: series(|c| c.rows_per_sec),
+    };
+    report.chart(
+        "rows_per_sec.svg",
+        "Snapshot rows/s by table size and transport",
+        rate.render(),
+    );
+    let writer = BarChart {
+        title: "Slowest writer ack during a subscribe".into(),
+        x_label: "rows in the view".into(),
+        y_label: "µs".into(),
+        categories,
+        series: series(|c| c.writer.max_us as f64),
+    };
+    report.chart(
+        "writer_ack_max.svg",
+        "Slowest acknowledgement of the concurrent writer while subscribes ran",
+        writer.render(),
+    );
+    report.samples = json!({ "cases": cases });
+}

@@ -1,0 +1,97 @@
+//! Sending a large snapshot in chunks, over SSE and the WebSocket.
+//!
+//! The live thread hands a snapshot of more than
+//! [`SNAPSHOT_MESSAGE_ROWS_MAX`](sluice_live::chunked::SNAPSHOT_MESSAGE_ROWS_MAX) rows over
+//! frozen ([`ChunkedSnapshot`]) instead of rendered; the subscriber's task encodes it here,
+//! one chunk at a time, straight from the typed values into the form its transport speaks.
+//! A chunk is encoded only when the transport asks for the next one — when hyper polls the
+//! SSE stream again, or when the WebSocket connection's bounded outbound queue has room —
+//! so a slow reader holds the frozen rows (pointers to the view's values) and a chunk or
+//! the queue's worth, never the whole encoded snapshot.
+
+use std::sync::Arc;
+
+use axum::extract::ws::Message;
+use axum::response::sse::Event as SseEvent;
+use serde_json::Value;
+use sluice_live::chunked::ChunkedSnapshot;
+use sluice_live::{Event, EventKind};
+use tokio::sync::mpsc;
+
+/// The SSE events of one live event: itself, or a large snapshot's chunks, encoded lazily.
+pub(crate) struct SseChunks {
+    event: Arc<Event>,
+    /// The next row to send (`None` once the event is sent whole).
+    next: Option<usize>,
+}
+
+impl SseChunks {
+    pub(crate) fn new(event: Arc<Event>) -> SseChunks {
+        SseChunks {
+            event,
+            next: Some(0),
+        }
+    }
+}
+
+impl Iterator for SseChunks {
+    type Item = SseEvent;
+
+    fn next(&mut self) -> Option<SseEvent> {
+        let from = self.next?;
+        let event = &self.event;
+        let Some(snapshot) = &event.chunked else {
+            self.next = None;
+            let mut sse = SseEvent::default()
+                .event(event.kind.as_str())
+                .data(&event.json);
+            if event.kind != EventKind::Error {
+                sse = sse.id(event.seq.to_string());
+            }
+            return Some(sse);
+        };
+        let (text, end) = snapshot.json_chunk(from, None);
+        let sse = SseEvent::default().event("snapshot").data(text);
+        if end >= snapshot.len() {
+            self.next = None;
+            // Only the whole snapshot is a place to resume from: `Last-Event-ID` must not
+            // name a seq whose rows the client holds only part of.
+            Some(sse.id(event.seq.to_string()))
+        } else {
+            self.next = Some(end);
+            Some(sse)
+        }
+    }
+}
+
+/// Sends a large snapshot's chunks to a WebSocket connection's outbound queue, each encoded
+/// once the queue has room for it. `false` if the connection is gone.
+pub(crate) async fn send_ws(
+    snapshot: &ChunkedSnapshot,
+    qid: &Value,
+    msgpack: bool,
+    out: &mpsc::Sender<Message>,
+) -> bool {
+    let mut from = 0;
+    loop {
+        let Ok(permit) = out.reserve().await else {
+            return false;
+        };
+        let end = if msgpack {
+            let (bytes, end) = snapshot.msgpack_chunk(from, qid);
+            permit.send(Message::Binary(bytes.into()));
+            end
+        } else {
+            let (text, end) = snapshot.json_chunk(from, Some(qid));
+            permit.send(Message::Text(text.into()));
+            end
+        };
+        if end >= snapshot.len() {
+            return true;
+        }
+        from = end;
+        // Encoding a chunk is a millisecond or so of CPU on a runtime worker: let the
+        // connection's other requests (and other connections) run between chunks.
+        tokio::task::yield_now().await;
+    }
+}
