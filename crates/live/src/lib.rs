@@ -18,10 +18,12 @@
 //! - [`view`]: the materialised result, ordering, windows, diffs and their JSON.
 //! - [`checksum`]: the documented multiset hash.
 //! - [`sink`]: events and subscriber queues.
+//! - [`fold`]: opt-in coalescing (`coalesce_ms`): one net diff per subscriber per window.
 //! - [`thread`]: the live thread that owns a [`Live`] next to a server's writer.
 
 pub mod checksum;
 pub mod engine;
+pub mod fold;
 pub mod operator;
 mod ranked;
 pub mod sink;
@@ -32,6 +34,7 @@ pub mod view;
 use std::time::Duration;
 
 pub use engine::{Live, LiveStats, SubId, Subscribe};
+pub use fold::COALESCE_MS_MAX;
 pub use sink::{Event, EventKind, Sink};
 pub use thread::{HandoffState, LiveHandle};
 

@@ -81,16 +81,32 @@ pub struct Sink {
     notify: Notify,
     queue_max: usize,
     bytes_max: usize,
+    /// The subscriber's coalescing window (`coalesce_ms`, 0 = a diff per commit), read by
+    /// the live thread when it registers the subscriber (see [`crate::fold`]).
+    coalesce_ms: u32,
 }
 
 impl Sink {
     pub fn new(limits: &Limits) -> Arc<Sink> {
+        Sink::coalescing(limits, 0)
+    }
+
+    /// A sink whose subscriber receives at most one (folded) diff per `coalesce_ms`
+    /// milliseconds; at most [`crate::fold::COALESCE_MS_MAX`] (the caller checks, this
+    /// clamps).
+    pub fn coalescing(limits: &Limits, coalesce_ms: u32) -> Arc<Sink> {
         Arc::new(Sink {
             state: Mutex::new(State::default()),
             notify: Notify::new(),
             queue_max: limits.subscriber_queue_max,
             bytes_max: limits.subscriber_queue_bytes_max,
+            coalesce_ms: coalesce_ms.min(crate::fold::COALESCE_MS_MAX),
         })
+    }
+
+    /// The subscriber's coalescing window in milliseconds (0: none).
+    pub fn coalesce_ms(&self) -> u32 {
+        self.coalesce_ms
     }
 
     /// Queues `event` unless that would exceed the sink's limits (then nothing is queued
