@@ -17,10 +17,12 @@
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
 //! - `metrics`: Prometheus text rendering.
+//! - [`coalesce`]: `coalesce_ms`, the opt-in window of live subscriptions and watches.
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
 pub mod auth;
+pub mod coalesce;
 pub mod config;
 pub mod core;
 pub mod decode;

@@ -38,6 +38,8 @@ pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
 use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
 
+mod many;
+
 /// A `call` request read straight into its fields, without a `Map` of the whole request
 /// (the calls of `sluice bench transfer` are most frames a busy connection reads). Only
 /// accepts: a frame this reader is unsure of — not an object, no `"type": "call"`, a field
@@ -526,6 +528,22 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         Some(reply) => ready(reply),
                         None => continue,
                     }
+                } else if kind == Some("subscribe_many") {
+                    // Each refused entry gets its own error (with its qid), then one
+                    // `subscribed_many` reply; the snapshots follow as events.
+                    let replies = subs
+                        .subscribe_many(&core, &caller, &request, &events_tx, encoding, &watches)
+                        .await
+                        .unwrap_or_else(|e| {
+                            note_refusal(&core, &e);
+                            vec![error_reply(&id, e)]
+                        });
+                    for reply in replies {
+                        if pending_tx.send(ready(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                    continue;
                 } else if matches!(kind, Some("subscribe" | "unsubscribe")) {
                     let qid = request.get("qid").cloned().unwrap_or(Value::Null);
                     let outcome = if kind == Some("subscribe") {
@@ -685,29 +703,15 @@ impl Subscriptions {
                 ApiError::bad_request("\"since\" must be a seq (an integer ≥ 0)")
             })?),
         };
+        let coalesce_ms = crate::coalesce::coalesce_ms(request.get("coalesce_ms"))?;
         let req = Subscribe {
             sql: sql.clone(),
             params,
             since,
             claims: caller.claims().map(|c| c.all.clone()),
         };
-        let mut subscription = Subscription::open(core, req).await?;
-        let events = events.clone();
-        let task = tokio::spawn(async move {
-            while let Some(event) = subscription.next().await {
-                let text = event.with_qid(&qid);
-                let message = match encoding {
-                    Encoding::Json => Message::Text(text.into()),
-                    Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
-                        Ok(v) => encode(encoding, &v),
-                        Err(_) => break,
-                    },
-                };
-                if events.send(message).await.is_err() {
-                    break;
-                }
-            }
-        });
+        let subscription = Subscription::open_coalescing(core, req, coalesce_ms).await?;
+        let task = forward(subscription, qid, events.clone(), encoding);
         self.by_qid.insert(name, task);
         Ok(())
     }
@@ -730,6 +734,31 @@ impl Subscriptions {
             task.abort();
         }
     }
+}
+
+/// The task that forwards one subscription's events, once confirmed, to the connection's
+/// sender (a snapshot or diff with its `qid`; dropping the task unsubscribes).
+fn forward(
+    mut subscription: Subscription,
+    qid: Value,
+    events: mpsc::Sender<Message>,
+    encoding: Encoding,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(event) = subscription.next().await {
+            let text = event.with_qid(&qid);
+            let message = match encoding {
+                Encoding::Json => Message::Text(text.into()),
+                Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
+                    Ok(v) => encode(encoding, &v),
+                    Err(_) => break,
+                },
+            };
+            if events.send(message).await.is_err() {
+                break;
+            }
+        }
+    })
 }
 
 /// The topic watches of one connection: at most one per topic, so a record's shared bytes
@@ -828,7 +857,9 @@ impl Watches {
             }
         };
         let filter = sluice_engine::TagFilter::parse(&tags)?;
-        let watch = core.watch_as(caller, topic, from, filter).await?;
+        let coalesce_ms = crate::coalesce::coalesce_ms(request.get("coalesce_ms"))?;
+        let mut watch = core.watch_as(caller, topic, from, filter).await?;
+        watch.coalesce(crate::coalesce::window(coalesce_ms));
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stream = watch_stream(watch, id, qid, encoding, done.clone());
@@ -1217,7 +1248,7 @@ async fn dispatch(
             Ok(Pending::Now(reply))
         }
         other => Err(ApiError::bad_request(format!(
-            "unknown request type {other:?}: expected call, mutate, query, subscribe, unsubscribe, append, watch, unwatch or ping"
+            "unknown request type {other:?}: expected call, mutate, query, subscribe, subscribe_many, unsubscribe, append, watch, unwatch or ping"
         ))),
     }
 }
