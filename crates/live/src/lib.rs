@@ -35,7 +35,7 @@ use std::time::Duration;
 
 pub use engine::{Live, LiveStats, SubId, Subscribe};
 pub use fold::COALESCE_MS_MAX;
-pub use sink::{Event, EventKind, Sink};
+pub use sink::{Event, EventKind, Ready, Sink};
 pub use thread::{HandoffState, LiveHandle};
 
 use sluice_query::QueryError;

@@ -24,13 +24,11 @@ use tokio::sync::{mpsc, oneshot};
 use std::collections::HashMap;
 
 use sluice_live::Subscribe;
-use tokio::task::JoinHandle;
 
 use crate::api::{durability_of, parse_ops, query_json, ApiError, ResultsSer};
 use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
-use crate::live::Subscription;
 use crate::writer::Request;
 
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
@@ -38,6 +36,7 @@ pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
 use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
 
+mod forward;
 mod many;
 
 /// A `call` request read straight into its fields, without a `Map` of the whole request
@@ -661,7 +660,9 @@ impl Drop for Inflight {
 /// The live subscriptions of one connection, by `qid`.
 #[derive(Default)]
 struct Subscriptions {
-    by_qid: HashMap<String, JoinHandle<()>>,
+    by_qid: HashMap<String, forward::Forwarded>,
+    /// The connection's one forwarding task, started with its first subscription.
+    forwarder: Option<forward::Forwarder>,
 }
 
 impl Subscriptions {
@@ -710,10 +711,22 @@ impl Subscriptions {
             since,
             claims: caller.claims().map(|c| c.all.clone()),
         };
-        let subscription = Subscription::open_coalescing(core, req, coalesce_ms).await?;
-        let task = forward(subscription, qid, events.clone(), encoding);
+        let task = self
+            .forwarder(core, events, encoding)
+            .open(core, req, coalesce_ms, qid)
+            .await?;
         self.by_qid.insert(name, task);
         Ok(())
+    }
+
+    fn forwarder(
+        &mut self,
+        core: &Core,
+        events: &mpsc::Sender<Message>,
+        encoding: Encoding,
+    ) -> &mut forward::Forwarder {
+        self.forwarder
+            .get_or_insert_with(|| forward::Forwarder::new(core, events.clone(), encoding))
     }
 
     fn unsubscribe(&mut self, qid: &Value) -> Result<Value, ApiError> {
@@ -734,31 +747,6 @@ impl Subscriptions {
             task.abort();
         }
     }
-}
-
-/// The task that forwards one subscription's events, once confirmed, to the connection's
-/// sender (a snapshot or diff with its `qid`; dropping the task unsubscribes).
-fn forward(
-    mut subscription: Subscription,
-    qid: Value,
-    events: mpsc::Sender<Message>,
-    encoding: Encoding,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(event) = subscription.next().await {
-            let text = event.with_qid(&qid);
-            let message = match encoding {
-                Encoding::Json => Message::Text(text.into()),
-                Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
-                    Ok(v) => encode(encoding, &v),
-                    Err(_) => break,
-                },
-            };
-            if events.send(message).await.is_err() {
-                break;
-            }
-        }
-    })
 }
 
 /// The topic watches of one connection: at most one per topic, so a record's shared bytes

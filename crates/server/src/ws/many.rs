@@ -16,10 +16,10 @@
 use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
-use sluice_live::{Sink, Subscribe};
+use sluice_live::Subscribe;
 use tokio::sync::mpsc;
 
-use super::{error_reply, forward, Encoding, Subscriptions, Watches};
+use super::{error_reply, Encoding, Subscriptions, Watches};
 use crate::api::ApiError;
 use crate::auth::Caller;
 use crate::core::Core;
@@ -127,22 +127,24 @@ impl Subscriptions {
             entries.push(e);
         }
         let limits = core.live().limits();
+        let forwarder = self.forwarder(core, events, encoding);
         let mut reqs = Vec::with_capacity(entries.len());
         let mut kept = Vec::with_capacity(entries.len());
         for e in entries {
-            let sink = Sink::coalescing(limits, e.coalesce_ms);
+            let (sink, token) = forwarder.sink(limits, e.coalesce_ms);
             reqs.push((e.req, sink.clone()));
-            kept.push((e.name, e.qid, sink));
+            kept.push((e.name, e.qid, sink, token));
         }
         let results = core.live().subscribe_many(reqs).await;
         let mut replies = Vec::new();
         let mut subscribed = 0;
-        for ((name, qid, sink), result) in kept.into_iter().zip(results) {
+        let forwarder = self.forwarder(core, events, encoding);
+        let mut added = Vec::new();
+        for ((name, qid, sink, token), result) in kept.into_iter().zip(results) {
             match result {
                 Ok(sub) => {
                     let subscription = Subscription::opened(core, sub, sink);
-                    let task = forward(subscription, qid, events.clone(), encoding);
-                    self.by_qid.insert(name, task);
+                    added.push((name, forwarder.add(token, qid, subscription)));
                     subscribed += 1;
                 }
                 Err(e) => {
@@ -154,6 +156,7 @@ impl Subscriptions {
                 }
             }
         }
+        self.by_qid.extend(added);
         let failed = replies.len();
         replies.push(json!({"type": "subscribed_many", "id": id, "subscribed": subscribed, "failed": failed}));
         Ok(replies)
