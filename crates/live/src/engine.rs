@@ -2,7 +2,8 @@
 //! commits, expiring idle views. Single-threaded by design (it runs on the live thread, see
 //! [`crate::thread`]); tests drive it directly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,6 +11,7 @@ use sluice_engine::{Change, Commit, CommitBody, Db, Value};
 use sluice_query::expr::BinOp;
 use sluice_query::{Expr, Params, Plan, QueryError, Select};
 
+use crate::fold::Fold;
 use crate::operator::Operator;
 use crate::sink::{Event, EventKind, Pushed, Sink};
 use crate::view::Materialized;
@@ -81,6 +83,9 @@ struct View {
     history_from: u64,
     /// Almost always one or a few: a `Vec` costs one small allocation.
     subs: Vec<SubId>,
+    /// How many of `subs` coalesce (have a [`Fold`]): 0 for almost every view, which then
+    /// publishes without looking any subscriber up.
+    folding: u32,
     idle_since: Option<Instant>,
     route: Route,
 }
@@ -155,6 +160,9 @@ pub struct LiveStats {
     pub slow_closed: u64,
     /// Top-k views whose kept rows ran short of their window and were read again.
     pub refills: u64,
+    /// Folded diffs sent to coalescing subscribers, and the diffs folded into them.
+    pub folds_sent: u64,
+    pub diffs_folded: u64,
 }
 
 pub struct Live {
@@ -167,6 +175,9 @@ pub struct Live {
     plans: HashMap<(bool, String), Arc<Shape>>,
     routes: HashMap<String, TableRoutes>,
     subs: HashMap<SubId, (ViewId, Arc<Sink>)>,
+    /// The coalescing subscribers' windows, and when each open one is due.
+    folds: HashMap<SubId, Fold>,
+    fold_due: BinaryHeap<Reverse<(Instant, SubId)>>,
     next_id: u64,
     stats: LiveStats,
 }
@@ -285,6 +296,8 @@ impl Live {
             plans: HashMap::new(),
             routes: HashMap::new(),
             subs: HashMap::new(),
+            folds: HashMap::new(),
+            fold_due: BinaryHeap::new(),
             next_id: 1,
             stats: LiveStats::default(),
         }
@@ -383,6 +396,10 @@ impl Live {
         let view = self.views.get_mut(&id).expect("registered");
         view.subs.push(sub);
         view.idle_since = None;
+        if sink.coalesce_ms() > 0 {
+            view.folding += 1;
+            self.folds.insert(sub, Fold::new(sink.coalesce_ms()));
+        }
         // A view built just now has no past to vouch for: its first event is a snapshot.
         let resumable = req
             .since
@@ -490,6 +507,7 @@ impl Live {
             history_bytes: 0,
             history_from: seq,
             subs: Vec::new(),
+            folding: 0,
             idle_since: Some(Instant::now()),
             route,
         })
@@ -548,8 +566,10 @@ impl Live {
     pub fn unsubscribe(&mut self, sub: SubId) {
         if let Some((view_id, sink)) = self.subs.remove(&sub) {
             sink.close();
+            let folded = self.folds.remove(&sub).is_some();
             if let Some(view) = self.views.get_mut(&view_id) {
                 view.subs.retain(|&s| s != sub);
+                view.folding -= u32::from(folded);
                 if view.subs.is_empty() {
                     view.idle_since = Some(Instant::now());
                 }
@@ -584,6 +604,7 @@ impl Live {
             }
             for s in &view.subs {
                 self.subs.remove(s);
+                self.folds.remove(s);
             }
         }
     }
@@ -697,6 +718,17 @@ impl Live {
         deltas: BTreeMap<crate::view::RKey, Option<crate::view::Out>>,
     ) {
         let view = self.views.get_mut(&id).expect("present");
+        if view.folding > 0 {
+            // Coalescing subscribers note their base before the deltas land.
+            let now = Instant::now();
+            for sub in &view.subs {
+                if let Some(fold) = self.folds.get_mut(sub) {
+                    if let Some(due) = fold.before(&view.mat, &deltas, now) {
+                        self.fold_due.push(Reverse((due, *sub)));
+                    }
+                }
+            }
+        }
         let ops = view.mat.apply(deltas);
         view.seq = seq;
         if view.mat.len() > self.limits.view_rows_max {
@@ -729,6 +761,12 @@ impl Live {
         }
         let mut gone = Vec::new();
         for sub in &view.subs {
+            if view.folding > 0 {
+                if let Some(fold) = self.folds.get_mut(sub) {
+                    fold.folded(seq);
+                    continue;
+                }
+            }
             let sink = &self.subs[sub].1;
             match sink.push(event.clone()) {
                 Pushed::Queued => {}
@@ -743,6 +781,67 @@ impl Live {
             self.stats.slow_closed += 1;
             self.unsubscribe(sub);
         }
+    }
+
+    /// When the next coalescing window is due (it may have been closed since).
+    pub fn next_fold_due(&self) -> Option<Instant> {
+        self.fold_due.peek().map(|Reverse((due, _))| *due)
+    }
+
+    /// Sends each coalescing subscriber whose window is due by `now` its folded diff (if the
+    /// window changed what it sees); returns when the next window is due.
+    pub fn flush_folds(&mut self, now: Instant) -> Option<Instant> {
+        let mut gone = Vec::new();
+        let next = loop {
+            let Some(&Reverse((due, sub))) = self.fold_due.peek() else {
+                break None;
+            };
+            if due > now {
+                break Some(due);
+            }
+            self.fold_due.pop();
+            let Some(fold) = self.folds.get_mut(&sub) else {
+                continue; // unsubscribed since
+            };
+            if fold.open.as_ref().is_none_or(|o| o.due != due) {
+                continue; // reset by a snapshot since
+            }
+            let open = fold.open.take().expect("checked");
+            let (Some((view_id, sink)), true) = (self.subs.get(&sub), open.diffs > 0) else {
+                continue;
+            };
+            let Some(view) = self.views.get(view_id) else {
+                continue;
+            };
+            let ops = crate::fold::ops(&open.base, &view.mat);
+            if ops.is_empty() {
+                continue; // the window's commits cancelled out
+            }
+            self.stats.folds_sent += 1;
+            self.stats.diffs_folded += open.diffs;
+            let event = Arc::new(Event {
+                seq: open.seq,
+                kind: EventKind::Diff,
+                json: view.mat.diff_json(open.seq, &ops),
+            });
+            match sink.push(event) {
+                Pushed::Queued => {}
+                Pushed::Overflow => {
+                    self.stats.resets += 1;
+                    sink.push_reset(Arc::new(Event {
+                        seq: view.seq,
+                        kind: EventKind::Snapshot,
+                        json: view.mat.snapshot_json(view.seq, true),
+                    }));
+                }
+                Pushed::Gone => gone.push(sub),
+            }
+        };
+        for sub in gone {
+            self.stats.slow_closed += 1;
+            self.unsubscribe(sub);
+        }
+        next
     }
 
     /// Re-plans a view after DDL on a table it reads and sends its subscribers a reset
@@ -774,7 +873,14 @@ impl Live {
                     self.by_query.entry(new_key).or_insert(id);
                 }
                 fresh.subs = old.subs;
+                fresh.folding = old.folding;
                 fresh.idle_since = old.idle_since;
+                // The reset snapshot is every subscriber's new base.
+                for sub in &fresh.subs {
+                    if let Some(fold) = self.folds.get_mut(sub) {
+                        fold.open = None;
+                    }
+                }
                 self.add_routes(id, &fresh);
                 let event = Arc::new(fresh.mat.snapshot_event(fresh.seq, true));
                 let mut gone = Vec::new();

@@ -19,11 +19,13 @@
 //! - [`checksum`]: the documented multiset hash.
 //! - [`chunked`]: large snapshots, frozen once and encoded chunk by chunk by the transport.
 //! - [`sink`]: events and subscriber queues.
+//! - [`fold`]: opt-in coalescing (`coalesce_ms`): one net diff per subscriber per window.
 //! - [`thread`]: the live thread that owns a [`Live`] next to a server's writer.
 
 pub mod checksum;
 pub mod chunked;
 pub mod engine;
+pub mod fold;
 pub mod operator;
 mod ranked;
 pub mod sink;
@@ -34,7 +36,8 @@ pub mod view;
 use std::time::Duration;
 
 pub use engine::{Live, LiveStats, SubId, Subscribe};
-pub use sink::{Event, EventKind, Sink};
+pub use fold::COALESCE_MS_MAX;
+pub use sink::{Event, EventKind, Ready, Sink};
 pub use thread::{HandoffState, LiveHandle};
 
 use sluice_query::QueryError;

@@ -66,6 +66,29 @@ struct State {
     /// A reset snapshot replaced this subscriber's backlog and is not delivered yet.
     resetting: bool,
     closed: bool,
+    /// The sink's token is on its [`Ready`] list and not yet taken.
+    marked: bool,
+}
+
+/// The subscriptions of one connection that have events waiting: one forwarding task per
+/// connection waits on this instead of one task per subscription waiting on its sink (a
+/// task and its suspended future cost more than the rest of an idle subscription).
+#[derive(Default)]
+pub struct Ready {
+    tokens: Mutex<Vec<u64>>,
+    notify: Notify,
+}
+
+impl Ready {
+    /// Waits until a token may be waiting (a notification before this wait left a permit).
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// The tokens of the sinks that had events queued since the last take.
+    pub fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.tokens.lock())
+    }
 }
 
 /// What became of a push.
@@ -84,16 +107,73 @@ pub struct Sink {
     notify: Notify,
     queue_max: usize,
     bytes_max: usize,
+    /// The subscriber's coalescing window (`coalesce_ms`, 0 = a diff per commit), read by
+    /// the live thread when it registers the subscriber (see [`crate::fold`]).
+    coalesce_ms: u32,
+    /// Where to say that events are waiting, besides `notify` (see [`Ready`]).
+    ready: Option<(Arc<Ready>, u64)>,
 }
 
 impl Sink {
     pub fn new(limits: &Limits) -> Arc<Sink> {
-        Arc::new(Sink {
+        Sink::coalescing(limits, 0)
+    }
+
+    /// A sink whose subscriber receives at most one (folded) diff per `coalesce_ms`
+    /// milliseconds; at most [`crate::fold::COALESCE_MS_MAX`] (the caller checks, this
+    /// clamps).
+    pub fn coalescing(limits: &Limits, coalesce_ms: u32) -> Arc<Sink> {
+        Arc::new(Sink::build(limits, coalesce_ms, None))
+    }
+
+    /// A sink whose arrivals also put `token` on `ready` (once until the consumer calls
+    /// [`Sink::unmark`]), for a consumer that serves many sinks.
+    pub fn forwarded(
+        limits: &Limits,
+        coalesce_ms: u32,
+        ready: Arc<Ready>,
+        token: u64,
+    ) -> Arc<Sink> {
+        Arc::new(Sink::build(limits, coalesce_ms, Some((ready, token))))
+    }
+
+    fn build(limits: &Limits, coalesce_ms: u32, ready: Option<(Arc<Ready>, u64)>) -> Sink {
+        Sink {
             state: Mutex::new(State::default()),
             notify: Notify::new(),
             queue_max: limits.subscriber_queue_max,
             bytes_max: limits.subscriber_queue_bytes_max,
-        })
+            coalesce_ms: coalesce_ms.min(crate::fold::COALESCE_MS_MAX),
+            ready,
+        }
+    }
+
+    /// Whether this change must put the sink's token on its ready list (call with the state
+    /// locked).
+    fn mark(&self, s: &mut State) -> bool {
+        self.ready.is_some() && !std::mem::replace(&mut s.marked, true)
+    }
+
+    /// Wakes the consumer (after the state lock is released).
+    fn wake(&self, marked: bool) {
+        self.notify.notify_one();
+        if marked {
+            if let Some((ready, token)) = &self.ready {
+                ready.tokens.lock().push(*token);
+                ready.notify.notify_one();
+            }
+        }
+    }
+
+    /// Takes the sink off its ready list: the consumer is about to drain it, and any later
+    /// arrival puts it back.
+    pub fn unmark(&self) {
+        self.state.lock().marked = false;
+    }
+
+    /// The subscriber's coalescing window in milliseconds (0: none).
+    pub fn coalesce_ms(&self) -> u32 {
+        self.coalesce_ms
     }
 
     /// Queues `event` unless that would exceed the sink's limits (then nothing is queued
@@ -122,8 +202,9 @@ impl Sink {
         }
         s.bytes += event.json.len();
         s.queue.push_back(event);
+        let marked = self.mark(&mut s);
         drop(s);
-        self.notify.notify_one();
+        self.wake(marked);
         Pushed::Queued
     }
 
@@ -135,8 +216,9 @@ impl Sink {
         }
         s.bytes += event.json.len();
         s.queue.push_back(event);
+        let marked = self.mark(&mut s);
         drop(s);
-        self.notify.notify_one();
+        self.wake(marked);
     }
 
     /// Replaces the backlog with one error event and closes the sink.
@@ -155,14 +237,18 @@ impl Sink {
             chunked: None,
         }));
         s.closed = true;
+        let marked = self.mark(&mut s);
         drop(s);
-        self.notify.notify_one();
+        self.wake(marked);
     }
 
     /// The subscriber is gone: the live thread forgets the sink at its next event.
     pub fn close(&self) {
-        self.state.lock().closed = true;
-        self.notify.notify_one();
+        let mut s = self.state.lock();
+        s.closed = true;
+        let marked = self.mark(&mut s);
+        drop(s);
+        self.wake(marked);
     }
 
     pub fn is_closed(&self) -> bool {

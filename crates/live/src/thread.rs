@@ -21,6 +21,11 @@ enum Input {
         sink: Arc<Sink>,
         reply: oneshot::Sender<Result<SubId, QueryError>>,
     },
+    /// Many subscriptions in one round trip (`subscribe_many`): answered in order.
+    SubscribeMany {
+        reqs: Vec<(Subscribe, Arc<Sink>)>,
+        reply: oneshot::Sender<Vec<Result<SubId, QueryError>>>,
+    },
     Unsubscribe(SubId),
 }
 
@@ -110,6 +115,23 @@ impl LiveHandle {
             .unwrap_or_else(|_| Err(QueryError::BadRequest("the server is shutting down".into())))
     }
 
+    /// Subscribes each `(request, sink)` in order, in one round trip to the live thread (the
+    /// thread takes the `Db`'s read lock once per subscription, as [`LiveHandle::subscribe`]
+    /// does, so a large batch does not hold the writer off for its whole length).
+    pub async fn subscribe_many(
+        &self,
+        reqs: Vec<(Subscribe, Arc<Sink>)>,
+    ) -> Vec<Result<SubId, QueryError>> {
+        let n = reqs.len();
+        let down = || QueryError::BadRequest("the server is shutting down".into());
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Input::SubscribeMany { reqs, reply }).is_err() {
+            return (0..n).map(|_| Err(down())).collect();
+        }
+        rx.await
+            .unwrap_or_else(|_| (0..n).map(|_| Err(down())).collect())
+    }
+
     pub fn unsubscribe(&self, sub: SubId) {
         let _ = self.tx.send(Input::Unsubscribe(sub));
     }
@@ -129,8 +151,13 @@ fn run(
 ) {
     let tick = Duration::from_millis(500);
     let mut last_expiry = Instant::now();
+    // When the next coalescing window is due (see `crate::fold`).
+    let mut fold_due: Option<Instant> = None;
     loop {
-        let first = match rx.recv_timeout(tick) {
+        let wait = fold_due.map_or(tick, |due| {
+            due.saturating_duration_since(Instant::now()).min(tick)
+        });
+        let first = match rx.recv_timeout(wait) {
             Ok(input) => Some(input),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -152,9 +179,25 @@ fn run(
                     let result = live.subscribe_with(|| db.read(), &req, sink);
                     let _ = reply.send(result);
                 }
+                Input::SubscribeMany { reqs, reply } => {
+                    let results = reqs
+                        .into_iter()
+                        .map(|(req, sink)| live.subscribe_with(|| db.read(), &req, sink))
+                        .collect();
+                    let _ = reply.send(results);
+                }
                 Input::Unsubscribe(sub) => live.unsubscribe(sub),
             }
+            // Under a steady stream of input this loop may not end for a while: windows
+            // that fall due meanwhile are flushed here.
+            if live
+                .next_fold_due()
+                .is_some_and(|due| due <= Instant::now())
+            {
+                live.flush_folds(Instant::now());
+            }
         }
+        fold_due = live.flush_folds(Instant::now());
         if last_expiry.elapsed() >= tick {
             live.expire(Instant::now(), false);
             last_expiry = Instant::now();

@@ -145,6 +145,23 @@ impl Materialized {
         }
     }
 
+    /// Whether a client's array is ordered (`ORDER BY`, `LIMIT`, `OFFSET`): its diffs carry
+    /// `index`.
+    pub fn ordered(&self) -> bool {
+        self.store.ordered()
+    }
+
+    /// The row a subscriber sees at `key`, if it sees one.
+    pub fn visible_row(&self, key: &RKey) -> Option<Arc<[Value]>> {
+        if self.windowed {
+            return self
+                .visible()
+                .find(|(k, _)| *k == key)
+                .map(|(_, o)| o.row.clone());
+        }
+        self.store.get(key).map(|o| o.row.clone())
+    }
+
     /// For a view that keeps a prefix of its result: drops from `deltas` the rows that land
     /// past the last kept row (the store does not hold their neighbours), and says whether
     /// the rows kept then still cover the window. `false` means the view must be refilled

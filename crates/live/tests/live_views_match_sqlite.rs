@@ -1183,6 +1183,10 @@ struct Client {
     sub: Option<u64>,
     sink: Arc<Sink>,
     small_queue: bool,
+    /// The client's `coalesce_ms` (0: a diff per commit). Its diffs fold every commit since
+    /// its last event; it is checked like the others, so its materialisation must equal the
+    /// oracles' at every seq it reports, and it resumes from folded seqs.
+    coalesce_ms: u32,
     has_state: bool,
     columns: Vec<String>,
     keys: Vec<String>,
@@ -1403,6 +1407,9 @@ struct Counts {
     commits: usize,
     /// Top-k views whose kept rows ran short and were read again.
     refills: u64,
+    /// Folded diffs sent to coalescing subscribers, and the diffs folded into them.
+    folds_sent: u64,
+    diffs_folded: u64,
 }
 
 struct Oracle {
@@ -1509,6 +1516,8 @@ impl Oracle {
         }
         self.flush();
         self.counts.refills = self.live.stats().refills;
+        self.counts.folds_sent = self.live.stats().folds_sent;
+        self.counts.diffs_folded = self.live.stats().diffs_folded;
         for c in &mut self.clients {
             c.paused = 0;
             c.check = true;
@@ -1693,6 +1702,10 @@ impl Oracle {
     fn flush(&mut self) {
         for c in std::mem::take(&mut self.pending) {
             self.live.apply(&c, || &self.db);
+            if self.rng.chance(20) {
+                // Some coalescing windows close between commits, not only at checks.
+                self.live.flush_folds(fold_deadline());
+            }
         }
     }
 
@@ -1761,12 +1774,18 @@ impl Oracle {
                 .replacen(" WHERE ", "\tWHERE ", 1);
         }
         let small_queue = self.rng.chance(25);
+        let coalesce_ms = if self.rng.chance(25) {
+            self.rng.range(1, 100) as u32
+        } else {
+            0
+        };
         self.clients.push(Client {
             q,
             sql,
             sub: None,
             sink: Sink::new(self.live.limits()),
             small_queue,
+            coalesce_ms,
             has_state: false,
             columns: Vec::new(),
             keys: Vec::new(),
@@ -1799,6 +1818,7 @@ impl Oracle {
             .enumerate()
             .find(|(pi, p)| {
                 *pi != ci
+                    && p.coalesce_ms == 0
                     && p.active()
                     && p.paused == 0
                     && p.has_state
@@ -1837,7 +1857,7 @@ impl Oracle {
         } else {
             self.live.limits().clone()
         };
-        let sink = Sink::new(&limits);
+        let sink = Sink::coalescing(&limits, self.clients[ci].coalesce_ms);
         let resuming = self.clients[ci].has_state;
         let expect = match since {
             Some(s) if resuming => self.resume_expectation(ci, s),
@@ -2063,6 +2083,9 @@ impl Oracle {
     /// Takes every non-paused subscriber's events, then compares each subscriber whose view
     /// could have changed with both oracles.
     fn check_all(&mut self) {
+        // Every coalescing window closes: each folding subscriber gets the net change of
+        // the commits since its last event.
+        self.live.flush_folds(fold_deadline());
         let mut cache: HashMap<String, Arc<Expected>> = HashMap::new();
         let mut ci = 0;
         while ci < self.clients.len() {
@@ -2200,5 +2223,14 @@ fn live_views_follow_random_commits_like_sqlite() {
         }
         assert!(c.operators.len() >= 3, "few operators: {c:?}");
         assert!(c.diffs > 100, "few diffs: {c:?}");
+        assert!(
+            c.folds_sent > 0 && c.diffs_folded > c.folds_sent,
+            "coalescing folded nothing: {c:?}"
+        );
     }
+}
+
+/// A time past every coalescing window (`coalesce_ms` ≤ 10 s): flushing with it closes them all.
+fn fold_deadline() -> Instant {
+    Instant::now() + Duration::from_millis(u64::from(sluice_live::COALESCE_MS_MAX) + 1)
 }

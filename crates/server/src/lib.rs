@@ -20,10 +20,12 @@
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
 //! - `live`, `live_chunks`: live queries over SSE, and large snapshots sent in chunks.
 //! - `metrics`: Prometheus text rendering.
+//! - [`coalesce`]: `coalesce_ms`, the opt-in window of live subscriptions and watches.
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
 pub mod auth;
+pub mod coalesce;
 pub mod config;
 pub mod core;
 pub mod decode;

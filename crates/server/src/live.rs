@@ -26,6 +26,8 @@ pub(crate) struct LiveQuery {
     /// JSON text: an array (`$1…`) or an object (`:name`).
     params: Option<String>,
     since: Option<String>,
+    /// At most one (folded) diff per this many milliseconds (see `crate::coalesce`).
+    coalesce_ms: Option<String>,
 }
 
 /// A subscription that unsubscribes when dropped (the client went away).
@@ -45,15 +47,31 @@ impl Drop for Subscription {
 }
 
 impl Subscription {
+    #[allow(dead_code)] // the plain form; the transports pass their `coalesce_ms`
     pub(crate) async fn open(core: &Core, req: Subscribe) -> Result<Subscription, ApiError> {
-        let sink = Sink::new(core.live().limits());
+        Subscription::open_coalescing(core, req, 0).await
+    }
+
+    /// [`Subscription::open`] for a subscriber that receives at most one folded diff per
+    /// `coalesce_ms` milliseconds (0: one per commit, as `open`).
+    pub(crate) async fn open_coalescing(
+        core: &Core,
+        req: Subscribe,
+        coalesce_ms: u32,
+    ) -> Result<Subscription, ApiError> {
+        let sink = Sink::coalescing(core.live().limits(), coalesce_ms);
         let sub = core.live().subscribe(req, sink.clone()).await?;
-        Ok(Subscription {
+        Ok(Subscription::opened(core, sub, sink))
+    }
+
+    /// A subscription the live thread already registered (`subscribe_many`).
+    pub(crate) fn opened(core: &Core, sub: SubId, sink: Arc<Sink>) -> Subscription {
+        Subscription {
             core: core.clone(),
             sub,
             sink,
             closing: core.closing(),
-        })
+        }
     }
 
     /// The next event, once its seq is confirmed; `None` when the subscription ended.
@@ -117,9 +135,10 @@ pub(crate) async fn sse(
             .map(|s| parse_since(s, "since"))
             .transpose()?,
     };
+    let coalesce_ms = crate::coalesce::coalesce_ms_text(q.coalesce_ms.as_deref())?;
     let guard = core.authenticator().connect(&caller)?;
     let claims = caller.claims().map(|c| c.all.clone());
-    let subscription = Subscription::open(
+    let subscription = Subscription::open_coalescing(
         &core,
         Subscribe {
             sql,
@@ -127,6 +146,7 @@ pub(crate) async fn sse(
             since,
             claims,
         },
+        coalesce_ms,
     )
     .await?;
     // The guard counts this stream against the caller's connections while it is open.

@@ -729,7 +729,23 @@ pub struct Watch {
     page: VecDeque<Arc<WireRecord>>,
     queue: mpsc::Receiver<Arc<WireRecord>>,
     end: Arc<EndSlot>,
+    /// `coalesce_ms` (see [`Watch::coalesce`]): records are handed out in batches, at most
+    /// one batch per window. `None`: each as soon as it is there.
+    coalesce: Option<Coalesce>,
 }
+
+/// A coalescing watch's window. Kept in the watch (not in [`Watch::next`]'s future) so a
+/// caller that drops a pending `next` (a heartbeat won a `select!`) loses no record.
+struct Coalesce {
+    window: std::time::Duration,
+    /// Records taken for the current batch, handed out before any new one is awaited.
+    held: VecDeque<Arc<WireRecord>>,
+    /// When the open window closes (a first record arrived and waits in `held`).
+    closes: Option<tokio::time::Instant>,
+}
+
+/// Records one coalesced batch takes at most; more waiting records follow in the next.
+pub const COALESCED_BATCH_RECORDS_MAX: usize = 65_536;
 
 impl Drop for Watch {
     fn drop(&mut self) {
@@ -752,9 +768,56 @@ impl Watch {
         self.next
     }
 
+    /// Hands records out in batches, at most one per `window` (`coalesce_ms`): the first
+    /// record of a batch waits until the window closes, then every record ready by then (up
+    /// to [`COALESCED_BATCH_RECORDS_MAX`]) is handed out at once. Records are never dropped
+    /// or merged; offsets and resume are as without coalescing.
+    pub fn coalesce(&mut self, window: std::time::Duration) {
+        self.coalesce = (!window.is_zero()).then(|| Coalesce {
+            window,
+            held: VecDeque::new(),
+            closes: None,
+        });
+    }
+
     /// The next record, or why the watch ended (`Lagging`, `Horizon`, not found when the
-    /// topic was dropped, `Poisoned`).
+    /// topic was dropped, `Poisoned`). Cancel-safe.
     pub async fn next(&mut self) -> Result<Arc<WireRecord>, CoreError> {
+        if self.coalesce.is_none() {
+            return self.next_record().await;
+        }
+        loop {
+            let c = self.coalesce.as_mut().expect("coalescing");
+            if let Some(closes) = c.closes {
+                tokio::time::sleep_until(closes).await;
+                let mut n = self.coalesce.as_ref().map_or(0, |c| c.held.len());
+                // An error is noticed again by the next `next_record`.
+                while n < COALESCED_BATCH_RECORDS_MAX {
+                    let Some(Ok(r)) = futures_util::FutureExt::now_or_never(self.next_record())
+                    else {
+                        break;
+                    };
+                    self.coalesce
+                        .as_mut()
+                        .expect("coalescing")
+                        .held
+                        .push_back(r);
+                    n += 1;
+                }
+                self.coalesce.as_mut().expect("coalescing").closes = None;
+                continue;
+            }
+            if let Some(r) = c.held.pop_front() {
+                return Ok(r);
+            }
+            let first = self.next_record().await?;
+            let c = self.coalesce.as_mut().expect("coalescing");
+            c.held.push_back(first);
+            c.closes = Some(tokio::time::Instant::now() + c.window);
+        }
+    }
+
+    async fn next_record(&mut self) -> Result<Arc<WireRecord>, CoreError> {
         loop {
             if self.end.ended.load(Ordering::Acquire) {
                 return Err(self.ended());
@@ -1052,6 +1115,7 @@ impl Core {
             page: VecDeque::new(),
             queue: r.queue,
             end: r.end,
+            coalesce: None,
         })
     }
 }

@@ -371,8 +371,14 @@ async fn watch_sse(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Path(name) = path.map_err(path_error)?;
-    let Query(pairs) =
+    let Query(mut pairs) =
         query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
+    // A watch's own parameter: records come in batches, at most one per window.
+    let coalesce = pairs
+        .iter()
+        .position(|(k, _)| k == "coalesce_ms")
+        .map(|i| pairs.remove(i).1);
+    let coalesce_ms = crate::coalesce::coalesce_ms_text(coalesce.as_deref())?;
     let p = read_params(pairs)?;
     if p.limit.is_some() {
         return Err(ApiError::bad_request("a watch takes no \"limit\""));
@@ -391,7 +397,8 @@ async fn watch_sse(
         None => p.from,
     };
     let guard = core.authenticator().connect(&caller)?;
-    let watch = core.watch_as(&caller, &name, from, p.filter).await?;
+    let mut watch = core.watch_as(&caller, &name, from, p.filter).await?;
+    watch.coalesce(crate::coalesce::window(coalesce_ms));
     let first = Bytes::from(format!(
         "event: watching\ndata: {}\n\n",
         json!({"topic": watch.topic(), "next": watch.start()})

@@ -24,13 +24,11 @@ use tokio::sync::{mpsc, oneshot};
 use std::collections::HashMap;
 
 use sluice_live::Subscribe;
-use tokio::task::JoinHandle;
 
 use crate::api::{durability_of, parse_ops, query_json, ApiError, ResultsSer};
 use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
-use crate::live::Subscription;
 use crate::writer::Request;
 
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
@@ -38,8 +36,10 @@ pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
 use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
 
+mod forward;
 /// `get`: point reads by key or through an index.
 mod get;
+mod many;
 
 /// A `call` request read straight into its fields, without a `Map` of the whole request
 /// (the calls of `sluice bench transfer` are most frames a busy connection reads). Only
@@ -543,6 +543,22 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                         Some(reply) => ready(reply),
                         None => continue,
                     }
+                } else if kind == Some("subscribe_many") {
+                    // Each refused entry gets its own error (with its qid), then one
+                    // `subscribed_many` reply; the snapshots follow as events.
+                    let replies = subs
+                        .subscribe_many(&core, &caller, &request, &events_tx, encoding, &watches)
+                        .await
+                        .unwrap_or_else(|e| {
+                            note_refusal(&core, &e);
+                            vec![error_reply(&id, e)]
+                        });
+                    for reply in replies {
+                        if pending_tx.send(ready(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                    continue;
                 } else if matches!(kind, Some("subscribe" | "unsubscribe")) {
                     let qid = request.get("qid").cloned().unwrap_or(Value::Null);
                     let outcome = if kind == Some("subscribe") {
@@ -662,7 +678,9 @@ impl Drop for Inflight {
 /// The live subscriptions of one connection, by `qid`.
 #[derive(Default)]
 struct Subscriptions {
-    by_qid: HashMap<String, JoinHandle<()>>,
+    by_qid: HashMap<String, forward::Forwarded>,
+    /// The connection's one forwarding task, started with its first subscription.
+    forwarder: Option<forward::Forwarder>,
 }
 
 impl Subscriptions {
@@ -704,38 +722,29 @@ impl Subscriptions {
                 ApiError::bad_request("\"since\" must be a seq (an integer ≥ 0)")
             })?),
         };
+        let coalesce_ms = crate::coalesce::coalesce_ms(request.get("coalesce_ms"))?;
         let req = Subscribe {
             sql: sql.clone(),
             params,
             since,
             claims: caller.claims().map(|c| c.all.clone()),
         };
-        let mut subscription = Subscription::open(core, req).await?;
-        let events = events.clone();
-        let task = tokio::spawn(async move {
-            while let Some(event) = subscription.next().await {
-                if let Some(snapshot) = &event.chunked {
-                    let msgpack = encoding == Encoding::Msgpack;
-                    if !crate::live_chunks::send_ws(snapshot, &qid, msgpack, &events).await {
-                        break;
-                    }
-                    continue;
-                }
-                let text = event.with_qid(&qid);
-                let message = match encoding {
-                    Encoding::Json => Message::Text(text.into()),
-                    Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
-                        Ok(v) => encode(encoding, &v),
-                        Err(_) => break,
-                    },
-                };
-                if events.send(message).await.is_err() {
-                    break;
-                }
-            }
-        });
+        let task = self
+            .forwarder(core, events, encoding)
+            .open(core, req, coalesce_ms, qid)
+            .await?;
         self.by_qid.insert(name, task);
         Ok(())
+    }
+
+    fn forwarder(
+        &mut self,
+        core: &Core,
+        events: &mpsc::Sender<Message>,
+        encoding: Encoding,
+    ) -> &mut forward::Forwarder {
+        self.forwarder
+            .get_or_insert_with(|| forward::Forwarder::new(core, events.clone(), encoding))
     }
 
     fn unsubscribe(&mut self, qid: &Value) -> Result<Value, ApiError> {
@@ -854,7 +863,9 @@ impl Watches {
             }
         };
         let filter = sluice_engine::TagFilter::parse(&tags)?;
-        let watch = core.watch_as(caller, topic, from, filter).await?;
+        let coalesce_ms = crate::coalesce::coalesce_ms(request.get("coalesce_ms"))?;
+        let mut watch = core.watch_as(caller, topic, from, filter).await?;
+        watch.coalesce(crate::coalesce::window(coalesce_ms));
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stream = watch_stream(watch, id, qid, encoding, done.clone());
@@ -1243,7 +1254,7 @@ async fn dispatch(
             Ok(Pending::Now(reply))
         }
         other => Err(ApiError::bad_request(format!(
-            "unknown request type {other:?}: expected call, mutate, query, get, subscribe, unsubscribe, append, watch, unwatch or ping"
+            "unknown request type {other:?}: expected call, mutate, query, get, subscribe, subscribe_many, unsubscribe, append, watch, unwatch or ping"
         ))),
     }
 }

@@ -139,3 +139,61 @@ fn quick_live_bench_samples_and_verifies_every_case() {
         );
     }
 }
+
+/// `sluice bench live --quick --families load,million,coalesce` runs end to end and writes
+/// `live-load/` in which every case verified: under open-loop load every acknowledged
+/// write's diff reached its room's subscriber, and each coalescing subscriber's view equals
+/// a one-shot query, with fewer diffs than commits once a window is open. Correctness only,
+/// never a timing.
+#[test]
+fn quick_load_families_verify_every_write_and_fold_hot_rows() {
+    let out = TempDir::new("live-load-smoke-results").expect("a temp dir");
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "live",
+            "--quick",
+            "--families",
+            "load,million,coalesce",
+            "--out",
+        ])
+        .arg(out.path())
+        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
+        .status()
+        .expect("run sluice bench live");
+    assert!(
+        status.success(),
+        "sluice bench live (load families) failed: {status}"
+    );
+    let dir = out.path().join("live-load");
+    assert!(dir.join("summary.md").is_file());
+    let samples: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("samples.json")).expect("samples.json"))
+            .expect("samples.json is JSON");
+    sluice_bench::live::load::verify_samples(&samples).expect("every case verified");
+    let load = samples["load"].as_array().expect("load cases");
+    assert_eq!(
+        load.len(),
+        2,
+        "one load rate and the million sweep: {load:?}"
+    );
+    for c in load {
+        assert!(c["writes_acked"].as_u64().unwrap_or(0) > 0, "{c}");
+        assert_eq!(c["writes_acked"], c["diffs"], "a diff per write: {c}");
+    }
+    let coalesce = samples["coalesce"].as_array().expect("coalesce cases");
+    assert_eq!(coalesce.len(), 3, "windows 0, 10 and 100 ms");
+    let diffs = |ms: u64| {
+        coalesce
+            .iter()
+            .find(|c| c["coalesce_ms"] == ms)
+            .and_then(|c| c["diffs"].as_u64())
+            .expect("a case per window")
+    };
+    assert_eq!(
+        diffs(0),
+        coalesce[0]["commits"].as_u64().unwrap(),
+        "no window: a diff per commit"
+    );
+    assert!(diffs(100) < diffs(0), "a 100 ms window folds commits");
+}

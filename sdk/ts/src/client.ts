@@ -7,6 +7,8 @@ import type {
   Client,
   ClientStatus,
   ConnectOptions,
+  LiveOptions,
+  WatchOptions,
   Durability,
   LiveQuery,
   LiveStatus,
@@ -471,11 +473,11 @@ export class SluiceClient implements Client {
     });
   }
 
-  live<Row = Record<string, unknown>>(sql: string, params?: Params): LiveQuery<Row> {
-    return new LiveQueryImpl<Row>(this, sql, params);
+  live<Row = Record<string, unknown>>(sql: string, params?: Params, options?: LiveOptions): LiveQuery<Row> {
+    return new LiveQueryImpl<Row>(this, sql, params, options?.coalesceMs);
   }
 
-  watch<Data = unknown>(topic: string, options?: { from?: number; tags?: string[]; keep?: number }): TopicWatch<Data> {
+  watch<Data = unknown>(topic: string, options?: WatchOptions): TopicWatch<Data> {
     return new TopicWatchImpl<Data>(this, topic, options ?? {});
   }
 
@@ -551,6 +553,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
     private readonly client: SluiceClient,
     readonly sql: string,
     readonly params: Params | undefined,
+    readonly coalesceMs: number | undefined = undefined,
   ) {
     if (client.isClosed) {
       this.status = "error";
@@ -591,6 +594,7 @@ export class LiveQueryImpl<Row> implements LiveQuery<Row> {
       sql: this.sql,
       ...(this.params !== undefined ? { params: this.params } : {}),
       ...(since !== null ? { since } : {}),
+      ...(this.coalesceMs ? { coalesce_ms: this.coalesceMs } : {}),
     });
   }
 
@@ -897,13 +901,15 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
   private closed = false;
   private readonly keep: number;
   private readonly tags: string[] | undefined;
+  private readonly coalesceMs: number | undefined;
   private readonly listeners = new Set<(r?: TopicRecord<Data>) => void>();
 
   constructor(
     private readonly client: SluiceClient,
     readonly topic: string,
-    options: { from?: number; tags?: string[]; keep?: number },
+    options: WatchOptions,
   ) {
+    this.coalesceMs = options.coalesceMs;
     this.next = options.from ?? 0;
     this.known = options.from !== undefined;
     this.keep = options.keep ?? 1000;
@@ -956,6 +962,7 @@ export class TopicWatchImpl<Data> implements TopicWatch<Data> {
         topic: this.topic,
         ...(this.known ? { from: this.next } : {}),
         ...(this.tags ? { tags: this.tags } : {}),
+        ...(this.coalesceMs ? { coalesce_ms: this.coalesceMs } : {}),
       })
       .then(
         () => {}, // the `watching` reply is handled in onEvent, synchronously

@@ -7,6 +7,7 @@ export type {
   ConnectOptions,
   Durability,
   Encoding,
+  LiveOptions,
   LiveQuery,
   LiveStatus,
   MutateResult,
@@ -20,5 +21,6 @@ export type {
   TokenSource,
   TopicRecord,
   TopicWatch,
+  WatchOptions,
   WriteResult,
 } from "./types.js";

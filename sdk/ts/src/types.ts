@@ -143,14 +143,34 @@ export interface Client {
   /** Any other HTTP endpoint (docs/api.md) with the client's token; a JSON body; errors as SluiceError. */
   http<T = unknown>(method: string, path: string, body?: unknown): Promise<T>;
 
-  live<Row = Record<string, unknown>>(sql: string, params?: Params): LiveQuery<Row>;
+  /**
+   * A live query. `coalesceMs` (0 … 10 000; default 0) asks the server for at most one diff per
+   * window: the net change of every commit in it (docs/protocol.md, "Coalescing").
+   */
+  live<Row = Record<string, unknown>>(sql: string, params?: Params, options?: LiveOptions): LiveQuery<Row>;
 
   append(
     topic: string,
     records: { tags?: string[]; data?: unknown }[],
     options?: { durability?: Durability },
   ): Promise<{ seq: number; first: number; last: number }>;
-  watch<Data = unknown>(topic: string, options?: { from?: number; tags?: string[]; keep?: number }): TopicWatch<Data>;
+  /** `coalesceMs`: records come in batches, at most one per window (none dropped or merged). */
+  watch<Data = unknown>(topic: string, options?: WatchOptions): TopicWatch<Data>;
 
   close(): void;
+}
+
+/** Options of a live query. */
+export interface LiveOptions {
+  /** At most one (folded) diff per this many milliseconds (0 … 10 000; 0: a diff per commit). */
+  coalesceMs?: number;
+}
+
+/** Options of a topic watch. */
+export interface WatchOptions {
+  from?: number;
+  tags?: string[];
+  keep?: number;
+  /** Records in batches, at most one per this many milliseconds (0 … 10 000). */
+  coalesceMs?: number;
 }

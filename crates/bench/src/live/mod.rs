@@ -32,6 +32,8 @@
 //! - [`client`]: SSE and WebSocket subscribers, the writer, the client-side materialisation.
 //! - [`peer`]: the PostgreSQL trigger and listener.
 //! - [`rules`]: the rules family.
+//! - [`load`]: the load families (sustained write rates, a million views, coalescing; run
+//!   only when named, their own report `live-load/`).
 //! - [`summary`]: tables, targets, charts and `samples.json`.
 
 use std::collections::BTreeSet;
@@ -53,6 +55,7 @@ use crate::CommonArgs;
 
 pub mod client;
 pub mod compression;
+pub mod load;
 pub mod peer;
 pub mod rules;
 pub mod summary;
@@ -128,6 +131,27 @@ pub struct LiveArgs {
     /// --quick: 2].
     #[arg(long)]
     pub compression_runs: Option<usize>,
+    /// Load family: open-loop write rates, one run each [default: 10000,50000; --quick: 500].
+    #[arg(long, value_delimiter = ',')]
+    pub load_rates: Option<Vec<usize>>,
+    /// Load family: scoped views registered [default: 100000; --quick: 200].
+    #[arg(long)]
+    pub load_views: Option<usize>,
+    /// Load and coalesce families: seconds each rate runs [default: 10; --quick: 1].
+    #[arg(long)]
+    pub load_seconds: Option<f64>,
+    /// Million family: scoped views on one server [default: 1000000; --quick: 2000].
+    #[arg(long)]
+    pub million_views: Option<usize>,
+    /// Coalesce family: rows of the hot view [default: 1000; --quick: 100].
+    #[arg(long)]
+    pub hot_rows: Option<usize>,
+    /// Coalesce family: writes per second [default: 2000; --quick: 500].
+    #[arg(long)]
+    pub hot_rate: Option<usize>,
+    /// Coalesce family: `coalesce_ms` windows, one subscriber each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0u32, 10, 100])]
+    pub coalesce_windows: Vec<u32>,
     /// Skip the PostgreSQL peer (it is also skipped, with a note, when not installed).
     #[arg(long)]
     pub no_peers: bool,
@@ -157,6 +181,7 @@ pub struct Params {
     pub ws_size: Option<usize>,
     pub peers: bool,
     pub quick: bool,
+    pub load: load::LoadParams,
 }
 
 impl Params {
@@ -185,8 +210,11 @@ impl Params {
         anyhow::ensure!(views.iter().all(|&v| v >= 1), "--views must be at least 1");
         for f in &args.families {
             anyhow::ensure!(
-                ["size", "views", "shape", "rules", "compression"].contains(&f.as_str()),
-                "unknown family {f:?}: expected size, views, shape, rules or compression"
+                ["size", "views", "shape", "rules", "compression"]
+                    .iter()
+                    .chain(LOAD_FAMILIES)
+                    .any(|k| k == f),
+                "unknown family {f:?}: expected size, views, shape, rules, compression, load, million or coalesce"
             );
         }
         let ws_size = sizes
@@ -212,7 +240,38 @@ impl Params {
             compression_runs: args.compression_runs.unwrap_or(if quick { 2 } else { 7 }),
             peers: !args.no_peers,
             quick,
+            load: load::LoadParams {
+                rates: args.load_rates.clone().unwrap_or(if quick {
+                    vec![500]
+                } else {
+                    vec![10_000, 50_000]
+                }),
+                views: args.load_views.unwrap_or(if quick { 200 } else { 100_000 }),
+                seconds: args.load_seconds.unwrap_or(if quick { 1.0 } else { 10.0 }),
+                million_views: args
+                    .million_views
+                    .unwrap_or(if quick { 2_000 } else { 1_000_000 }),
+                hot_rows: args.hot_rows.unwrap_or(if quick { 100 } else { 1_000 }),
+                hot_rate: args.hot_rate.unwrap_or(if quick { 500 } else { 2_000 }),
+                windows: args.coalesce_windows.clone(),
+            },
         };
+        anyhow::ensure!(
+            p.load.rates.iter().all(|&r| r >= 1)
+                && p.load.views >= 1
+                && p.load.million_views >= 1
+                && p.load.hot_rows >= 10
+                && p.load.hot_rate >= 1
+                && p.load.seconds > 0.0,
+            "--load-rates, --load-views, --million-views and --hot-rate must be at least 1, --hot-rows at least 10, --load-seconds positive"
+        );
+        anyhow::ensure!(
+            p.load
+                .windows
+                .iter()
+                .all(|&w| w <= sluice_live_coalesce_ms_max()),
+            "--coalesce-windows must be at most 10000 ms (the server's coalesce_ms_max)"
+        );
         anyhow::ensure!(p.samples >= 1, "--samples must be at least 1");
         anyhow::ensure!(
             p.compression_rows >= 1 && p.compression_runs >= 1,
@@ -1619,6 +1678,18 @@ pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
             return Ok(compression_ok);
         }
     }
+    // So do the load families (`live-load/`).
+    let mut load_ok = true;
+    if LOAD_FAMILIES.iter().any(|f| params.runs(f)) {
+        load_ok = load::run(&params, &bin, &args.common.out)?;
+    }
+    if params
+        .families
+        .iter()
+        .all(|f| f == "compression" || LOAD_FAMILIES.contains(&f.as_str()))
+    {
+        return Ok(compression_ok && load_ok);
+    }
     let mut skipped = Vec::new();
     let pg_bin = if !params.peers {
         skipped.push("PostgreSQL peer skipped (--no-peers).".to_string());
@@ -1651,7 +1722,15 @@ pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
         eprintln!("{failed} case(s) failed or did not verify; see the notes in summary.md");
     }
     drop(runtime);
-    Ok(failed == 0 && compression_ok)
+    Ok(failed == 0 && compression_ok && load_ok)
+}
+
+/// The families with their own report (`live-load/`), run only when named.
+const LOAD_FAMILIES: &[&str] = &["load", "million", "coalesce"];
+
+/// The server's bound on `coalesce_ms`.
+const fn sluice_live_coalesce_ms_max() -> u32 {
+    10_000
 }
 
 async fn run_cases(

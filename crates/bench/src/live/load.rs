@@ -1,0 +1,859 @@
+//! The load families (`sluice bench live --families load,million,coalesce`; run only when
+//! named; their own report, `bench-results/live-load/`):
+//!
+//! - **load**: `--load-views` (100 000) scoped views (`SELECT * FROM msg WHERE room = $1`, one
+//!   row per room), subscribed with `subscribe_many`; then, for each of `--load-rates`
+//!   (10 000, 50 000 writes/s), open-loop writers send one-row upserts at that fixed rate
+//!   over WebSocket `mutate`s for `--load-seconds`, each to a random room. Every row carries
+//!   the time its write was *scheduled* (µs since the bench's epoch) in `ts`, so write→diff is
+//!   measured from the schedule (a writer that falls behind counts against the server, no
+//!   coordinated omission). Reports achieved writes/s and write→diff p50/p99.
+//! - **million**: `--million-views` (1 000 000) such views on one server: heap bytes per idle
+//!   view by the allocator's counters (`--count-allocations`), the subscribe rate with
+//!   `subscribe_many` frames, and write→diff at a light open-loop rate (1 000 writes/s).
+//! - **coalesce**: the hot-row workload: one view of `--hot-rows` (1 000) rows followed by one
+//!   subscriber per `--coalesce-windows` (0, 10, 100 ms), each on its own connection; writers
+//!   patch a row at `--hot-rate` (2 000) writes/s, 90 % of them into the hottest 10 % of the
+//!   rows. Reports diffs received per commit (commits folded per diff) and bytes on the wire.
+//!
+//! Verification: under load every acknowledged write must reach its room's subscriber as a
+//! diff (counts equal, no error or reset); a coalescing subscriber's view (row hashes, with the
+//! documented checksum checked on every event) must equal a one-shot query at the end.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::{SinkExt, StreamExt};
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::client::{result_checksum, Api, Mat};
+use super::{fmt_bytes, Ctx, Dist, Params};
+use crate::progress::Progress;
+use crate::report::{Report, Table, Target};
+use crate::transfer::clients::connect_ws_as;
+
+/// Subscriptions per `subscribe_many` frame.
+const SUBS_PER_FRAME: usize = 5_000;
+/// Subscriptions per WebSocket connection.
+const SUBS_PER_CONNECTION: usize = 250_000;
+/// Writes per second one writer connection sends at most (more connections above).
+const RATE_PER_WRITER: usize = 25_000;
+/// How long the last diffs may take to arrive after the writers stopped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long subscribing may take.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The light rate at which the million-view case measures write→diff.
+const MILLION_RATE: usize = 1_000;
+/// Preload rows per mutate.
+const PRELOAD_BATCH: usize = 50_000;
+
+const MSG_SCHEMA: &str = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, \
+    ts INTEGER NOT NULL, body TEXT); CREATE INDEX msg_room ON msg (room)";
+const ROOM_VIEW: &str = "SELECT * FROM msg WHERE room = $1";
+const HOT_SCHEMA: &str =
+    "CREATE TABLE items (id INTEGER PRIMARY KEY, grp INTEGER NOT NULL, val INTEGER NOT NULL)";
+const HOT_VIEW: &str = "SELECT * FROM items WHERE grp = 1";
+
+/// The load families' parameters (after `--quick`).
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadParams {
+    pub rates: Vec<usize>,
+    pub views: usize,
+    pub seconds: f64,
+    pub million_views: usize,
+    pub hot_rows: usize,
+    pub hot_rate: usize,
+    pub windows: Vec<u32>,
+}
+
+/// One rate of the load family, or the million-view case.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LoadCase {
+    pub family: &'static str,
+    pub views: usize,
+    pub rate_target: usize,
+    pub rate_achieved: f64,
+    pub writes_acked: u64,
+    pub diffs: u64,
+    pub write_to_diff: Dist,
+    /// Subscribe all views: seconds and subscriptions/s.
+    pub subscribe_s: Option<f64>,
+    pub subscribes_per_s: Option<f64>,
+    /// Heap bytes (allocator counters) per subscribed idle view.
+    pub heap_bytes_per_view: Option<f64>,
+    pub verified: bool,
+    pub detail: String,
+    pub error: Option<String>,
+}
+
+/// One window of the coalesce family.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CoalesceCase {
+    pub coalesce_ms: u32,
+    pub rows: usize,
+    pub rate_achieved: f64,
+    pub commits: u64,
+    pub diffs: u64,
+    pub changes: u64,
+    pub bytes: u64,
+    pub commits_per_diff: f64,
+    pub bytes_per_commit: f64,
+    pub verified: bool,
+    pub detail: String,
+    pub error: Option<String>,
+}
+
+/// What one subscribing connection saw.
+#[derive(Default)]
+struct Seen {
+    snapshots: u64,
+    diffs: u64,
+    changes: u64,
+    bytes: u64,
+    errors: Vec<String>,
+    resets: u64,
+    mats: HashMap<u64, Mat>,
+}
+
+/// Counters a reader keeps live, for waiting.
+#[derive(Default)]
+struct Live {
+    snapshots: AtomicU64,
+    diffs: AtomicU64,
+    /// The newest seq a diff or snapshot carried.
+    seq: AtomicU64,
+    failures: AtomicU64,
+}
+
+struct Reader {
+    live: Arc<Live>,
+    /// write→diff of rows stamped at or after `measure_from_us`, taken by each run.
+    lat_us: Arc<std::sync::Mutex<Vec<f64>>>,
+    measure_from_us: Arc<AtomicU64>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<Seen>>,
+}
+
+type WsSink = futures_util::stream::SplitSink<crate::transfer::clients::WsStream, Message>;
+
+/// Opens a subscribing connection; its reader files events (keeping views when `mats`).
+async fn subscriber(base: &str, epoch: Instant, mats: bool) -> anyhow::Result<(WsSink, Reader)> {
+    let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
+    let ws = connect_ws_as(&url, "sluice.json.v1", crate::server::admin_token()).await?;
+    let (sink, mut stream) = ws.split();
+    let live = Arc::new(Live::default());
+    let measure_from_us = Arc::new(AtomicU64::new(u64::MAX));
+    let (stop, mut stopped) = oneshot::channel();
+    let lat_us = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (l, m, lat) = (live.clone(), measure_from_us.clone(), lat_us.clone());
+    let task = tokio::spawn(async move {
+        let mut seen = Seen::default();
+        loop {
+            let message = tokio::select! {
+                _ = &mut stopped => break,
+                m = stream.next() => m,
+            };
+            let text = match message {
+                None | Some(Ok(Message::Close(_))) => break,
+                Some(Err(e)) => return Err(anyhow::Error::from(e).context("reading")),
+                Some(Ok(Message::Text(t))) => t,
+                Some(Ok(_)) => continue,
+            };
+            let now_us = epoch.elapsed().as_micros() as f64;
+            seen.bytes += text.len() as u64;
+            let v: Value = serde_json::from_str(text.as_str()).context("a frame")?;
+            let qid = v["qid"].as_u64();
+            let seq = v["seq"].as_u64().unwrap_or(0);
+            match v["type"].as_str() {
+                Some("diff") => {
+                    let changes = v["changes"].as_array().map_or(&[][..], Vec::as_slice);
+                    seen.diffs += 1;
+                    seen.changes += changes.len() as u64;
+                    let from = m.load(Ordering::Relaxed) as f64;
+                    for c in changes {
+                        if let Some(ts) = c["row"]["ts"].as_u64() {
+                            if ts as f64 >= from {
+                                lat.lock().expect("not poisoned").push(now_us - ts as f64);
+                            }
+                        }
+                    }
+                    if mats {
+                        seen.mats.entry(qid.unwrap_or(0)).or_default().diff(&v)?;
+                    }
+                    l.seq.fetch_max(seq, Ordering::Relaxed);
+                    l.diffs.fetch_add(1, Ordering::Relaxed);
+                }
+                Some("snapshot") => {
+                    seen.snapshots += 1;
+                    if v["reset"].as_bool() == Some(true) {
+                        seen.resets += 1;
+                    }
+                    if mats {
+                        seen.mats
+                            .entry(qid.unwrap_or(0))
+                            .or_default()
+                            .snapshot(&v)?;
+                    }
+                    l.seq.fetch_max(seq, Ordering::Relaxed);
+                    l.snapshots.fetch_add(1, Ordering::Relaxed);
+                }
+                Some("error") => {
+                    if seen.errors.len() < 5 {
+                        seen.errors.push(v.to_string());
+                    }
+                    l.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        Ok(seen)
+    });
+    Ok((
+        sink,
+        Reader {
+            live,
+            lat_us,
+            measure_from_us,
+            stop: Some(stop),
+            task,
+        },
+    ))
+}
+
+impl Reader {
+    async fn finish(mut self) -> anyhow::Result<Seen> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.context("a reader panicked")?
+    }
+}
+
+/// Waits until `done()` holds, or fails after `timeout` saying `what`.
+async fn until(timeout: Duration, what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while !done() {
+        anyhow::ensure!(started.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Subscribes rooms `0..v` to [`ROOM_VIEW`] with `subscribe_many` frames over as few
+/// connections as [`SUBS_PER_CONNECTION`] allows; returns the sinks, the readers and the
+/// seconds until the last snapshot arrived.
+async fn subscribe_rooms(
+    base: &str,
+    epoch: Instant,
+    v: usize,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<WsSink>, Vec<Reader>, f64)> {
+    let conns = v.div_ceil(SUBS_PER_CONNECTION).max(1);
+    let mut sinks = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..conns {
+        let (s, r) = subscriber(base, epoch, false).await?;
+        sinks.push(s);
+        readers.push(r);
+    }
+    let started = Instant::now();
+    let sends = sinks.iter_mut().enumerate().map(|(c, sink)| async move {
+        let rooms: Vec<usize> = (0..v).filter(|room| room % conns == c).collect();
+        for (f, chunk) in rooms.chunks(SUBS_PER_FRAME).enumerate() {
+            let subs: Vec<Value> = chunk
+                .iter()
+                .map(|&room| json!({"qid": room, "sql": ROOM_VIEW, "params": [room]}))
+                .collect();
+            let frame = json!({"id": f, "type": "subscribe_many", "subs": subs});
+            sink.send(Message::Text(frame.to_string().into())).await?;
+        }
+        anyhow::Ok(())
+    });
+    futures_util::future::try_join_all(sends).await?;
+    let lives: Vec<Arc<Live>> = readers.iter().map(|r| r.live.clone()).collect();
+    let count = || {
+        lives
+            .iter()
+            .map(|l| l.snapshots.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let failed = || lives.iter().any(|l| l.failures.load(Ordering::Relaxed) > 0);
+    until(SUBSCRIBE_TIMEOUT, "the snapshots", || {
+        count() >= v as u64 || failed()
+    })
+    .await?;
+    anyhow::ensure!(!failed(), "a subscription was refused");
+    let secs = started.elapsed().as_secs_f64();
+    progress.say(format!(
+        "  {v} views subscribed over {conns} connection(s) in {secs:.2}s ({:.0}/s)",
+        v as f64 / secs
+    ));
+    Ok((sinks, readers, secs))
+}
+
+/// Sends one-row `mutate`s at `rate` per second for `seconds`, open loop, over enough
+/// connections; `row(i, stamp_us)` renders the i-th write's row. Returns (acked, the last
+/// acked seq, achieved writes/s).
+async fn write_open_loop(
+    base: &str,
+    epoch: Instant,
+    rate: usize,
+    seconds: f64,
+    table: &'static str,
+    row: impl Fn(u64, u64) -> String + Send + Sync + Clone + 'static,
+) -> anyhow::Result<(u64, u64, f64)> {
+    let writers = rate.div_ceil(RATE_PER_WRITER).max(1);
+    let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
+    let total = (rate as f64 * seconds) as u64;
+    let started = Instant::now();
+    let start_us = epoch.elapsed().as_micros() as u64;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let ws = connect_ws_as(&url, "sluice.json.v1", crate::server::admin_token()).await?;
+        let (mut sink, mut stream) = ws.split();
+        let mine: Vec<u64> = (0..total)
+            .filter(|i| i % writers as u64 == w as u64)
+            .collect();
+        let n = mine.len() as u64;
+        let acks = tokio::spawn(async move {
+            let (mut acked, mut last) = (0u64, 0u64);
+            while acked < n {
+                let Some(m) = stream.next().await else { break };
+                if let Message::Text(t) = m? {
+                    let v: Value = serde_json::from_str(t.as_str())?;
+                    anyhow::ensure!(v["type"] == "result", "a write failed: {v}");
+                    last = last.max(v["seq"].as_u64().unwrap_or(0));
+                    acked += 1;
+                }
+            }
+            anyhow::Ok((acked, last))
+        });
+        let row = row.clone();
+        let send = tokio::spawn(async move {
+            let per_us = 1e6 / rate as f64;
+            for (k, i) in mine.into_iter().enumerate() {
+                let due_us = start_us + (i as f64 * per_us) as u64;
+                let now_us = epoch.elapsed().as_micros() as u64;
+                if due_us > now_us + 500 {
+                    sink.flush().await?;
+                    tokio::time::sleep(Duration::from_micros(due_us - now_us)).await;
+                }
+                let frame = format!(
+                    "{{\"type\":\"mutate\",\"id\":{i},\"ops\":[{{\"op\":\"upsert\",\"table\":\"{table}\",\"row\":{}}}]}}",
+                    row(i, due_us)
+                );
+                sink.feed(Message::Text(frame.into())).await?;
+                if k % 64 == 63 {
+                    sink.flush().await?;
+                }
+            }
+            sink.flush().await?;
+            anyhow::Ok(sink)
+        });
+        tasks.push((send, acks));
+    }
+    let (mut acked, mut last) = (0, 0);
+    let mut sinks = Vec::new();
+    for (send, acks) in tasks {
+        sinks.push(send.await??);
+        let (a, l) = acks.await??;
+        acked += a;
+        last = last.max(l);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    drop(sinks);
+    Ok((acked, last, acked as f64 / secs))
+}
+
+/// A tiny deterministic generator.
+fn mix(i: u64) -> u64 {
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 29)
+}
+
+/// Preloads one message per room.
+async fn preload_rooms(api: &Api, v: usize) -> anyhow::Result<()> {
+    api.sql(MSG_SCHEMA).await?;
+    api.preload(
+        "msg",
+        (0..v).map(|room| format!("{{\"id\":{room},\"room\":{room},\"ts\":0,\"body\":\"hi\"}}")),
+        PRELOAD_BATCH,
+    )
+    .await?;
+    Ok(())
+}
+
+/// One open-loop run over rooms `0..v` already subscribed by `readers`.
+async fn load_run(
+    base: &str,
+    epoch: Instant,
+    readers: &[Reader],
+    v: usize,
+    rate: usize,
+    seconds: f64,
+    case: &mut LoadCase,
+) -> anyhow::Result<()> {
+    let diffs_before: u64 = readers
+        .iter()
+        .map(|r| r.live.diffs.load(Ordering::Relaxed))
+        .sum();
+    // The first fifth (at most 1 s) warms up.
+    let warm_us = (seconds * 0.2).min(1.0) * 1e6;
+    let from = epoch.elapsed().as_micros() as u64 + warm_us as u64;
+    for r in readers {
+        r.measure_from_us.store(from, Ordering::Relaxed);
+        r.lat_us.lock().expect("not poisoned").clear();
+    }
+    let salt = epoch.elapsed().as_nanos() as u64;
+    let row = move |i: u64, stamp: u64| {
+        let room = mix(i ^ salt) % v as u64;
+        format!("{{\"id\":{room},\"room\":{room},\"ts\":{stamp},\"body\":\"w{i}\"}}")
+    };
+    let (acked, _, achieved) = write_open_loop(base, epoch, rate, seconds, "msg", row).await?;
+    case.writes_acked = acked;
+    case.rate_achieved = achieved;
+    let lives: Vec<Arc<Live>> = readers.iter().map(|r| r.live.clone()).collect();
+    let diffs = || {
+        lives
+            .iter()
+            .map(|l| l.diffs.load(Ordering::Relaxed))
+            .sum::<u64>()
+            - diffs_before
+    };
+    let waited = until(DRAIN_TIMEOUT, "every write's diff", || diffs() >= acked).await;
+    case.diffs = diffs();
+    let mut lat = Vec::new();
+    for r in readers {
+        lat.append(&mut r.lat_us.lock().expect("not poisoned"));
+    }
+    case.write_to_diff = Dist::of(&lat);
+    case.verified = waited.is_ok() && case.diffs == acked;
+    case.detail = format!("{} diffs for {acked} acknowledged writes", case.diffs);
+    Ok(())
+}
+
+async fn load_family(
+    ctx: &Ctx<'_>,
+    lp: &LoadParams,
+    cases: &mut Vec<LoadCase>,
+) -> anyhow::Result<()> {
+    let v = lp.views;
+    let per_conn = v.max(1024).to_string();
+    let (server, api, _dir) = ctx
+        .start(&["--live-subscriptions-per-connection", per_conn.as_str()])
+        .await?;
+    preload_rooms(&api, v).await?;
+    let epoch = Instant::now();
+    let (sinks, readers, _) = subscribe_rooms(&server.base_url, epoch, v, &ctx.progress).await?;
+    for &rate in &lp.rates {
+        let mut case = LoadCase {
+            family: "load",
+            views: v,
+            rate_target: rate,
+            ..LoadCase::default()
+        };
+        let outcome = load_run(
+            &server.base_url,
+            epoch,
+            &readers,
+            v,
+            rate,
+            lp.seconds,
+            &mut case,
+        )
+        .await;
+        if let Err(e) = outcome {
+            case.error = Some(format!("{e:#}"));
+        }
+        cases.push(case);
+    }
+    drop(sinks);
+    let first = cases.len() - lp.rates.len();
+    for r in readers {
+        let seen = r.finish().await?;
+        if seen.resets > 0 || !seen.errors.is_empty() {
+            for c in &mut cases[first..] {
+                c.verified = false;
+                c.detail.push_str(&format!(
+                    "; {} resets, errors {:?}",
+                    seen.resets, seen.errors
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn million_family(
+    ctx: &Ctx<'_>,
+    lp: &LoadParams,
+    cases: &mut Vec<LoadCase>,
+) -> anyhow::Result<()> {
+    let v = lp.million_views;
+    let per_conn = v.max(1024).to_string();
+    let max_views = (v + 1024).to_string();
+    let (server, api, _dir) = ctx
+        .start(&[
+            "--live-subscriptions-per-connection",
+            per_conn.as_str(),
+            "--live-views-max",
+            max_views.as_str(),
+        ])
+        .await?;
+    preload_rooms(&api, v).await?;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let heap_before = api.metric_opt("sluice_alloc_bytes").await?;
+    let epoch = Instant::now();
+    let (sinks, readers, secs) = subscribe_rooms(&server.base_url, epoch, v, &ctx.progress).await?;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let heap_after = api.metric_opt("sluice_alloc_bytes").await?;
+    let mut case = LoadCase {
+        family: "million",
+        views: v,
+        rate_target: MILLION_RATE,
+        subscribe_s: Some(secs),
+        subscribes_per_s: Some(v as f64 / secs),
+        heap_bytes_per_view: heap_before.zip(heap_after).map(|(a, b)| (b - a) / v as f64),
+        ..LoadCase::default()
+    };
+    ctx.progress.say(format!(
+        "  heap per idle view: {}",
+        case.heap_bytes_per_view
+            .map_or("not exposed".into(), |b| format!("{b:.0} bytes"))
+    ));
+    let seconds = lp.seconds.min(5.0);
+    if let Err(e) = load_run(
+        &server.base_url,
+        epoch,
+        &readers,
+        v,
+        MILLION_RATE,
+        seconds,
+        &mut case,
+    )
+    .await
+    {
+        case.error = Some(format!("{e:#}"));
+    }
+    drop(sinks);
+    for r in readers {
+        let seen = r.finish().await?;
+        if seen.resets > 0 || !seen.errors.is_empty() {
+            case.verified = false;
+            case.detail.push_str(&format!(
+                "; {} resets, errors {:?}",
+                seen.resets, seen.errors
+            ));
+        }
+    }
+    cases.push(case);
+    Ok(())
+}
+
+async fn coalesce_family(
+    ctx: &Ctx<'_>,
+    lp: &LoadParams,
+    cases: &mut Vec<CoalesceCase>,
+) -> anyhow::Result<()> {
+    let (server, api, _dir) = ctx.start(&[]).await?;
+    let rows = lp.hot_rows.max(10);
+    api.sql(HOT_SCHEMA).await?;
+    api.preload(
+        "items",
+        (0..rows).map(|id| format!("{{\"id\":{id},\"grp\":1,\"val\":0}}")),
+        PRELOAD_BATCH,
+    )
+    .await?;
+    let epoch = Instant::now();
+    let mut subs = Vec::new();
+    for &w in &lp.windows {
+        let (mut sink, reader) = subscriber(&server.base_url, epoch, true).await?;
+        let frame = json!({"type": "subscribe", "qid": 1, "sql": HOT_VIEW, "coalesce_ms": w});
+        sink.send(Message::Text(frame.to_string().into())).await?;
+        subs.push((w, sink, reader));
+    }
+    for (_, _, r) in &subs {
+        let live = r.live.clone();
+        until(SUBSCRIBE_TIMEOUT, "a snapshot", || {
+            live.snapshots.load(Ordering::Relaxed) > 0
+        })
+        .await?;
+    }
+    let hot = (rows / 10).max(1) as u64;
+    let rows_n = rows as u64;
+    let row = move |i: u64, _stamp: u64| {
+        let r = mix(i);
+        let id = if r % 10 < 9 {
+            (r >> 8) % hot
+        } else {
+            hot + (r >> 8) % (rows_n - hot)
+        };
+        format!("{{\"id\":{id},\"grp\":1,\"val\":{}}}", i + 1)
+    };
+    let (acked, last, achieved) = write_open_loop(
+        &server.base_url,
+        epoch,
+        lp.hot_rate,
+        lp.seconds,
+        "items",
+        row,
+    )
+    .await?;
+    let expected = result_checksum(&api.query(HOT_VIEW, &Value::Null).await?)?;
+    for (w, sink, reader) in subs {
+        let live = reader.live.clone();
+        let caught_up = until(DRAIN_TIMEOUT, "the last diff", || {
+            live.seq.load(Ordering::Relaxed) >= last
+        })
+        .await;
+        drop(sink);
+        let seen = reader.finish().await?;
+        let mat = seen.mats.get(&1);
+        let (len, sum, mismatches) = mat.map_or((0, 0, 1), |m| (m.len(), m.sum, m.mismatches));
+        let verified = caught_up.is_ok()
+            && seen.errors.is_empty()
+            && mismatches == 0
+            && (len, sum) == expected;
+        cases.push(CoalesceCase {
+            coalesce_ms: w,
+            rows,
+            rate_achieved: achieved,
+            commits: acked,
+            diffs: seen.diffs,
+            changes: seen.changes,
+            bytes: seen.bytes,
+            commits_per_diff: acked as f64 / seen.diffs.max(1) as f64,
+            bytes_per_commit: seen.bytes as f64 / acked.max(1) as f64,
+            verified,
+            detail: format!(
+                "{len} rows (one-shot {}), {mismatches} checksum mismatches, resets {}, errors {:?}",
+                expected.0, seen.resets, seen.errors
+            ),
+            error: None,
+        });
+    }
+    Ok(())
+}
+
+pub fn run(params: &Params, bin: &Path, out: &Path) -> anyhow::Result<bool> {
+    let runtime = crate::harness::runtime()?;
+    let lp = &params.load;
+    let mut report = Report::new("live-load", serde_json::to_value(params)?);
+    let (loads, coalesced) = runtime.block_on(async {
+        let ctx = Ctx {
+            params,
+            bin,
+            progress: Progress::new("live-load"),
+        };
+        let mut loads = Vec::new();
+        let mut coalesced = Vec::new();
+        if params.runs("load") {
+            if let Err(e) = load_family(&ctx, lp, &mut loads).await {
+                loads.push(LoadCase {
+                    family: "load",
+                    error: Some(format!("{e:#}")),
+                    ..LoadCase::default()
+                });
+            }
+        }
+        if params.runs("million") {
+            if let Err(e) = million_family(&ctx, lp, &mut loads).await {
+                loads.push(LoadCase {
+                    family: "million",
+                    error: Some(format!("{e:#}")),
+                    ..LoadCase::default()
+                });
+            }
+        }
+        if params.runs("coalesce") {
+            if let Err(e) = coalesce_family(&ctx, lp, &mut coalesced).await {
+                coalesced.push(CoalesceCase {
+                    error: Some(format!("{e:#}")),
+                    ..CoalesceCase::default()
+                });
+            }
+        }
+        (loads, coalesced)
+    });
+    write_report(&mut report, &loads, &coalesced);
+    let dir = report.write(out)?;
+    report.print();
+    eprintln!("results in {}", dir.display());
+    drop(runtime);
+    Ok(loads.iter().all(|c| c.error.is_none() && c.verified)
+        && coalesced.iter().all(|c| c.error.is_none() && c.verified))
+}
+
+fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCase]) {
+    report.intro.push(
+        "Live queries under sustained load (`sluice bench live --families load,million,coalesce`), against the real `sluice serve` binary on loopback with `--durability memory` and `--count-allocations`. Writers are open loop: each one-row upsert is sent at its scheduled time over WebSocket `mutate`s, and its row carries that time, so write→diff counts from the schedule (a writer held back by the server counts against it). Views are subscribed with `subscribe_many` frames of 5 000.".into(),
+    );
+    for c in loads {
+        let p = fmt_us;
+        match c.family {
+            "load" => {
+                report.targets.push(Target {
+                    what: format!(
+                        "write→diff p99 at {} writes/s over {} views",
+                        c.rate_target, c.views
+                    ),
+                    goal: if c.rate_target >= 50_000 {
+                        "< 2 ms".into()
+                    } else {
+                        "reported".into()
+                    },
+                    measured: format!(
+                        "p50 {} / p99 {} (achieved {:.0} writes/s)",
+                        p(c.write_to_diff.p50_us),
+                        p(c.write_to_diff.p99_us),
+                        c.rate_achieved
+                    ),
+                    met: (c.rate_target >= 50_000).then(|| {
+                        c.write_to_diff.p99_us < 2_000.0
+                            && c.rate_achieved >= 0.95 * c.rate_target as f64
+                    }),
+                });
+            }
+            _ => {
+                let heap = c.heap_bytes_per_view.unwrap_or(f64::NAN);
+                report.targets.push(Target {
+                    what: format!("heap per idle view, {} views (allocator counters)", c.views),
+                    goal: "< 1 KiB".into(),
+                    measured: format!("{heap:.0} bytes"),
+                    met: c.heap_bytes_per_view.map(|b| b < 1024.0),
+                });
+                report.targets.push(Target {
+                    what: format!("subscribes/s with subscribe_many, {} views", c.views),
+                    goal: "≥ 100 000/s".into(),
+                    measured: format!("{:.0}/s", c.subscribes_per_s.unwrap_or(0.0)),
+                    met: c.subscribes_per_s.map(|r| r >= 100_000.0),
+                });
+                report.targets.push(Target {
+                    what: format!(
+                        "write→diff p50 with {} views ({} writes/s)",
+                        c.views, c.rate_target
+                    ),
+                    goal: "< 0.5 ms".into(),
+                    measured: p(c.write_to_diff.p50_us),
+                    met: Some(c.write_to_diff.p50_us > 0.0 && c.write_to_diff.p50_us < 500.0),
+                });
+            }
+        }
+    }
+    if let Some(c) = coalesced.iter().find(|c| c.coalesce_ms == 10) {
+        report.targets.push(Target {
+            what: "commits folded per diff at coalesce_ms 10 (hot rows)".into(),
+            goal: "≥ 10".into(),
+            measured: format!("{:.1}", c.commits_per_diff),
+            met: Some(c.commits_per_diff >= 10.0),
+        });
+    }
+    let mut t = Table::new(
+        "Write→diff under load",
+        &[
+            "family",
+            "views",
+            "target writes/s",
+            "achieved writes/s",
+            "writes acked",
+            "diffs",
+            "p50",
+            "p95",
+            "p99",
+            "max",
+            "subscribe all",
+            "heap / view",
+            "verified",
+        ],
+    );
+    for c in loads {
+        t.row(vec![
+            c.family.into(),
+            c.views.to_string(),
+            c.rate_target.to_string(),
+            format!("{:.0}", c.rate_achieved),
+            c.writes_acked.to_string(),
+            c.diffs.to_string(),
+            fmt_us(c.write_to_diff.p50_us),
+            fmt_us(c.write_to_diff.p95_us),
+            fmt_us(c.write_to_diff.p99_us),
+            fmt_us(c.write_to_diff.max_us),
+            c.subscribe_s.map_or("—".into(), |s| {
+                format!("{s:.2} s ({:.0}/s)", c.subscribes_per_s.unwrap_or(0.0))
+            }),
+            c.heap_bytes_per_view
+                .map_or("—".into(), |b| fmt_bytes(b.max(0.0) as u64)),
+            match (&c.error, c.verified) {
+                (Some(e), _) => format!("✗ {e}"),
+                (None, true) => format!("✓ {}", c.detail),
+                (None, false) => format!("✗ {}", c.detail),
+            },
+        ]);
+    }
+    t.note = Some("Each write upserts the one row of a random room (`SELECT * FROM msg WHERE room = $1`, one view per room), so every write is one diff at one subscriber; verified = every acknowledged write's diff arrived, with no reset or error.".into());
+    report.tables.push(t);
+    let mut t = Table::new(
+        "Coalescing: hot rows (10 % of the rows take 90 % of the writes)",
+        &[
+            "coalesce_ms",
+            "rows in view",
+            "achieved writes/s",
+            "commits",
+            "diffs received",
+            "commits / diff",
+            "changes / diff",
+            "bytes on the wire",
+            "bytes / commit",
+            "verified",
+        ],
+    );
+    for c in coalesced {
+        t.row(vec![
+            c.coalesce_ms.to_string(),
+            c.rows.to_string(),
+            format!("{:.0}", c.rate_achieved),
+            c.commits.to_string(),
+            c.diffs.to_string(),
+            format!("{:.1}", c.commits_per_diff),
+            format!("{:.1}", c.changes as f64 / c.diffs.max(1) as f64),
+            fmt_bytes(c.bytes),
+            format!("{:.0}", c.bytes_per_commit),
+            match (&c.error, c.verified) {
+                (Some(e), _) => format!("✗ {e}"),
+                (None, ok) => format!("{} {}", if ok { "✓" } else { "✗" }, c.detail),
+            },
+        ]);
+    }
+    t.note = Some("One subscriber per window, each on its own WebSocket, all on the same view; bytes on the wire are the text frames received (snapshot included). verified = the subscriber's rows and recomputed checksum equal a one-shot query after the last write, and every event's checksum matched.".into());
+    report.tables.push(t);
+    report.samples = json!({"load": loads, "coalesce": coalesced});
+}
+
+/// Checks `live-load/samples.json`: every case ran and verified.
+pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
+    for c in samples["load"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(samples["coalesce"].as_array().into_iter().flatten())
+    {
+        anyhow::ensure!(c["error"].is_null(), "a case failed: {c}");
+        anyhow::ensure!(c["verified"] == true, "a case did not verify: {c}");
+    }
+    Ok(())
+}
+
+/// µs as the other tables print them (negative values do not occur here).
+fn fmt_us(us: f64) -> String {
+    crate::hist::fmt_us(us.max(0.0).round() as u64)
+}
