@@ -17,6 +17,8 @@
 //! - [`api`]: request parsing, [`ApiError`](api::ApiError) and the axum [`router`](api::router).
 //! - [`topics`]: topic requests, paged reads, and the fan-out of records to watchers.
 //! - `metrics`: Prometheus text rendering.
+//! - [`replication`]: the cluster's hook — a node's [`Role`](replication::Role), the
+//!   leader's [`Replicator`](replication::Replicator), `replicated` acknowledgements.
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
@@ -29,6 +31,7 @@ pub mod error;
 mod confirm;
 mod live;
 mod metrics;
+pub mod replication;
 mod rules;
 mod snapshotter;
 pub mod static_files;

@@ -1,0 +1,107 @@
+//! A node of the cluster: starts it as the leader or a follower and keeps it there.
+
+use std::sync::Arc;
+
+use sluice_server::Core;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::backbone::Backbone;
+use crate::jetstream::{ClusterOptions, JetStream};
+use crate::ClusterError;
+
+/// How a node joins its cluster.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub cluster: ClusterOptions,
+    /// Follow (`--follower`) rather than lead.
+    pub follower: bool,
+    /// This node's client address as followers should name it (`--advertise`).
+    pub address: String,
+}
+
+/// A running node's cluster task (following, or renewing the lease); dropping it stops
+/// the task, as [`Node::stop`] does.
+pub struct Node {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ClusterError>>,
+}
+
+impl Node {
+    /// Asks the node's task to stop and waits for it.
+    pub async fn stop(self) -> Result<(), ClusterError> {
+        self.stop.send_replace(true);
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Core(format!("the cluster task failed: {e}"))))
+    }
+
+    /// Waits until the node's task ends by itself (a follower that cannot follow, a
+    /// leader that lost its lease).
+    pub async fn finished(&mut self) -> Result<(), ClusterError> {
+        (&mut self.task)
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Core(format!("the cluster task failed: {e}"))))
+    }
+}
+
+/// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)
+/// or follows (its position checked, the reading started); startup errors are returned
+/// here.
+pub async fn start(core: Core, opts: NodeOptions) -> Result<Node, ClusterError> {
+    let backbone = Arc::new(JetStream::connect(&opts.cluster).await?);
+    start_on(backbone, core, opts).await
+}
+
+/// [`start`] on any backbone.
+pub async fn start_on<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    opts: NodeOptions,
+) -> Result<Node, ClusterError> {
+    let (stop, stop_rx) = watch::channel(false);
+    if opts.follower {
+        core.set_follower(backbone.holder().await?.map(|h| h.address));
+        crate::follower::check_position(&*backbone, &core, false).await?;
+        let task = tokio::spawn(crate::follower::follow(backbone, core, stop_rx));
+        return Ok(Node { stop, task });
+    }
+    let lease = backbone.acquire_lease(&opts.address).await?;
+    let applied = match crate::follower::check_position(&*backbone, &core, true).await {
+        Ok(applied) => applied,
+        Err(e) => {
+            core.set_follower(None);
+            return Err(e);
+        }
+    };
+    let seq = crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+    if seq != applied {
+        let reason = format!(
+            "the node committed seqs {}..={seq} of its own while joining the cluster; restart it",
+            applied + 1
+        );
+        core.replication_failed(reason.clone());
+        return Err(ClusterError::Core(reason));
+    }
+    let ttl = opts.cluster.lease_ttl;
+    let task = tokio::spawn(async move {
+        let mut stop_rx = stop_rx;
+        let mut lease = lease;
+        let mut tick = tokio::time::interval(ttl / 3);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop_rx.wait_for(|s| *s) => return Ok(()),
+            }
+            match backbone.renew_lease(&lease).await {
+                Ok(renewed) => lease = renewed,
+                Err(e) => {
+                    let reason = format!("lost the leader lease: {e}");
+                    core.replication_failed(reason.clone());
+                    return Err(ClusterError::Core(reason));
+                }
+            }
+        }
+    });
+    Ok(Node { stop, task })
+}
