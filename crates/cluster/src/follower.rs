@@ -21,6 +21,9 @@ use crate::ClusterError;
 pub const APPLY_BATCH_MAX: usize = 1024;
 /// How long a follower keeps re-opening its read after failures before it gives up.
 pub const READ_RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// How long a read may bring nothing while the log has entries this node lacks before it
+/// is opened again.
+const READ_STALL: Duration = Duration::from_secs(2);
 /// How often a follower looks up the leader's address (for `not_leader` errors).
 const HOLDER_POLL: Duration = Duration::from_millis(500);
 
@@ -87,18 +90,32 @@ pub async fn check_position<B: Backbone>(
     Ok(applied)
 }
 
-/// Follows the log until `stop` turns true (Ok) or the node cannot follow (Err).
+/// Why [`follow`] returned.
+pub enum Followed {
+    /// Asked to stop.
+    Stopped,
+    /// The leader lease had lapsed while this node was at the log's end, and this node
+    /// took it: it is to lead from here.
+    TookLease(crate::backbone::Lease),
+}
+
+/// Follows the log until `stop` turns true, or — when `address` is given — until the
+/// leader lease lapses while this node holds every entry and it takes the lease (the most
+/// up-to-date follower is the one that can: the others are still reading). Err: the node
+/// cannot follow.
 pub async fn follow<B: Backbone>(
     backbone: Arc<B>,
     core: Core,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), ClusterError> {
+    address: Option<String>,
+) -> Result<Followed, ClusterError> {
     let mut expected = core.db().seq + 1;
     let mut failing_since: Option<Instant> = None;
     let mut holder_poll = tokio::time::interval(HOLDER_POLL);
     let mut leader: Option<String> = None;
     loop {
         let opened = backbone.read_from(expected).await;
+        let mut progressed = Instant::now();
         let mut entries = match opened {
             Ok(entries) => entries.ready_chunks(APPLY_BATCH_MAX),
             Err(e) => {
@@ -111,12 +128,29 @@ pub async fn follow<B: Backbone>(
                 batch = entries.next() => batch,
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
-                        return Ok(());
+                        return Ok(Followed::Stopped);
                     }
                     continue;
                 }
                 _ = holder_poll.tick() => {
-                    poll_leader(&*backbone, &core, &mut leader).await;
+                    if progressed.elapsed() > READ_STALL {
+                        // Nothing arrived for a while: if the log has entries this node
+                        // lacks, the read is stuck (its consumer lived on a NATS node that
+                        // went away): open it again.
+                        if let Ok(state) = backbone.state().await {
+                            if state.last_seq >= expected {
+                                tracing::warn!(expected, last = state.last_seq, "the read of the cluster's log stalled; reopening it");
+                                break;
+                            }
+                        }
+                        progressed = Instant::now();
+                    }
+                    let free = poll_leader(&*backbone, &core, &mut leader).await;
+                    if let (true, Some(address)) = (free, &address) {
+                        if let Some(lease) = try_take_lease(&*backbone, &core, address).await {
+                            return Ok(Followed::TookLease(lease));
+                        }
+                    }
                     continue;
                 }
             };
@@ -145,6 +179,7 @@ pub async fn follow<B: Backbone>(
                 }
             }
             if !frames.is_empty() {
+                progressed = Instant::now();
                 core.apply_replicated(frames)
                     .await
                     .map_err(|e| ClusterError::Core(e.to_string()))?;
@@ -158,12 +193,40 @@ pub async fn follow<B: Backbone>(
     }
 }
 
-/// Names the lease holder in this node's `not_leader` errors.
-async fn poll_leader<B: Backbone>(backbone: &B, core: &Core, leader: &mut Option<String>) {
-    if let Ok(Some(holder)) = backbone.holder().await {
-        if leader.as_deref() != Some(holder.address.as_str()) {
-            *leader = Some(holder.address.clone());
-            core.set_follower(leader.clone());
+/// Names the lease holder in this node's `not_leader` errors; true when nobody holds it.
+async fn poll_leader<B: Backbone>(backbone: &B, core: &Core, leader: &mut Option<String>) -> bool {
+    match backbone.holder().await {
+        Ok(Some(holder)) => {
+            if leader.as_deref() != Some(holder.address.as_str()) {
+                *leader = Some(holder.address.clone());
+                core.set_follower(leader.clone());
+            }
+            false
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
+/// Takes the lapsed lease if this node holds every entry of the log (so nothing the old
+/// leader had replicated is missing here).
+async fn try_take_lease<B: Backbone>(
+    backbone: &B,
+    core: &Core,
+    address: &str,
+) -> Option<crate::backbone::Lease> {
+    let state = backbone.state().await.ok()?;
+    if core.db().seq != state.last_seq {
+        return None;
+    }
+    let lease = backbone.acquire_lease(address).await.ok()?;
+    // Entries the old leader appended between the look and the lease would be missed:
+    // look again, and give the lease back to the next try if so.
+    match backbone.state().await {
+        Ok(after) if after.last_seq == core.db().seq => Some(lease),
+        _ => {
+            tracing::warn!("the log moved while taking the lease; following on");
+            None
         }
     }
 }

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backbone::Backbone;
+use crate::follower::Followed;
 use crate::jetstream::{ClusterOptions, JetStream};
 use crate::ClusterError;
 
@@ -18,6 +19,9 @@ pub struct NodeOptions {
     pub follower: bool,
     /// This node's client address as followers should name it (`--advertise`).
     pub address: String,
+    /// A follower takes the leader lease when it lapses (failover); off with
+    /// `--no-takeover` (a read replica that never leads).
+    pub takeover: bool,
 }
 
 /// A running node's cluster task (following, or renewing the lease); dropping it stops
@@ -60,10 +64,24 @@ pub async fn start_on<B: Backbone>(
     opts: NodeOptions,
 ) -> Result<Node, ClusterError> {
     let (stop, stop_rx) = watch::channel(false);
+    let ttl = opts.cluster.lease_ttl;
     if opts.follower {
         core.set_follower(backbone.holder().await?.map(|h| h.address));
         crate::follower::check_position(&*backbone, &core, false).await?;
-        let task = tokio::spawn(crate::follower::follow(backbone, core, stop_rx));
+        let address = opts.takeover.then_some(opts.address);
+        let task = tokio::spawn(async move {
+            let followed =
+                crate::follower::follow(backbone.clone(), core.clone(), stop_rx.clone(), address)
+                    .await?;
+            match followed {
+                Followed::Stopped => Ok(()),
+                Followed::TookLease(lease) => {
+                    let seq = crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+                    tracing::info!(term = lease.holder.term, seq, "took the leader lease: leading");
+                    hold_lease(backbone, core, lease, ttl, stop_rx).await
+                }
+            }
+        });
         return Ok(Node { stop, task });
     }
     let lease = backbone.acquire_lease(&opts.address).await?;
@@ -83,25 +101,39 @@ pub async fn start_on<B: Backbone>(
         core.replication_failed(reason.clone());
         return Err(ClusterError::Core(reason));
     }
-    let ttl = opts.cluster.lease_ttl;
-    let task = tokio::spawn(async move {
-        let mut stop_rx = stop_rx;
-        let mut lease = lease;
-        let mut tick = tokio::time::interval(ttl / 3);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop_rx.wait_for(|s| *s) => return Ok(()),
-            }
-            match backbone.renew_lease(&lease).await {
-                Ok(renewed) => lease = renewed,
-                Err(e) => {
-                    let reason = format!("lost the leader lease: {e}");
-                    core.replication_failed(reason.clone());
-                    return Err(ClusterError::Core(reason));
-                }
+    let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
+    Ok(Node { stop, task })
+}
+
+/// Renews the leader lease every third of its time to live until stopped; a renewal that
+/// fails ends the leadership (`Core::replication_failed`: no more writes here).
+async fn hold_lease<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    mut lease: crate::backbone::Lease,
+    ttl: std::time::Duration,
+    mut stop_rx: watch::Receiver<bool>,
+) -> Result<(), ClusterError> {
+    let mut tick = tokio::time::interval(ttl / 3);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop_rx.wait_for(|s| *s) => return Ok(()),
+        }
+        if !matches!(core.role(), sluice_server::replication::Role::Leader(_)) {
+            // Replication failed (fenced, or the log unreachable for too long): let the
+            // lease lapse so a follower takes over.
+            return Err(ClusterError::Core(
+                "stopped leading after replication failed; the lease lapses".into(),
+            ));
+        }
+        match backbone.renew_lease(&lease).await {
+            Ok(renewed) => lease = renewed,
+            Err(e) => {
+                let reason = format!("lost the leader lease: {e}");
+                core.replication_failed(reason.clone());
+                return Err(ClusterError::Core(reason));
             }
         }
-    });
-    Ok(Node { stop, task })
+    }
 }

@@ -96,6 +96,7 @@ pub async fn start_node(
             cluster,
             follower,
             address: format!("http://{addr}"),
+            takeover: false,
         },
     )
     .await;
