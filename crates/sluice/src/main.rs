@@ -588,6 +588,37 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(torn) = &r.torn_tail {
             tracing::warn!("truncated a torn log tail: {torn}");
         }
+        // Joined before listening: a node that cannot join never answers requests.
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _node = match &args.cluster {
+            None => None,
+            Some(urls) => {
+                let mut cluster = sluice_cluster::ClusterOptions::new(urls.clone());
+                cluster.database = args.cluster_database.clone();
+                cluster.replicas = args.cluster_replicas;
+                cluster.retain_commits = args.cluster_retain_commits;
+                cluster.retain_bytes = args.cluster_retain_bytes;
+                cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
+                let address = args
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| base_url(scheme, args.listen));
+                let node = sluice_cluster::node::start(
+                    core.clone(),
+                    sluice_cluster::NodeOptions {
+                        cluster,
+                        follower: args.follower,
+                        address: address.clone(),
+                        takeover: !args.no_takeover,
+                    },
+                )
+                .await
+                .context("cannot join the cluster")?;
+                let role = if args.follower { "follower" } else { "leader" };
+                tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
+                Some(node)
+            }
+        };
         let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -605,35 +636,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("shutting down: ending live streams and WebSockets");
             closing.begin_shutdown();
             let _ = signalled_tx.send(());
-        };
-        let _node = match &args.cluster {
-            None => None,
-            Some(urls) => {
-                let mut cluster = sluice_cluster::ClusterOptions::new(urls.clone());
-                cluster.database = args.cluster_database.clone();
-                cluster.replicas = args.cluster_replicas;
-                cluster.retain_commits = args.cluster_retain_commits;
-                cluster.retain_bytes = args.cluster_retain_bytes;
-                cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
-                let address = args
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| base_url(scheme, addr));
-                let node = sluice_cluster::node::start(
-                    core.clone(),
-                    sluice_cluster::NodeOptions {
-                        cluster,
-                        follower: args.follower,
-                        address: address.clone(),
-                        takeover: !args.no_takeover,
-                    },
-                )
-                .await
-                .context("cannot join the cluster")?;
-                let role = if args.follower { "follower" } else { "leader" };
-                tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
-                Some(node)
-            }
         };
         let router = sluice_server::api::router(core.clone());
         let server: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> =
