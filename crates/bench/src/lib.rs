@@ -27,6 +27,8 @@
 //!   trigger + LISTEN/NOTIFY + re-query.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
+//! - [`cluster`]: `sluice bench cluster` — `replicated` vs `fsync` writes, reads over a
+//!   leader and a follower, failover time, on a loopback NATS JetStream cluster.
 //! - [`harness`]: what every suite shares — runtime, the server under test with its own
 //!   data dir, warm-up + measured window, notes, writing and printing the report.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
@@ -43,6 +45,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub mod cluster;
 pub mod fanout;
 pub mod harness;
 pub mod hist;
@@ -87,6 +90,9 @@ pub enum Suite {
     /// pub/sub and Redis Streams (XREAD BLOCK) as peers.
     Fanout(fanout::FanoutArgs),
     Snapshot(snapshot::SnapshotArgs),
+    /// Beyond one node: `replicated` vs `fsync` write TPS and ack p50/p99, reads spread over
+    /// a leader and a follower, failover time after kill -9 (3-node NATS JetStream R3).
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Options every suite takes.
@@ -115,6 +121,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "live" => live::verify_samples(&samples),
         "fanout" => fanout::verify_samples(&samples),
         "snapshot" => snapshot::verify_samples(&samples),
+        "cluster" => cluster::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -128,6 +135,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Live(a) => live::run(a)?,
         Suite::Fanout(a) => fanout::run(a)?,
         Suite::Snapshot(a) => snapshot::run(a)?,
+        Suite::Cluster(a) => cluster::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS
