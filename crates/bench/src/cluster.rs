@@ -77,8 +77,8 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<bool> {
     let mut bench = Bench::new("cluster", &args.common, &params)?;
     let rt = runtime()?;
     let (cases, failover_ms) = rt.block_on(run_cases(&bench, &params))?;
-    let failed = cases.iter().filter(|c| c.error.is_some()).count()
-        + usize::from(failover_ms.is_none());
+    let failed =
+        cases.iter().filter(|c| c.error.is_some()).count() + usize::from(failover_ms.is_none());
     fill_report(&mut bench, &params, &cases, failover_ms);
     bench.finish(failed)
 }
@@ -119,8 +119,12 @@ async fn run_cases(bench: &Bench, p: &Params) -> anyhow::Result<(Vec<Case>, Opti
         .map(|id| json!({"op": "upsert", "table": "t", "row": {"id": id, "v": 0, "note": "x"}}))
         .collect();
     for chunk in ops.chunks(1000) {
-        post(&http, &leader.url("/v1/mutate"), &json!({"ops": chunk, "durability": "replicated"}))
-            .await?;
+        post(
+            &http,
+            &leader.url("/v1/mutate"),
+            &json!({"ops": chunk, "durability": "replicated"}),
+        )
+        .await?;
     }
     let mut cases = Vec::new();
     for class in ["fsync", "replicated", "disk"] {
@@ -331,7 +335,12 @@ pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
     let cases = samples["cases"]
         .as_array()
         .context("samples.json has no cases")?;
-    for name in ["write fsync", "write replicated", "reads 1 node", "reads 2 nodes"] {
+    for name in [
+        "write fsync",
+        "write replicated",
+        "reads 1 node",
+        "reads 2 nodes",
+    ] {
         let c = cases
             .iter()
             .find(|c| c["name"] == name)

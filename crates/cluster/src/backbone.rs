@@ -79,8 +79,10 @@ pub trait Backbone: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Lease, ClusterError>> + Send;
 
     /// Renews a held lease; fails if it lapsed and another node took it.
-    fn renew_lease(&self, lease: &Lease)
-        -> impl Future<Output = Result<Lease, ClusterError>> + Send;
+    fn renew_lease(
+        &self,
+        lease: &Lease,
+    ) -> impl Future<Output = Result<Lease, ClusterError>> + Send;
 
     /// The lease's holder, if any.
     fn holder(&self) -> impl Future<Output = Result<Option<Holder>, ClusterError>> + Send;

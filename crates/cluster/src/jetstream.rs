@@ -110,8 +110,11 @@ impl JetStream {
         .await
         .map_err(|_| unreachable(format!("no answer within {:?}", opts.request_timeout)))?
         .map_err(|e| unreachable(e.to_string()))?;
+        // A publish ack lost with a NATS node (its connection gone) fails after this, and
+        // the publisher recovers; the client's default (30 s) would stall writes that long.
         let js = jetstream::ContextBuilder::new()
             .timeout(opts.request_timeout)
+            .ack_timeout(opts.request_timeout)
             .build(client);
         let stream = format!("sluice-{}", opts.database);
         let subject = format!("sluice.{}.log", opts.database);
@@ -202,7 +205,10 @@ impl Backbone for JetStream {
             if ack.sequence != seq {
                 return Err(ClusterError::JetStream {
                     what: "publish ack",
-                    reason: format!("commit {seq} was stored at stream sequence {}", ack.sequence),
+                    reason: format!(
+                        "commit {seq} was stored at stream sequence {}",
+                        ack.sequence
+                    ),
                 });
             }
             Ok(())
@@ -284,10 +290,7 @@ impl Backbone for JetStream {
             Ok(revision) => {
                 // The creating revision is the term: above every earlier leader's.
                 holder.term = revision;
-                let lease = Lease {
-                    holder,
-                    revision,
-                };
+                let lease = Lease { holder, revision };
                 self.renew_lease(&lease).await
             }
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {

@@ -76,8 +76,13 @@ pub async fn start_on<B: Backbone>(
             match followed {
                 Followed::Stopped => Ok(()),
                 Followed::TookLease(lease) => {
-                    let seq = crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
-                    tracing::info!(term = lease.holder.term, seq, "took the leader lease: leading");
+                    let seq =
+                        crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+                    tracing::info!(
+                        term = lease.holder.term,
+                        seq,
+                        "took the leader lease: leading"
+                    );
                     hold_lease(backbone, core, lease, ttl, stop_rx).await
                 }
             }

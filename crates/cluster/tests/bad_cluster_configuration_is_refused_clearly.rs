@@ -23,12 +23,18 @@ fn upsert(id: u64) -> Op {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_cluster_configuration_is_refused_clearly() {
     // Unreachable NATS.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let d = TempDir::new("unreachable");
     let mut o = cluster_options(&format!("nats://127.0.0.1:{port}"), "bad");
     o.request_timeout = std::time::Duration::from_secs(2);
     match start_node(d.path(), o, false).await {
-        Err(e @ ClusterError::Unreachable { .. }) => assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}"),
+        Err(e @ ClusterError::Unreachable { .. }) => {
+            assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}")
+        }
         Err(e) => panic!("expected unreachable, got {e}"),
         Ok(_) => panic!("nothing listens there"),
     }
@@ -37,11 +43,18 @@ async fn bad_cluster_configuration_is_refused_clearly() {
     let mut opts = cluster_options(&nats.urls(), "bad");
     opts.retain_commits = 10;
     let dirs: Vec<TempDir> = (0..3).map(|i| TempDir::new(&format!("bad{i}"))).collect();
-    let leader = start_node(dirs[0].path(), opts.clone(), false).await.expect("the leader");
+    let leader = start_node(dirs[0].path(), opts.clone(), false)
+        .await
+        .expect("the leader");
     ddl(&leader.core, "CREATE TABLE t (id INTEGER PRIMARY KEY)").await;
     let mut last = 0;
     for id in 0..40 {
-        last = leader.core.mutate(vec![upsert(id)], Some(Durability::Replicated)).await.unwrap().seq;
+        last = leader
+            .core
+            .mutate(vec![upsert(id)], Some(Durability::Replicated))
+            .await
+            .unwrap()
+            .seq;
     }
     // A new follower needs seq 1, but the stream keeps only the last 10 commits.
     match start_node(dirs[1].path(), opts.clone(), true).await {
@@ -63,10 +76,15 @@ async fn bad_cluster_configuration_is_refused_clearly() {
         .unwrap();
         ddl(&core, "CREATE TABLE t (id INTEGER PRIMARY KEY)").await;
         for id in 0..(last + 5) {
-            core.mutate(vec![upsert(id)], Some(Durability::Memory)).await.unwrap();
+            core.mutate(vec![upsert(id)], Some(Durability::Memory))
+                .await
+                .unwrap();
         }
         // `replicated` needs a cluster.
-        match core.mutate(vec![upsert(1)], Some(Durability::Replicated)).await {
+        match core
+            .mutate(vec![upsert(1)], Some(Durability::Replicated))
+            .await
+        {
             Err(CoreError::Tx(e)) => assert!(e.message.contains("--cluster"), "{e}"),
             other => panic!("replicated without a cluster must be refused, got {other:?}"),
         }
@@ -75,7 +93,11 @@ async fn bad_cluster_configuration_is_refused_clearly() {
     match start_node(dirs[2].path(), opts.clone(), true).await {
         Err(e @ ClusterError::Ahead { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains(&format!("seq {}", last + 5 + 1)) && msg.contains(&format!("seq {last}")), "{msg}");
+            assert!(
+                msg.contains(&format!("seq {}", last + 5 + 1))
+                    && msg.contains(&format!("seq {last}")),
+                "{msg}"
+            );
         }
         Err(e) => panic!("expected ahead, got {e}"),
         Ok(_) => panic!("a node ahead of the stream must be refused"),

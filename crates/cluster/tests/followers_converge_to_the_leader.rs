@@ -81,17 +81,26 @@ async fn followers_converge_to_the_leader() {
     let seed = std::env::var("SLUICE_CLUSTER_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_c1u64);
+        .unwrap_or(0x005e_edc1_u64);
     eprintln!("seed {seed} (SLUICE_CLUSTER_SEED)");
     let nats = NatsCluster::start(3).await.expect("a NATS cluster");
     let opts = cluster_options(&nats.urls(), "converge");
     let dirs: Vec<TempDir> = (0..4).map(|i| TempDir::new(&format!("node{i}"))).collect();
 
-    let leader = start_node(dirs[0].path(), opts.clone(), false).await.expect("the leader");
+    let leader = start_node(dirs[0].path(), opts.clone(), false)
+        .await
+        .expect("the leader");
     ddl(&leader.core, "CREATE TABLE items (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, qty INTEGER NOT NULL, note TEXT)").await;
-    let f1 = start_node(dirs[1].path(), opts.clone(), true).await.expect("follower 1");
-    let mut f2 = Some(start_node(dirs[2].path(), opts.clone(), true).await.expect("follower 2"));
-    wait_confirmed(&f1.core, leader.core.db().seq, "follower 1").await;
+    let f1 = start_node(dirs[1].path(), opts.clone(), true)
+        .await
+        .expect("follower 1");
+    let mut f2 = Some(
+        start_node(dirs[2].path(), opts.clone(), true)
+            .await
+            .expect("follower 2"),
+    );
+    let ddl_seq = leader.core.db().seq;
+    wait_confirmed(&f1.core, ddl_seq, "follower 1").await;
 
     // A second leader is refused, naming the first.
     let d = TempDir::new("second");
@@ -113,7 +122,14 @@ async fn followers_converge_to_the_leader() {
     // A write sent to a follower is refused, naming the leader.
     let refused = f1
         .core
-        .mutate(vec![Op::Upsert { table: "items".into(), row: row(1, 1, 1), if_version: None }], None)
+        .mutate(
+            vec![Op::Upsert {
+                table: "items".into(),
+                row: row(1, 1, 1),
+                if_version: None,
+            }],
+            None,
+        )
         .await;
     match refused {
         Err(CoreError::NotLeader { leader: Some(addr) }) => assert_eq!(addr, leader.url()),
@@ -153,7 +169,9 @@ async fn followers_converge_to_the_leader() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     f2.take().unwrap().close().await;
     ddl(&leader.core, "ALTER TABLE items ADD COLUMN tag TEXT").await;
-    let f2 = start_node(dirs[2].path(), opts.clone(), true).await.expect("follower 2 again");
+    let f2 = start_node(dirs[2].path(), opts.clone(), true)
+        .await
+        .expect("follower 2 again");
     let mut acked = 0;
     for t in tasks {
         acked += t.await.unwrap();
@@ -163,7 +181,11 @@ async fn followers_converge_to_the_leader() {
     let last = leader
         .core
         .mutate(
-            vec![Op::Upsert { table: "items".into(), row: row(1_000, 1, 5_000), if_version: None }],
+            vec![Op::Upsert {
+                table: "items".into(),
+                row: row(1_000, 1, 5_000),
+                if_version: None,
+            }],
             Some(Durability::Replicated),
         )
         .await
@@ -171,18 +193,35 @@ async fn followers_converge_to_the_leader() {
         .seq;
 
     // A follower added now starts from the stream's beginning and catches up.
-    let f3 = start_node(dirs[3].path(), opts.clone(), true).await.expect("follower 3");
-    for (name, f) in [("follower 1", &f1), ("follower 2", &f2), ("follower 3", &f3)] {
+    let f3 = start_node(dirs[3].path(), opts.clone(), true)
+        .await
+        .expect("follower 3");
+    for (name, f) in [
+        ("follower 1", &f1),
+        ("follower 2", &f2),
+        ("follower 3", &f3),
+    ] {
         wait_confirmed(&f.core, last, name).await;
-        assert_eq!(f.core.db().seq, last, "{name} applied exactly the leader's commits");
+        assert_eq!(
+            f.core.db().seq,
+            last,
+            "{name} applied exactly the leader's commits"
+        );
     }
     let want_rows = dump(&leader.core, "items").await;
     let want_log = changelog(&leader.core);
     assert_eq!(want_log.last().unwrap().0, last);
-    for (name, f) in [("follower 1", &f1), ("follower 2", &f2), ("follower 3", &f3)] {
+    for (name, f) in [
+        ("follower 1", &f1),
+        ("follower 2", &f2),
+        ("follower 3", &f3),
+    ] {
         assert_eq!(dump(&f.core, "items").await, want_rows, "{name}'s rows");
         let log = changelog(&f.core);
-        let overlap: Vec<_> = want_log.iter().filter(|(s, _)| log.iter().any(|(t, _)| t == s)).collect();
+        let overlap: Vec<_> = want_log
+            .iter()
+            .filter(|(s, _)| log.iter().any(|(t, _)| t == s))
+            .collect();
         assert!(!overlap.is_empty());
         for (seq, bytes) in overlap {
             let theirs = &log.iter().find(|(t, _)| t == seq).unwrap().1;
@@ -203,7 +242,12 @@ async fn followers_converge_to_the_leader() {
     for node in [&f2, &f3] {
         for (i, sql) in VIEWS.iter().enumerate() {
             let mut v = LiveView::open(&node.url(), sql).await;
-            assert_eq!(v.checksum_at(last).await, sums[0][i], "{sql} on {}", node.url());
+            assert_eq!(
+                v.checksum_at(last).await,
+                sums[0][i],
+                "{sql} on {}",
+                node.url()
+            );
         }
     }
     drop(views);

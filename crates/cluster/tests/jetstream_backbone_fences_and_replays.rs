@@ -22,7 +22,9 @@ fn opts(cluster: &NatsCluster, database: &str) -> ClusterOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_backbone_fences_and_replays() {
     let cluster = NatsCluster::start(3).await.expect("a NATS cluster");
-    let js = JetStream::connect(&opts(&cluster, "t1")).await.expect("connect");
+    let js = JetStream::connect(&opts(&cluster, "t1"))
+        .await
+        .expect("connect");
     assert_eq!(js.state().await.unwrap().last_seq, 0);
     for seq in 1..=5u64 {
         let ack = js
@@ -32,7 +34,11 @@ async fn jetstream_backbone_fences_and_replays() {
         ack.await.expect("quorum ack");
     }
     // A retry of seq 5 by the same term is the same entry, not a second one.
-    js.append(5, 7, Bytes::from("frame 5")).await.unwrap().await.expect("a duplicate is acked");
+    js.append(5, 7, Bytes::from("frame 5"))
+        .await
+        .unwrap()
+        .await
+        .expect("a duplicate is acked");
     let state = js.state().await.unwrap();
     assert_eq!((state.first_seq, state.last_seq), (1, 5));
     // A stale leader (another term) appending seq 5 again is refused...
@@ -53,7 +59,11 @@ async fn jetstream_backbone_fences_and_replays() {
         assert_eq!(e.seq, seq);
     }
     // New entries arrive on an open read.
-    js.append(6, 7, Bytes::from("frame 6")).await.unwrap().await.unwrap();
+    js.append(6, 7, Bytes::from("frame 6"))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     let e = tokio::time::timeout(Duration::from_secs(10), read.next())
         .await
         .expect("the live entry in time")
@@ -84,7 +94,10 @@ async fn jetstream_backbone_fences_and_replays() {
         }
     };
     assert!(next.holder.term > lease.holder.term, "terms only grow");
-    assert!(js.renew_lease(&lease).await.is_err(), "the old holder cannot renew");
+    assert!(
+        js.renew_lease(&lease).await.is_err(),
+        "the old holder cannot renew"
+    );
 }
 
 #[tokio::test]

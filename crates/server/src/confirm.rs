@@ -217,7 +217,11 @@ mod tests {
             written_seq: 1,
             synced_seq: 0,
         });
-        assert_eq!(c.confirmed(), 2, "seq 2 (memory) follows the confirmed seq 1");
+        assert_eq!(
+            c.confirmed(),
+            2,
+            "seq 2 (memory) follows the confirmed seq 1"
+        );
         c.progressed(Progress {
             written_seq: 3,
             synced_seq: 0,

@@ -714,7 +714,10 @@ impl Writer {
                 }
             };
             let (seq, body) = sluice_engine::codec::decode_commit(payload).map_err(|e| {
-                CoreError::Replication(format!("a commit after seq {} does not decode: {e}", db.seq))
+                CoreError::Replication(format!(
+                    "a commit after seq {} does not decode: {e}",
+                    db.seq
+                ))
             })?;
             if seq <= db.seq {
                 continue;

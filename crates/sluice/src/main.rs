@@ -616,7 +616,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .context("cannot join the cluster")?;
                 let role = if args.follower { "follower" } else { "leader" };
                 tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
-                Some(node)
+                // The node's task ends only when it cannot go on (a follower that cannot
+                // follow, a leader that lost its lease): say why; reads go on being served.
+                Some(tokio::spawn(async move {
+                    let mut node = node;
+                    if let Err(e) = node.finished().await {
+                        tracing::error!("cluster: {e}");
+                    }
+                }))
             }
         };
         let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;

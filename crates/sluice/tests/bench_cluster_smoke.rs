@@ -22,7 +22,10 @@ fn quick_cluster_bench_runs_and_fails_over() {
         "sluice bench cluster --quick took {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    assert!(status.success(), "sluice bench cluster --quick failed: {status}");
+    assert!(
+        status.success(),
+        "sluice bench cluster --quick failed: {status}"
+    );
     if let Err(e) = sluice_bench::verify_results(out.path(), "cluster") {
         panic!("sluice bench cluster --quick: {e:#}");
     }

@@ -42,7 +42,10 @@ async fn writer(k: u64, shared: Arc<Shared>) {
                           "durability": "replicated"});
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            assert!(Instant::now() < deadline, "write {id} found no leader in 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "write {id} found no leader in 30 s"
+            );
             match apis[target].try_post("/v1/mutate", &body).await {
                 Ok((200, _)) => {
                     shared.acked.lock().unwrap().insert(id);
@@ -59,7 +62,10 @@ async fn writer(k: u64, shared: Arc<Shared>) {
                     break;
                 }
                 Ok((503, e)) if e["error"]["code"] == "not_leader" => {
-                    match e["error"]["leader"].as_str().and_then(|l| shared.nodes.iter().position(|n| n == l)) {
+                    match e["error"]["leader"]
+                        .as_str()
+                        .and_then(|l| shared.nodes.iter().position(|n| n == l))
+                    {
                         Some(named) if named != target => target = named,
                         _ => {
                             target = (target + 1) % apis.len();
@@ -80,7 +86,9 @@ async fn writer(k: u64, shared: Arc<Shared>) {
 }
 
 async fn ids(api: &Api) -> BTreeSet<u64> {
-    let (status, v) = api.post("/v1/query", &json!({"sql": "SELECT id FROM t"})).await;
+    let (status, v) = api
+        .post("/v1/query", &json!({"sql": "SELECT id FROM t"}))
+        .await;
     assert_eq!(status, 200, "{v}");
     v["rows"]
         .as_array()
@@ -107,7 +115,11 @@ fn tail(s: &str) -> String {
 async fn wait_acks(shared: &Shared, at_least: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(40);
     while shared.acked_count.load(Ordering::Relaxed) < at_least {
-        assert!(Instant::now() < deadline, "{what}: only {} acks", shared.acked_count.load(Ordering::Relaxed));
+        assert!(
+            Instant::now() < deadline,
+            "{what}: only {} acks",
+            shared.acked_count.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -117,11 +129,21 @@ async fn cluster_leader_killed_fails_over() {
     let mut nats = NatsCluster::start(3).await.expect("a NATS cluster");
     let tmp = TempDir::new("cluster-failover");
     let urls = nats.urls();
-    let base = ["--cluster", urls.as_str(), "--cluster-database", "failover", "--lease-ms", "1500"];
+    let base = [
+        "--cluster",
+        urls.as_str(),
+        "--cluster-database",
+        "failover",
+        "--lease-ms",
+        "1500",
+    ];
     let leader = Server::start(&tmp.join("leader"), tmp.path(), &base);
     let (status, v) = leader
         .api()
-        .post("/v1/sql", &json!({"sql": "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)"}))
+        .post(
+            "/v1/sql",
+            &json!({"sql": "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)"}),
+        )
         .await;
     assert_eq!(status, 200, "{v}");
     let follower_args: Vec<&str> = base.iter().copied().chain(["--follower"]).collect();
@@ -131,7 +153,10 @@ async fn cluster_leader_killed_fails_over() {
     // A second leader is refused with a clear error naming the first.
     let (status, stderr) = Server::start_expecting_failure(&tmp.join("second"), tmp.path(), &base);
     assert!(!status.success());
-    assert!(stderr.contains("another leader holds the lease") && stderr.contains(&leader.base_url()), "{stderr}");
+    assert!(
+        stderr.contains("another leader holds the lease") && stderr.contains(&leader.base_url()),
+        "{stderr}"
+    );
 
     let shared = Arc::new(Shared {
         nodes: vec![leader.base_url(), f1.base_url(), f2.base_url()],
@@ -142,7 +167,9 @@ async fn cluster_leader_killed_fails_over() {
         first_ack_after_kill_ms: AtomicU64::new(u64::MAX),
         killed_at: Mutex::new(None),
     });
-    let tasks: Vec<_> = (0..WRITERS).map(|k| tokio::spawn(writer(k, shared.clone()))).collect();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|k| tokio::spawn(writer(k, shared.clone())))
+        .collect();
     wait_acks(&shared, 200, "before the kill").await;
 
     *shared.killed_at.lock().unwrap() = Some(Instant::now());
@@ -158,7 +185,10 @@ async fn cluster_leader_killed_fails_over() {
     wait_acks(&shared, after_nats + 200, "after a NATS node was killed").await;
     shared.stop.store(true, Ordering::Relaxed);
     for t in tasks {
-        tokio::time::timeout(Duration::from_secs(40), t).await.expect("writers stop").unwrap();
+        tokio::time::timeout(Duration::from_secs(40), t)
+            .await
+            .expect("writers stop")
+            .unwrap();
     }
 
     let (a1, a2) = (f1.api(), f2.api());
@@ -181,9 +211,17 @@ async fn cluster_leader_killed_fails_over() {
     for api in [&a1, &a2] {
         let present = ids(api).await;
         let lost: Vec<_> = acked.difference(&present).take(10).collect();
-        assert!(lost.is_empty(), "{}: acknowledged writes lost: {lost:?}", api.base);
+        assert!(
+            lost.is_empty(),
+            "{}: acknowledged writes lost: {lost:?}",
+            api.base
+        );
         let phantom: Vec<_> = present.difference(&attempted).take(10).collect();
-        assert!(phantom.is_empty(), "{}: writes that were never sent: {phantom:?}", api.base);
+        assert!(
+            phantom.is_empty(),
+            "{}: writes that were never sent: {phantom:?}",
+            api.base
+        );
     }
     drop(f1);
     drop(f2);

@@ -136,8 +136,8 @@ pub struct LiveView {
 
 impl LiveView {
     pub async fn open(base: &str, sql: &str) -> LiveView {
-        let url = reqwest::Url::parse_with_params(&format!("{base}/v1/live"), &[("sql", sql)])
-            .unwrap();
+        let url =
+            reqwest::Url::parse_with_params(&format!("{base}/v1/live"), &[("sql", sql)]).unwrap();
         let mut resp = http().get(url).send().await.unwrap();
         assert_eq!(resp.status(), 200, "live subscription {sql}");
         let (tx, latest) = watch::channel((0, String::new()));
@@ -150,7 +150,9 @@ impl LiveView {
                     for line in event.lines() {
                         if let Some(data) = line.strip_prefix("data: ") {
                             let v: Value = serde_json::from_str(data).unwrap();
-                            if let (Some(seq), Some(sum)) = (v["seq"].as_u64(), v["checksum"].as_str()) {
+                            if let (Some(seq), Some(sum)) =
+                                (v["seq"].as_u64(), v["checksum"].as_str())
+                            {
                                 tx.send_replace((seq, sum.to_string()));
                             }
                         }
@@ -232,5 +234,7 @@ pub async fn ddl(core: &Core, sql: &str) {
         .into_iter()
         .map(|d| d.change)
         .collect();
-    core.ddl(changes, sql.into(), None).await.expect("the DDL applies");
+    core.ddl(changes, sql.into(), None)
+        .await
+        .expect("the DDL applies");
 }
