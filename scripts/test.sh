@@ -14,6 +14,8 @@ command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_
 # `sluice sql` through a real pseudo-terminal in tmux; the SDK and UIs need Node 20 and npm.
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+# The cluster tests and `sluice bench cluster` run a 3-node NATS JetStream cluster.
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing: ${need_apt[*]}"

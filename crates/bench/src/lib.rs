@@ -32,6 +32,8 @@
 //!   `GET`/`HGETALL` and PostgreSQL prepared `SELECT`.
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
+//! - [`cluster`]: `sluice bench cluster` — `replicated` vs `fsync` writes, reads over a
+//!   leader and a follower, failover time, on a loopback NATS JetStream cluster.
 //! - [`harness`]: what every suite shares — runtime, the server under test with its own
 //!   data dir, warm-up + measured window, notes, writing and printing the report.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).
@@ -49,6 +51,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub mod bootstrap;
+pub mod cluster;
 pub mod fanout;
 pub mod harness;
 pub mod hist;
@@ -101,6 +104,9 @@ pub enum Suite {
     /// Subscription bootstrap: subscribe → last snapshot row (rows/s) over SSE and WebSocket
     /// (JSON, MessagePack) by view size, and the slowest ack of a concurrent writer.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// Beyond one node: `replicated` vs `fsync` write TPS and ack p50/p99, reads spread over
+    /// a leader and a follower, failover time after kill -9 (3-node NATS JetStream R3).
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Options every suite takes.
@@ -131,6 +137,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
         "snapshot" => snapshot::verify_samples(&samples),
         "reads" => reads::verify_samples(&samples),
         "bootstrap" => bootstrap::verify_samples(&samples),
+        "cluster" => cluster::verify_samples(&samples),
         other => anyhow::bail!("unknown bench suite {other:?}"),
     }
 }
@@ -146,6 +153,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Suite::Snapshot(a) => snapshot::run(a)?,
         Suite::Reads(a) => reads::run(a)?,
         Suite::Bootstrap(a) => bootstrap::run(a)?,
+        Suite::Cluster(a) => cluster::run(a)?,
     };
     Ok(if ok {
         ExitCode::SUCCESS

@@ -698,6 +698,13 @@ impl Db {
 
     /// Applies a commit read back from the log or a peer. It **must** be the next seq.
     pub fn replay(&mut self, seq: u64, body: ReplayBody) -> Result<(), String> {
+        self.replay_with(seq, body, None).map(|_| ())
+    }
+
+    /// [`Db::replay`] returning the commit as the changelog holds it (with before-images),
+    /// for a follower that feeds it on to live views and topic watchers like a commit of
+    /// its own.
+    pub fn replay_commit(&mut self, seq: u64, body: ReplayBody) -> Result<Arc<Commit>, String> {
         self.replay_with(seq, body, None)
     }
 
@@ -714,7 +721,7 @@ impl Db {
         body: ReplayBody,
         bulk: &mut BulkLoad,
     ) -> Result<(), String> {
-        self.replay_with(seq, body, Some(bulk))
+        self.replay_with(seq, body, Some(bulk)).map(|_| ())
     }
 
     /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
@@ -803,7 +810,7 @@ impl Db {
         seq: u64,
         body: ReplayBody,
         mut bulk: Option<&mut BulkLoad>,
-    ) -> Result<(), String> {
+    ) -> Result<Arc<Commit>, String> {
         if self.seq.checked_add(1) != Some(seq) {
             return Err(format!(
                 "expected seq {}, found {seq}",
@@ -868,12 +875,13 @@ impl Db {
             ReplayBody::Rows(rows) => CommitBody::Rows(self.replay_rows(seq, rows, bulk)?),
         };
         self.seq = seq;
-        self.changelog.push(Arc::new(Commit {
+        let commit = Arc::new(Commit {
             seq,
             body: commit_body,
             appends,
-        }));
-        Ok(())
+        });
+        self.changelog.push(commit.clone());
+        Ok(commit)
     }
 
     fn replay_rows(

@@ -736,7 +736,8 @@ fn one_cycle(
         match a.class {
             Durability::Fsync => totals.acked_fsync += 1,
             Durability::Disk => totals.acked_disk += 1,
-            Durability::Memory => {}
+            // Only a cluster leader takes `replicated` (`class` never draws it).
+            Durability::Memory | Durability::Replicated => {}
         }
         if a.class == Durability::Fsync || (page_cache_survives && a.class == Durability::Disk) {
             required = required.max(a.seq);

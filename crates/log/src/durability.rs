@@ -3,7 +3,9 @@ use std::str::FromStr;
 
 /// When a commit is acknowledged, and therefore what it survives.
 ///
-/// Ordered from weakest to strongest: `Memory < Disk < Fsync`.
+/// Ordered from weakest to strongest: `Memory < Disk < Fsync < Replicated`. `Replicated`
+/// is stronger than `Fsync` against losing a machine (a quorum of JetStream nodes holds
+/// the commit), not against losing power everywhere at once (see ARCHITECTURE.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Durability {
     /// Acknowledged once applied in memory; logged asynchronously. May lose the last few
@@ -13,6 +15,10 @@ pub enum Durability {
     Disk,
     /// Acknowledged once `fdatasync` returned. Survives power loss.
     Fsync,
+    /// Acknowledged once a quorum of the cluster's replicated log (`sluice-cluster`)
+    /// acknowledged it *and* the leader's own log wrote it (`disk`). Survives losing the
+    /// leader's machine. Only a cluster leader takes it; the log itself treats it as `disk`.
+    Replicated,
 }
 
 impl Durability {
@@ -21,6 +27,7 @@ impl Durability {
             Durability::Memory => "memory",
             Durability::Disk => "disk",
             Durability::Fsync => "fsync",
+            Durability::Replicated => "replicated",
         }
     }
 }
@@ -38,8 +45,9 @@ impl FromStr for Durability {
             "memory" => Ok(Durability::Memory),
             "disk" => Ok(Durability::Disk),
             "fsync" => Ok(Durability::Fsync),
+            "replicated" => Ok(Durability::Replicated),
             other => Err(format!(
-                "unknown durability class {other:?}: expected memory, disk or fsync"
+                "unknown durability class {other:?}: expected memory, disk, fsync or replicated"
             )),
         }
     }

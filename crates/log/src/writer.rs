@@ -624,7 +624,9 @@ impl<W: Waiter> LogThread<W> {
             self.publish();
             let mut i = 0;
             while i < waiters.len() {
-                if waiters[i].durability() < Durability::Fsync {
+                // `replicated` waits for the other half (the cluster's ack) elsewhere: here it
+                // needs the write only, like `disk`.
+                if waiters[i].durability() != Durability::Fsync {
                     waiters.swap_remove(i).complete(Ok(()));
                 } else {
                     must_sync = true;

@@ -96,6 +96,19 @@ impl From<CoreError> for ApiError {
             CoreError::Internal(message) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+            e @ CoreError::NotLeader { .. } => {
+                let message = e.to_string();
+                let CoreError::NotLeader { leader } = e else {
+                    unreachable!()
+                };
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", message)
+                    .with("leader", leader)
+            }
+            e @ CoreError::Replication(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "replication_failed",
+                e.to_string(),
+            ),
             CoreError::Statement { statement, error } => {
                 let mut e = ApiError::from(*error).with("statement", statement);
                 e.message = format!("statement {statement}: {}", e.message);
@@ -335,7 +348,7 @@ pub(crate) fn durability_of(body: &Map<String, Value>) -> Result<Option<Durabili
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => s.parse().map(Some).map_err(ApiError::bad_request),
         Some(_) => Err(ApiError::bad_request(
-            "\"durability\" must be one of \"memory\", \"disk\", \"fsync\"",
+            "\"durability\" must be one of \"memory\", \"disk\", \"fsync\", \"replicated\"",
         )),
     }
 }

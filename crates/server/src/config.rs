@@ -11,6 +11,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Durability class of requests that do not name one (`--durability`).
     pub durability: Durability,
+    /// Start as a cluster follower (`--follower`): client writes are refused from the
+    /// first moment, and commits come only from the cluster (`sluice-cluster`).
+    pub follower: bool,
     /// Request body size (`--max-body-bytes`).
     pub body_bytes_max: usize,
     /// Ops in one mutate (`--max-ops`).
@@ -71,6 +74,7 @@ impl Config {
         Config {
             data_dir: data_dir.into(),
             durability: Durability::Fsync,
+            follower: false,
             body_bytes_max: 16 << 20,
             ops_per_mutate_max: 10_000,
             limits: Limits::default(),

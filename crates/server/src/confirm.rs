@@ -1,7 +1,8 @@
 //! Which seqs have reached the durability class they were written with.
 //!
 //! `confirmed` is the largest seq S such that every commit <= S reached its class: a
-//! `memory` commit once applied, `disk` once written, `fsync` once synced. Reads and
+//! `memory` commit once applied, `disk` once written, `fsync` once synced, `replicated`
+//! once written *and* acknowledged by the cluster's replicated log. Reads and
 //! catch-up never show state past `confirmed` ("confirmed reads"). It is a prefix, so a
 //! `memory` commit behind a not-yet-synced `fsync` commit waits for it.
 
@@ -19,6 +20,10 @@ struct State {
     disk: VecDeque<u64>,
     /// Seqs of `fsync` commits not yet synced, ascending.
     fsync: VecDeque<u64>,
+    /// Every seq up to this one is held by the cluster's replicated log (a quorum).
+    replicated_seq: u64,
+    /// Seqs of `replicated` commits not yet both written and replicated, ascending.
+    replicated: VecDeque<u64>,
 }
 
 impl State {
@@ -37,7 +42,14 @@ impl State {
         {
             self.fsync.pop_front();
         }
+        let both = self.progress.written_seq.min(self.replicated_seq);
+        while self.replicated.front().is_some_and(|&s| s <= both) {
+            self.replicated.pop_front();
+        }
         let mut c = self.applied;
+        if let Some(&s) = self.replicated.front() {
+            c = c.min(s - 1);
+        }
         if let Some(&s) = self.disk.front() {
             c = c.min(s - 1);
         }
@@ -67,6 +79,7 @@ impl Confirmations {
                 written_seq: seq,
                 synced_seq: seq,
             },
+            replicated_seq: seq,
             ..State::default()
         };
         Confirmations {
@@ -95,6 +108,7 @@ impl Confirmations {
                 Durability::Memory => {}
                 Durability::Disk => s.disk.push_back(seq),
                 Durability::Fsync => s.fsync.push_back(seq),
+                Durability::Replicated => s.replicated.push_back(seq),
             }
         }
         let c = s.confirmed();
@@ -105,6 +119,15 @@ impl Confirmations {
     pub fn progressed(&self, progress: Progress) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.progress = progress;
+        let c = s.confirmed();
+        drop(s);
+        self.publish(c);
+    }
+
+    /// The cluster's replicated log holds every commit up to `seq`.
+    pub fn replicated(&self, seq: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.replicated_seq = s.replicated_seq.max(seq);
         let c = s.confirmed();
         drop(s);
         self.publish(c);
@@ -184,5 +207,39 @@ mod tests {
             5,
             "a memory commit is confirmed when applied"
         );
+    }
+
+    #[test]
+    fn replicated_needs_the_write_and_the_quorum() {
+        let c = Confirmations::new(0);
+        c.applied(
+            3,
+            &[(1, Durability::Replicated), (3, Durability::Replicated)],
+        );
+        assert_eq!(c.confirmed(), 0);
+        c.replicated(3);
+        assert_eq!(c.confirmed(), 0, "replicated but not yet written locally");
+        c.progressed(Progress {
+            written_seq: 1,
+            synced_seq: 0,
+        });
+        assert_eq!(
+            c.confirmed(),
+            2,
+            "seq 2 (memory) follows the confirmed seq 1"
+        );
+        c.progressed(Progress {
+            written_seq: 3,
+            synced_seq: 0,
+        });
+        assert_eq!(c.confirmed(), 3);
+        c.applied(4, &[(4, Durability::Replicated)]);
+        c.progressed(Progress {
+            written_seq: 4,
+            synced_seq: 4,
+        });
+        assert_eq!(c.confirmed(), 3, "written and synced, not replicated");
+        c.replicated(4);
+        assert_eq!(c.confirmed(), 4);
     }
 }

@@ -135,6 +135,8 @@ pub(crate) struct Shared {
     pub rules: crate::rules::RulesCache,
     /// Table schemas for the typed mutate decoder (`crate::decode`).
     pub schemas: crate::decode::SchemaCache,
+    /// The node's cluster role and the `replicated` commits waiting for the quorum.
+    pub cluster: crate::replication::ClusterState,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -219,6 +221,12 @@ impl Core {
                 source,
             }
         })?;
+        let cluster = crate::replication::ClusterState::default();
+        if config.follower {
+            // From the start, so the writer never commits anything of its own (the
+            // ticker's topic expiry) before the cluster's commits arrive.
+            *cluster.role.write() = crate::replication::Role::Follower { leader: None };
+        }
         let shared = Arc::new(Shared {
             auth,
             rules: Default::default(),
@@ -232,6 +240,7 @@ impl Core {
             closing: watch::Sender::new(false),
             hub,
             hub_feed,
+            cluster,
         });
         let weak = Arc::downgrade(&shared);
         crate::topics::spawn_hub(
@@ -635,6 +644,58 @@ impl Core {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
         result
+    }
+
+    /// This node's cluster role.
+    pub fn role(&self) -> crate::replication::Role {
+        self.shared.cluster.role()
+    }
+
+    /// Makes this node a follower: client writes are refused with `not_leader` naming
+    /// `leader`; commits come in through [`Core::apply_replicated`].
+    pub fn set_follower(&self, leader: Option<String>) {
+        *self.shared.cluster.role.write() = crate::replication::Role::Follower { leader };
+    }
+
+    /// Makes this node the leader: from the next writer round on, every round's frames go
+    /// to `replicator`. Returns the applied seq S at the switch (under the write lock, so
+    /// no round straddles it): the replicator gets every commit after S, and the
+    /// cluster's log **must** hold S's commit already.
+    pub fn set_leader(&self, replicator: Arc<dyn crate::replication::Replicator>) -> u64 {
+        let db = self.shared.db.write();
+        *self.shared.cluster.role.write() = crate::replication::Role::Leader(replicator);
+        db.seq
+    }
+
+    /// The cluster's replicated log holds every commit up to `seq` (a quorum acknowledged
+    /// it): `replicated` commits up to there are acknowledged once also written locally.
+    pub fn replicated(&self, seq: u64) {
+        self.shared.confirm.replicated(seq);
+        self.shared.cluster.replicated(seq);
+    }
+
+    /// The replicated log refused or lost this leader's commits (`reason`): every
+    /// `replicated` commit still waiting fails, and the node stops taking writes (it is a
+    /// follower that knows no leader) — a deposed leader's later commits would never
+    /// reach the cluster.
+    pub fn replication_failed(&self, reason: String) {
+        self.set_follower(None);
+        self.shared
+            .cluster
+            .fail_waiting(&CoreError::Replication(reason));
+    }
+
+    /// A follower's commits: whole log frames from the cluster, in seq order. Applied on
+    /// the writer thread (frames at or below the applied seq are skipped); returns the
+    /// applied seq. An error means this node's state and the cluster's diverged.
+    pub async fn apply_replicated(&self, frames: Vec<bytes::Bytes>) -> Result<u64, CoreError> {
+        let rx = self
+            .enqueue(|reply| Request::Replicate { frames, reply })
+            .await?;
+        match rx.await {
+            Err(_) => Err(CoreError::ShuttingDown),
+            Ok(result) => result.map_err(|r| r.error),
+        }
     }
 
     pub(crate) fn counters(&self) -> &Counters {

@@ -63,6 +63,16 @@ pub enum CoreError {
     /// An I/O failure that is not a poisoning (e.g. writing a snapshot file).
     #[error("{0}")]
     Internal(String),
+    /// This node is a cluster follower (or a deposed leader): writes go to the leader.
+    #[error("this node is not the cluster's leader; send writes to {}", leader.as_deref().unwrap_or("the leader (not known yet: retry)"))]
+    NotLeader {
+        /// The leader's client address, when known.
+        leader: Option<String>,
+    },
+    /// The cluster's replicated log did not take a commit (unreachable, or this node was
+    /// fenced by a newer leader); the commit's outcome is not known to this node.
+    #[error("replication failed: {0}")]
+    Replication(String),
 }
 
 impl From<LogError> for CoreError {

@@ -21,6 +21,8 @@
 //! - `live`, `live_chunks`: live queries over SSE, and large snapshots sent in chunks.
 //! - `metrics`: Prometheus text rendering.
 //! - [`coalesce`]: `coalesce_ms`, the opt-in window of live subscriptions and watches.
+//! - [`replication`]: the cluster's hook — a node's [`Role`](replication::Role), the
+//!   leader's [`Replicator`](replication::Replicator), `replicated` acknowledgements.
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
@@ -36,6 +38,7 @@ mod confirm;
 mod live;
 mod live_chunks;
 mod metrics;
+pub mod replication;
 mod rules;
 mod snapshotter;
 pub mod static_files;

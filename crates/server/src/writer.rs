@@ -44,6 +44,7 @@ impl TxAccess for Lent {
         self.st.seq().wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 }
+use crate::replication::PairAck;
 use crate::snapshotter::{Job, Snapshotter};
 
 /// Most requests applied in one writer round (one write lock, one log submit).
@@ -120,6 +121,39 @@ pub(crate) enum Request {
     Shutdown {
         reply: Reply<()>,
     },
+    /// A follower's commits from the cluster: whole log frames, in seq order (frames at
+    /// or below the applied seq are skipped). Replies with the applied seq.
+    Replicate {
+        frames: Vec<bytes::Bytes>,
+        reply: Reply<u64>,
+    },
+}
+
+impl Request {
+    /// Whether this request writes (refused on a follower).
+    fn writes(&self) -> bool {
+        matches!(
+            self,
+            Request::Mutate { .. }
+                | Request::Schema { .. }
+                | Request::Sql { .. }
+                | Request::Call { .. }
+                | Request::Topic { .. }
+                | Request::Append { .. }
+        )
+    }
+
+    fn durability(&self) -> Option<Durability> {
+        match self {
+            Request::Mutate { durability, .. }
+            | Request::Schema { durability, .. }
+            | Request::Sql { durability, .. }
+            | Request::Call { durability, .. }
+            | Request::Topic { durability, .. }
+            | Request::Append { durability, .. } => Some(*durability),
+            _ => None,
+        }
+    }
 }
 
 /// A commit waiting for the log, with the reply to send when it gets there.
@@ -128,18 +162,20 @@ pub(crate) struct Ack {
     reply: AckReply,
 }
 
-enum AckReply {
+pub(crate) enum AckReply {
     Mutate(Reply<MutateOk>, MutateOk),
     Schema(Reply<Option<u64>>, u64),
     Call(Reply<CallOk>, CallOk),
     Topic(Reply<PutTopicOk>, PutTopicOk),
     Append(Reply<AppendOk>, AppendOk),
     Sql(Reply<crate::core::SqlOk>, crate::core::SqlOk),
+    /// One half of a `replicated` commit's acknowledgement (the other is the quorum's).
+    Pair(Arc<PairAck>),
 }
 
 impl AckReply {
-    fn send(self, result: Result<(), &LogError>) {
-        let err = |e: &LogError| Refusal::now(CoreError::from_log(e));
+    pub(crate) fn send(self, result: Result<(), CoreError>) {
+        let err = Refusal::now;
         // A dropped receiver means the client went away; the commit stands regardless.
         match self {
             AckReply::Mutate(reply, ok) => {
@@ -160,6 +196,7 @@ impl AckReply {
             AckReply::Sql(reply, ok) => {
                 let _ = reply.send(result.map(|_| ok).map_err(err));
             }
+            AckReply::Pair(pair) => pair.half_done(result),
         }
     }
 }
@@ -169,7 +206,7 @@ impl Waiter for Ack {
         self.durability
     }
     fn complete(self, result: Result<(), &LogError>) {
-        self.reply.send(result);
+        self.reply.send(result.map_err(CoreError::from_log));
     }
 }
 
@@ -184,6 +221,8 @@ struct Committed {
     waiting: Vec<(u64, Durability)>,
     /// Their acknowledgements, completed by the log thread.
     acks: Vec<Ack>,
+    /// `replicated` commits' quorum halves (their local halves are among `acks`).
+    quorum: Vec<(u64, Arc<PairAck>)>,
 }
 
 impl Committed {
@@ -191,6 +230,14 @@ impl Committed {
         self.frames += 1;
         if durability == Durability::Memory {
             self.immediate.push(reply);
+        } else if durability == Durability::Replicated {
+            let pair = PairAck::new(reply);
+            self.waiting.push((seq, durability));
+            self.acks.push(Ack {
+                durability: Durability::Disk,
+                reply: AckReply::Pair(pair.clone()),
+            });
+            self.quorum.push((seq, pair));
         } else {
             self.waiting.push((seq, durability));
             self.acks.push(Ack { durability, reply });
@@ -204,6 +251,8 @@ pub(crate) struct Writer {
     snapshotter: Snapshotter,
     log_bytes_since_snapshot: u64,
     frames: Vec<u8>,
+    /// Each commit's seq and frame in `frames` (for the cluster's replicator).
+    frame_ranges: Vec<(u64, std::ops::Range<usize>)>,
     payload: Vec<u8>,
     /// This round's commits, for the live-query thread.
     published: Vec<Arc<Commit>>,
@@ -248,6 +297,7 @@ impl Writer {
                 snapshotter,
                 log_bytes_since_snapshot,
                 frames: Vec::new(),
+                frame_ranges: Vec::new(),
                 payload: Vec::new(),
                 published: Vec::new(),
                 snapshot_waiting: Vec::new(),
@@ -320,8 +370,12 @@ impl Writer {
         let mut done = Committed::default();
         let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
         let mut shutdown = None;
+        let role;
         let applied = {
             let mut guard: Option<DbGuard> = Some(shared.db.write_arc());
+            // Read under the write lock: `Core::set_leader` switches roles under it, so a
+            // round's commits are all published or all not.
+            role = shared.cluster.role();
             // A round ends early once its frames reach the bound, so what one submit hands
             // the log stays bounded too (the rest of the batch goes to the next round).
             let round_bytes_max = round_frame_bytes_max(shared.config.log_pending_bytes_max);
@@ -341,6 +395,10 @@ impl Writer {
                 ) = (&poisoned, &req)
                 {
                     refuse(req, CoreError::Poisoned(reason.clone()));
+                    continue;
+                }
+                if let Some(refusal) = cluster_refusal(&role, &req) {
+                    refuse(req, refusal);
                     continue;
                 }
                 if matches!(
@@ -491,11 +549,24 @@ impl Writer {
                     Request::Snapshot { reply } => snapshot_replies.push(reply),
                     Request::SnapshotIdle | Request::Tick => {}
                     Request::Shutdown { reply } => shutdown = Some(reply),
+                    Request::Replicate { frames, reply } => {
+                        let result = match &role {
+                            crate::replication::Role::Follower { .. } => {
+                                self.replay_frames(db, &frames, &mut done)
+                            }
+                            other => Err(CoreError::Replication(format!(
+                                "commits from the cluster reached a node that is not a follower ({other:?})"
+                            ))),
+                        };
+                        let _ = reply.send(result.map_err(Refusal::now));
+                    }
                 }
             }
             let db = guard.as_mut().expect("the writer holds the lock");
             let due = self.topics_trimmed.elapsed() >= TOPIC_TRIM_INTERVAL;
-            if due && poisoned.is_none() && shutdown.is_none() {
+            // A follower's topics are trimmed by the leader's `Trim` commits, never its clock.
+            let follower = matches!(role, crate::replication::Role::Follower { .. });
+            if due && poisoned.is_none() && shutdown.is_none() && !follower {
                 self.topics_trimmed = std::time::Instant::now();
                 // Age limits drop records by the clock, so each drop is a logged commit
                 // (acknowledged to nobody, like a `memory` commit).
@@ -525,7 +596,20 @@ impl Writer {
             let _ = shared
                 .log
                 .submit(&self.frames, done.frames, applied, done.acks);
+            if let crate::replication::Role::Leader(replicator) = &role {
+                for (seq, pair) in done.quorum {
+                    shared.cluster.wait_for_quorum(seq, pair);
+                }
+                replicator.submit(crate::replication::Round {
+                    frames: bytes::Bytes::copy_from_slice(&self.frames),
+                    commits: std::mem::take(&mut self.frame_ranges),
+                });
+            } else {
+                // Only a leader takes `replicated` commits (`cluster_refusal`).
+                debug_assert!(done.quorum.is_empty());
+            }
             self.frames.clear();
+            self.frame_ranges.clear();
         }
         for reply in done.immediate {
             reply.send(Ok(()));
@@ -600,10 +684,57 @@ impl Writer {
         self.published.push(commit.clone());
         self.payload.clear();
         encode_commit(commit, &mut self.payload);
+        let start = self.frames.len();
         // Every transaction is bounded by `commit_bytes_max` (≤ COMMIT_BYTES_MAX_CEILING, well
         // inside a frame) while it is built, and DDL by the request body limit.
         frame::encode_into(&mut self.frames, &self.payload)
             .expect("commit_bytes_max keeps every commit inside one log frame");
+        self.frame_ranges
+            .push((commit.seq, start..self.frames.len()));
+    }
+
+    /// Replays a follower's frames from the cluster (the path recovery takes), writes them
+    /// to this node's log and hands them on like commits of its own. Frames at or below
+    /// the applied seq are skipped (a redelivery). Any frame that does not check or apply
+    /// is an error: the follower's state and the leader's have diverged.
+    fn replay_frames(
+        &mut self,
+        db: &mut Db,
+        frames: &[bytes::Bytes],
+        done: &mut Committed,
+    ) -> Result<u64, CoreError> {
+        for f in frames {
+            let payload = match frame::decode(f, 0) {
+                frame::Decoded::Frame { payload, next } if next == f.len() => payload,
+                other => {
+                    return Err(CoreError::Replication(format!(
+                        "a frame from the cluster does not check ({other:?}) after seq {}",
+                        db.seq
+                    )))
+                }
+            };
+            let (seq, body) = sluice_engine::codec::decode_commit(payload).map_err(|e| {
+                CoreError::Replication(format!(
+                    "a commit after seq {} does not decode: {e}",
+                    db.seq
+                ))
+            })?;
+            if seq <= db.seq {
+                continue;
+            }
+            let commit = db.replay_commit(seq, body).map_err(|e| {
+                CoreError::Replication(format!("a commit from the cluster does not apply: {e}"))
+            })?;
+            self.published.push(commit);
+            let start = self.frames.len();
+            self.frames.extend_from_slice(f);
+            self.frame_ranges.push((seq, start..self.frames.len()));
+            done.frames += 1;
+            // A follower shows a commit once its own log wrote it: the cluster's quorum
+            // holds it already (JetStream delivers only what it committed).
+            done.waiting.push((seq, Durability::Disk));
+        }
+        Ok(db.seq)
     }
 
     /// Freezes the state for a snapshot: O(tables + row chunks + topic records) under the
@@ -664,6 +795,27 @@ fn refuse(req: Request, err: CoreError) {
         Request::Shutdown { reply } => {
             let _ = reply.send(Err(err));
         }
+        Request::Replicate { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+    }
+}
+
+/// Why the cluster role refuses `req`, if it does: a follower takes no writes, and only a
+/// leader takes `replicated` ones.
+fn cluster_refusal(role: &crate::replication::Role, req: &Request) -> Option<CoreError> {
+    use crate::replication::Role;
+    match role {
+        Role::Follower { leader } if req.writes() => Some(CoreError::NotLeader {
+            leader: leader.clone(),
+        }),
+        Role::Standalone if req.durability() == Some(Durability::Replicated) => {
+            Some(CoreError::Tx(TxError::new(
+                sluice_engine::ErrorCode::BadRequest,
+                "durability \"replicated\" needs a cluster (sluice serve --cluster nats://…); this node runs alone",
+            )))
+        }
+        _ => None,
     }
 }
 

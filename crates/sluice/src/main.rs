@@ -185,7 +185,8 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// Durability class for requests that do not name one: memory, disk or fsync.
+    /// Durability class for requests that do not name one: memory, disk, fsync or
+    /// replicated (with --cluster).
     #[arg(long, default_value = "fsync")]
     durability: Durability,
     /// Largest request body in bytes (at most 32 MiB).
@@ -336,6 +337,35 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     cors_origin: Vec<String>,
+    /// Join a cluster: NATS URLs, comma-separated (`nats://10.0.0.1:4222,nats://…`). The
+    /// changelog is replicated through JetStream; see docs/operations.md.
+    #[arg(long, value_name = "NATS_URLS")]
+    cluster: Option<String>,
+    /// With --cluster: follow the leader (serve reads, queries, live views and watches;
+    /// refuse writes with `not_leader` naming the leader) instead of leading.
+    #[arg(long, requires = "cluster")]
+    follower: bool,
+    /// With --follower: never take the leader lease when it lapses (a read replica).
+    #[arg(long, requires = "follower")]
+    no_takeover: bool,
+    /// The database's name in the cluster (its JetStream stream is `sluice-<name>`).
+    #[arg(long, default_value = "default")]
+    cluster_database: String,
+    /// Copies JetStream keeps of each commit (3 survives losing one NATS node).
+    #[arg(long, default_value_t = 3)]
+    cluster_replicas: usize,
+    /// Commits the cluster's stream keeps (a follower further behind needs a snapshot).
+    #[arg(long, default_value_t = 1_000_000)]
+    cluster_retain_commits: i64,
+    /// Bytes the cluster's stream keeps.
+    #[arg(long, default_value_t = 1 << 30)]
+    cluster_retain_bytes: i64,
+    /// The leader lease's time to live in ms: a leader silent this long is replaced.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// The address other nodes name for this one (default: http(s)://<listen address>).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
 }
 
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
@@ -360,6 +390,15 @@ impl ServeArgs {
         );
         let mut config = Config::new(&self.data);
         config.durability = self.durability;
+        config.follower = self.follower;
+        anyhow::ensure!(
+            self.cluster.is_some() || self.durability != Durability::Replicated,
+            "--durability replicated needs --cluster"
+        );
+        anyhow::ensure!(
+            self.lease_ms >= 300 && self.cluster_replicas >= 1,
+            "--lease-ms must be at least 300 and --cluster-replicas at least 1"
+        );
         config.body_bytes_max = self.max_body_bytes;
         config.ops_per_mutate_max = self.max_ops;
         config.limits.row_bytes_max = self.max_row_bytes;
@@ -549,6 +588,44 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(torn) = &r.torn_tail {
             tracing::warn!("truncated a torn log tail: {torn}");
         }
+        // Joined before listening: a node that cannot join never answers requests.
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _node = match &args.cluster {
+            None => None,
+            Some(urls) => {
+                let mut cluster = sluice_cluster::ClusterOptions::new(urls.clone());
+                cluster.database = args.cluster_database.clone();
+                cluster.replicas = args.cluster_replicas;
+                cluster.retain_commits = args.cluster_retain_commits;
+                cluster.retain_bytes = args.cluster_retain_bytes;
+                cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
+                let address = args
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| base_url(scheme, args.listen));
+                let node = sluice_cluster::node::start(
+                    core.clone(),
+                    sluice_cluster::NodeOptions {
+                        cluster,
+                        follower: args.follower,
+                        address: address.clone(),
+                        takeover: !args.no_takeover,
+                    },
+                )
+                .await
+                .context("cannot join the cluster")?;
+                let role = if args.follower { "follower" } else { "leader" };
+                tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
+                // The node's task ends only when it cannot go on (a follower that cannot
+                // follow, a leader that lost its lease): say why; reads go on being served.
+                Some(tokio::spawn(async move {
+                    let mut node = node;
+                    if let Err(e) = node.finished().await {
+                        tracing::error!("cluster: {e}");
+                    }
+                }))
+            }
+        };
         let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

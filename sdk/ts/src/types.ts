@@ -1,7 +1,7 @@
 import type { SluiceError } from "./errors.js";
 
 export type Encoding = "msgpack" | "json";
-export type Durability = "memory" | "disk" | "fsync";
+export type Durability = "memory" | "disk" | "fsync" | "replicated";
 /** A token, or a function called at every (re)connect and HTTP request to get a fresh one. */
 export type TokenSource = string | (() => string | Promise<string>);
 export type Params = unknown[] | Record<string, unknown>;

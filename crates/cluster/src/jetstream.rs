@@ -1,0 +1,342 @@
+//! [`JetStream`]: the [`Backbone`] on NATS JetStream.
+//!
+//! - The changelog of database `D` is the stream `sluice-D` (subject `sluice.D.log`),
+//!   replicated `--cluster-replicas` ways (R3 by default), on file storage, bounded by
+//!   `--cluster-retain-commits` / `--cluster-retain-bytes` (oldest dropped first).
+//! - Entry `seq` is the message with stream sequence `seq`: each append carries
+//!   `Nats-Expected-Last-Sequence: seq - 1` (a leader that is not at the stream's end is
+//!   refused) and `Nats-Msg-Id: <term>-<seq>` (a retry of the same append is taken as a
+//!   duplicate within the 2-minute window; another leader's entry at that seq is *not* a
+//!   duplicate of it, so it is refused by the expected-last-sequence check instead).
+//! - The leader lease is the key `leader` of the key-value bucket `sluice-D-lease`, whose
+//!   `max_age` is the lease's time to live: a holder that stops renewing loses the key
+//!   when it ages out. Its revision when created is the new leader's term.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use crate::backbone::{AckFuture, Backbone, Entries, Entry, Holder, Lease, LogState};
+use crate::ClusterError;
+
+/// How to reach and shape the cluster's log.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// NATS URLs, comma-separated (`nats://127.0.0.1:4222,nats://…`).
+    pub urls: String,
+    /// The database's name in the cluster (stream `sluice-<database>`).
+    pub database: String,
+    /// Copies of each commit JetStream keeps (1, 3 or 5; R3 survives one node).
+    pub replicas: usize,
+    /// Commits the stream keeps (older ones are dropped; a follower further behind needs
+    /// a snapshot).
+    pub retain_commits: i64,
+    /// Bytes the stream keeps.
+    pub retain_bytes: i64,
+    /// The leader lease's time to live: a leader that has not renewed it for this long
+    /// loses it (failover time is about this).
+    pub lease_ttl: Duration,
+    /// How long a request to NATS may take before it counts as failed.
+    pub request_timeout: Duration,
+}
+
+impl ClusterOptions {
+    pub fn new(urls: impl Into<String>) -> Self {
+        ClusterOptions {
+            urls: urls.into(),
+            database: "default".into(),
+            replicas: 3,
+            retain_commits: 1_000_000,
+            retain_bytes: 1 << 30,
+            lease_ttl: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+const LEASE_KEY: &str = "leader";
+/// How long a stream's creation may be retried while a new cluster settles its peers.
+const CREATE_WAIT: Duration = Duration::from_secs(20);
+
+/// The JetStream backbone of one database.
+#[derive(Clone)]
+pub struct JetStream {
+    js: jetstream::Context,
+    stream: String,
+    subject: String,
+    lease: kv::Store,
+}
+
+fn valid_database(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl JetStream {
+    /// Connects to the NATS cluster and opens (creating if missing) the database's stream
+    /// and lease bucket. Fails with [`ClusterError::Unreachable`] if no server answers.
+    pub async fn connect(opts: &ClusterOptions) -> Result<JetStream, ClusterError> {
+        if !valid_database(&opts.database) {
+            return Err(ClusterError::Config(format!(
+                "bad database name {:?}: 1–64 letters, digits, '-' or '_'",
+                opts.database
+            )));
+        }
+        let addrs = opts
+            .urls
+            .split(',')
+            .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ClusterError::Config(format!("bad --cluster URL {:?}: {e}", opts.urls)))?;
+        if addrs.is_empty() {
+            return Err(ClusterError::Config("--cluster names no NATS URL".into()));
+        }
+        let unreachable = |reason: String| ClusterError::Unreachable {
+            urls: opts.urls.clone(),
+            reason,
+        };
+        let client = tokio::time::timeout(
+            opts.request_timeout,
+            async_nats::ConnectOptions::new()
+                .connection_timeout(opts.request_timeout)
+                .name("sluice")
+                .connect(addrs),
+        )
+        .await
+        .map_err(|_| unreachable(format!("no answer within {:?}", opts.request_timeout)))?
+        .map_err(|e| unreachable(e.to_string()))?;
+        // A publish ack lost with a NATS node (its connection gone) fails after this, and
+        // the publisher recovers; the client's default (30 s) would stall writes that long.
+        let js = jetstream::ContextBuilder::new()
+            .timeout(opts.request_timeout)
+            .ack_timeout(opts.request_timeout)
+            .build(client);
+        let stream = format!("sluice-{}", opts.database);
+        let subject = format!("sluice.{}.log", opts.database);
+        let started = std::time::Instant::now();
+        loop {
+            let created = js
+                .get_or_create_stream(stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![subject.clone()],
+                    num_replicas: opts.replicas,
+                    storage: stream::StorageType::File,
+                    max_messages: opts.retain_commits,
+                    max_bytes: opts.retain_bytes,
+                    discard: stream::DiscardPolicy::Old,
+                    duplicate_window: Duration::from_secs(120),
+                    allow_direct: true,
+                    ..Default::default()
+                })
+                .await;
+            match created {
+                Ok(_) => break,
+                Err(e) if started.elapsed() < CREATE_WAIT => {
+                    tracing::debug!("creating stream {stream}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(ClusterError::js("stream creation", e)),
+            }
+        }
+        let bucket = format!("sluice-{}-lease", opts.database);
+        // The bucket's stream made as the client's `create_key_value` would (which first
+        // asks for account info in a shape nats-server 2.9 does not send).
+        js.get_or_create_stream(stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age: opts.lease_ttl,
+            storage: stream::StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            num_replicas: opts.replicas,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::js("lease bucket creation", e))?;
+        let lease = js
+            .get_key_value(&bucket)
+            .await
+            .map_err(|e| ClusterError::js("lease bucket", e))?;
+        Ok(JetStream {
+            js,
+            stream,
+            subject,
+            lease,
+        })
+    }
+
+    async fn stream(&self) -> Result<stream::Stream, ClusterError> {
+        self.js
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| ClusterError::js("stream lookup", e))
+    }
+}
+
+fn term_of(headers: Option<&async_nats::HeaderMap>) -> u64 {
+    headers
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .and_then(|id| id.as_str().split_once('-'))
+        .and_then(|(term, _)| term.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Backbone for JetStream {
+    async fn append(&self, seq: u64, term: u64, frame: Bytes) -> Result<AckFuture, ClusterError> {
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(frame)
+            .message_id(format!("{term}-{seq}"))
+            .expected_last_sequence(seq - 1);
+        let ack = self
+            .js
+            .send_publish(self.subject.clone(), publish)
+            .await
+            .map_err(|e| ClusterError::js("publish", e))?;
+        Ok(Box::pin(async move {
+            let ack = ack.await.map_err(|e| ClusterError::js("publish ack", e))?;
+            if ack.sequence != seq {
+                return Err(ClusterError::JetStream {
+                    what: "publish ack",
+                    reason: format!(
+                        "commit {seq} was stored at stream sequence {}",
+                        ack.sequence
+                    ),
+                });
+            }
+            Ok(())
+        }))
+    }
+
+    async fn state(&self) -> Result<LogState, ClusterError> {
+        let info = self
+            .stream()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| ClusterError::js("stream info", e))?;
+        let s = info.state;
+        Ok(if s.messages == 0 {
+            LogState {
+                first_seq: s.last_sequence + 1,
+                last_seq: s.last_sequence,
+            }
+        } else {
+            LogState {
+                first_seq: s.first_sequence,
+                last_seq: s.last_sequence,
+            }
+        })
+    }
+
+    async fn entry(&self, seq: u64) -> Result<Entry, ClusterError> {
+        let m = self
+            .stream()
+            .await?
+            .get_raw_message(seq)
+            .await
+            .map_err(|e| ClusterError::js("message read", e))?;
+        Ok(Entry {
+            seq: m.sequence,
+            term: term_of(Some(&m.headers)),
+            frame: m.payload,
+        })
+    }
+
+    async fn read_from(&self, seq: u64) -> Result<Entries, ClusterError> {
+        let consumer = self
+            .stream()
+            .await?
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seq,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ClusterError::js("consumer creation", e))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| ClusterError::js("consumer", e))?;
+        Ok(Box::pin(messages.map(|m| {
+            let m = m.map_err(|e| ClusterError::js("consumer", e))?;
+            let seq = m
+                .info()
+                .map_err(|e| ClusterError::js("message info", e))?
+                .stream_sequence;
+            Ok(Entry {
+                seq,
+                term: term_of(m.headers.as_ref()),
+                frame: m.payload.clone(),
+            })
+        })))
+    }
+
+    async fn acquire_lease(&self, address: &str) -> Result<Lease, ClusterError> {
+        let mut holder = Holder {
+            term: 0,
+            address: address.to_string(),
+        };
+        let value = serde_json::to_vec(&holder).expect("a holder serializes");
+        match self.lease.create(LEASE_KEY, value.into()).await {
+            Ok(revision) => {
+                // The creating revision is the term: above every earlier leader's.
+                holder.term = revision;
+                let lease = Lease { holder, revision };
+                self.renew_lease(&lease).await
+            }
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                let current = self.holder().await?;
+                let (term, address) = current
+                    .map(|h| (h.term, h.address))
+                    .unwrap_or((0, "an unknown address".into()));
+                Err(ClusterError::SecondLeader {
+                    database: self.stream.trim_start_matches("sluice-").to_string(),
+                    term,
+                    address,
+                })
+            }
+            Err(e) => Err(ClusterError::js("lease", e)),
+        }
+    }
+
+    async fn renew_lease(&self, lease: &Lease) -> Result<Lease, ClusterError> {
+        let value = serde_json::to_vec(&lease.holder).expect("a holder serializes");
+        let revision = self
+            .lease
+            .update(LEASE_KEY, value.into(), lease.revision)
+            .await
+            .map_err(|e| ClusterError::js("lease renewal", e))?;
+        Ok(Lease {
+            holder: lease.holder.clone(),
+            revision,
+        })
+    }
+
+    async fn holder(&self) -> Result<Option<Holder>, ClusterError> {
+        let entry = self
+            .lease
+            .entry(LEASE_KEY)
+            .await
+            .map_err(|e| ClusterError::js("lease read", e))?;
+        Ok(entry.and_then(|e| match e.operation {
+            kv::Operation::Put => serde_json::from_slice::<Holder>(&e.value)
+                .ok()
+                .map(|mut h| {
+                    if h.term == 0 {
+                        h.term = e.revision;
+                    }
+                    h
+                }),
+            _ => None,
+        }))
+    }
+}

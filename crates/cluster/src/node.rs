@@ -1,0 +1,144 @@
+//! A node of the cluster: starts it as the leader or a follower and keeps it there.
+
+use std::sync::Arc;
+
+use sluice_server::Core;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::backbone::Backbone;
+use crate::follower::Followed;
+use crate::jetstream::{ClusterOptions, JetStream};
+use crate::ClusterError;
+
+/// How a node joins its cluster.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub cluster: ClusterOptions,
+    /// Follow (`--follower`) rather than lead.
+    pub follower: bool,
+    /// This node's client address as followers should name it (`--advertise`).
+    pub address: String,
+    /// A follower takes the leader lease when it lapses (failover); off with
+    /// `--no-takeover` (a read replica that never leads).
+    pub takeover: bool,
+}
+
+/// A running node's cluster task (following, or renewing the lease); dropping it stops
+/// the task, as [`Node::stop`] does.
+pub struct Node {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ClusterError>>,
+}
+
+impl Node {
+    /// Asks the node's task to stop and waits for it.
+    pub async fn stop(self) -> Result<(), ClusterError> {
+        self.stop.send_replace(true);
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Core(format!("the cluster task failed: {e}"))))
+    }
+
+    /// Waits until the node's task ends by itself (a follower that cannot follow, a
+    /// leader that lost its lease).
+    pub async fn finished(&mut self) -> Result<(), ClusterError> {
+        (&mut self.task)
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Core(format!("the cluster task failed: {e}"))))
+    }
+}
+
+/// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)
+/// or follows (its position checked, the reading started); startup errors are returned
+/// here.
+pub async fn start(core: Core, opts: NodeOptions) -> Result<Node, ClusterError> {
+    let backbone = Arc::new(JetStream::connect(&opts.cluster).await?);
+    start_on(backbone, core, opts).await
+}
+
+/// [`start`] on any backbone.
+pub async fn start_on<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    opts: NodeOptions,
+) -> Result<Node, ClusterError> {
+    let (stop, stop_rx) = watch::channel(false);
+    let ttl = opts.cluster.lease_ttl;
+    if opts.follower {
+        core.set_follower(backbone.holder().await?.map(|h| h.address));
+        crate::follower::check_position(&*backbone, &core, false).await?;
+        let address = opts.takeover.then_some(opts.address);
+        let task = tokio::spawn(async move {
+            let followed =
+                crate::follower::follow(backbone.clone(), core.clone(), stop_rx.clone(), address)
+                    .await?;
+            match followed {
+                Followed::Stopped => Ok(()),
+                Followed::TookLease(lease) => {
+                    let seq =
+                        crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+                    tracing::info!(
+                        term = lease.holder.term,
+                        seq,
+                        "took the leader lease: leading"
+                    );
+                    hold_lease(backbone, core, lease, ttl, stop_rx).await
+                }
+            }
+        });
+        return Ok(Node { stop, task });
+    }
+    let lease = backbone.acquire_lease(&opts.address).await?;
+    let applied = match crate::follower::check_position(&*backbone, &core, true).await {
+        Ok(applied) => applied,
+        Err(e) => {
+            core.set_follower(None);
+            return Err(e);
+        }
+    };
+    let seq = crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+    if seq != applied {
+        let reason = format!(
+            "the node committed seqs {}..={seq} of its own while joining the cluster; restart it",
+            applied + 1
+        );
+        core.replication_failed(reason.clone());
+        return Err(ClusterError::Core(reason));
+    }
+    let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
+    Ok(Node { stop, task })
+}
+
+/// Renews the leader lease every third of its time to live until stopped; a renewal that
+/// fails ends the leadership (`Core::replication_failed`: no more writes here).
+async fn hold_lease<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    mut lease: crate::backbone::Lease,
+    ttl: std::time::Duration,
+    mut stop_rx: watch::Receiver<bool>,
+) -> Result<(), ClusterError> {
+    let mut tick = tokio::time::interval(ttl / 3);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop_rx.wait_for(|s| *s) => return Ok(()),
+        }
+        if !matches!(core.role(), sluice_server::replication::Role::Leader(_)) {
+            // Replication failed (fenced, or the log unreachable for too long): let the
+            // lease lapse so a follower takes over.
+            return Err(ClusterError::Core(
+                "stopped leading after replication failed; the lease lapses".into(),
+            ));
+        }
+        match backbone.renew_lease(&lease).await {
+            Ok(renewed) => lease = renewed,
+            Err(e) => {
+                let reason = format!("lost the leader lease: {e}");
+                core.replication_failed(reason.clone());
+                return Err(ClusterError::Core(reason));
+            }
+        }
+    }
+}

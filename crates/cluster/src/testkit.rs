@@ -1,0 +1,207 @@
+//! A NATS JetStream cluster on loopback, for tests and `sluice bench cluster`: `n`
+//! `nats-server` processes on ports picked here, their config files and stores in a
+//! temp dir, routes between them, started and stopped by pid.
+//!
+//! [`NatsCluster::start`] returns once the JetStream meta group has a leader (a stream can
+//! be created); [`NatsCluster::kill`] ends a node with SIGKILL and [`NatsCluster::restart`]
+//! starts it again on the same ports and store. Dropping the cluster kills every node and
+//! removes the temp dir.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where Debian's `nats-server` package installs the server (falls back to `$PATH`).
+const NATS_SERVER_DEBIAN: &str = "/usr/sbin/nats-server";
+
+/// How long a cluster may take to elect its JetStream meta leader.
+const META_LEADER_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    #[error("nats-server is not installed (Debian package `nats-server`): {0}")]
+    Missing(std::io::Error),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("the NATS cluster has no JetStream meta leader after {0:?}: {1}")]
+    NoMetaLeader(Duration, String),
+}
+
+struct Node {
+    name: String,
+    client_port: u16,
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+/// `n` `nats-server` processes clustered on loopback.
+pub struct NatsCluster {
+    dir: PathBuf,
+    nodes: Vec<Node>,
+    bin: PathBuf,
+}
+
+fn free_port() -> Result<u16, TestkitError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| TestkitError::Io("bind 127.0.0.1:0".into(), e))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| TestkitError::Io("local_addr".into(), e))
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes (3 for an R3 stream) and waits for the JetStream meta leader.
+    pub async fn start(n: usize) -> Result<NatsCluster, TestkitError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-nats-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| TestkitError::Io(format!("create {}", dir.display()), e))?;
+        let bin = if Path::new(NATS_SERVER_DEBIAN).exists() {
+            PathBuf::from(NATS_SERVER_DEBIAN)
+        } else {
+            PathBuf::from("nats-server")
+        };
+        let mut ports = Vec::new();
+        for _ in 0..n {
+            ports.push((free_port()?, free_port()?));
+        }
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, route)| format!("\"nats-route://127.0.0.1:{route}\""))
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, (client, route)) in ports.iter().enumerate() {
+            let name = format!("n{}", i + 1);
+            let store = dir.join(&name);
+            let config = dir.join(format!("{name}.conf"));
+            let text = format!(
+                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\n\
+                 jetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 4GB\n}}\n\
+                 cluster {{\n  name: sluice\n  listen: \"127.0.0.1:{route}\"\n  routes: [{}]\n}}\n",
+                store.display(),
+                routes.join(", ")
+            );
+            std::fs::write(&config, text)
+                .map_err(|e| TestkitError::Io(format!("write {}", config.display()), e))?;
+            nodes.push(Node {
+                name,
+                client_port: *client,
+                config,
+                child: None,
+            });
+        }
+        let mut cluster = NatsCluster { dir, nodes, bin };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_for_meta_leader().await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), TestkitError> {
+        let node = &mut self.nodes[i];
+        let log = self.dir.join(format!("{}.log", node.name));
+        let log = std::fs::File::create(&log)
+            .map_err(|e| TestkitError::Io(format!("create {}", log.display()), e))?;
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&node.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => TestkitError::Missing(e),
+                _ => TestkitError::Io(format!("start {}", self.bin.display()), e),
+            })?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// Every node's client URL, comma-separated (what `--cluster` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `i`'s client URL.
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[i].client_port)
+    }
+
+    /// Node `i`'s pid, if it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
+    }
+
+    /// Ends node `i` with SIGKILL (its pid only) and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `i` again (same ports, same store).
+    pub fn restart(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.kill(i);
+        self.spawn(i)
+    }
+
+    /// Waits until the JetStream meta group has a leader: account info answers only then.
+    pub async fn wait_for_meta_leader(&self) -> Result<(), TestkitError> {
+        let started = Instant::now();
+        let mut last = String::from("no answer yet");
+        while started.elapsed() < META_LEADER_WAIT {
+            let attempt = async {
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_millis(500))
+                    .connect(
+                        self.urls()
+                            .split(',')
+                            .filter_map(|u| u.parse::<async_nats::ServerAddr>().ok())
+                            .collect::<Vec<_>>(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // Account info is answered by the meta leader (a raw request: the
+                // client's typed reply expects fields newer servers add).
+                let reply = client
+                    .request("$JS.API.INFO", bytes::Bytes::new())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let info: serde_json::Value =
+                    serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+                match info.get("error") {
+                    Some(e) => Err(e.to_string()),
+                    None => Ok::<(), String>(()),
+                }
+            };
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last = e,
+                Err(_) => last = "timed out".into(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(TestkitError::NoMetaLeader(META_LEADER_WAIT, last))
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
