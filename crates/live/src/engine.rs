@@ -823,16 +823,13 @@ impl Live {
                 seq: open.seq,
                 kind: EventKind::Diff,
                 json: view.mat.diff_json(open.seq, &ops),
+                chunked: None,
             });
             match sink.push(event) {
                 Pushed::Queued => {}
                 Pushed::Overflow => {
                     self.stats.resets += 1;
-                    sink.push_reset(Arc::new(Event {
-                        seq: view.seq,
-                        kind: EventKind::Snapshot,
-                        json: view.mat.snapshot_json(view.seq, true),
-                    }));
+                    sink.push_reset(Arc::new(view.mat.snapshot_event(view.seq, true)));
                 }
                 Pushed::Gone => gone.push(sub),
             }
