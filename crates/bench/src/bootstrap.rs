@@ -149,9 +149,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<bool> {
                 cases.extend(c);
             }
             Err(e) => {
-                bench
-                    .progress
-                    .say(format!("  {n} rows: FAILED: {e:#}"));
+                bench.progress.say(format!("  {n} rows: FAILED: {e:#}"));
                 for (transport, _) in TRANSPORTS {
                     cases.push(failed_case(transport, n, format!("{e:#}")));
                 }
@@ -244,7 +242,10 @@ async fn size_cases(
         }
         let mut times = case.time_us.clone();
         times.sort_by(f64::total_cmp);
-        case.time_p50_us = times.get(times.len().saturating_sub(1) / 2).copied().unwrap_or(0.0);
+        case.time_p50_us = times
+            .get(times.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or(0.0);
         case.rows_per_sec = if case.time_p50_us > 0.0 {
             n as f64 / (case.time_p50_us / 1e6)
         } else {
@@ -485,7 +486,11 @@ fn take_chunk(chunk: Chunk, seq: &mut Option<u64>, got: &mut Got) -> anyhow::Res
 
 async fn sse_snapshot(http: &reqwest::Client, server: &SluiceServer) -> anyhow::Result<Got> {
     // Warm the pooled connection, so the run measures the stream, not the TCP handshake.
-    http.get(server.url("/health")).send().await?.bytes().await?;
+    http.get(server.url("/health"))
+        .send()
+        .await?
+        .bytes()
+        .await?;
     let mut url = reqwest::Url::parse(&server.url("/v1/live"))?;
     url.query_pairs_mut().append_pair("sql", SQL);
     let sent = Instant::now();
@@ -544,10 +549,9 @@ async fn sse_snapshot(http: &reqwest::Client, server: &SluiceServer) -> anyhow::
                         return Ok(got);
                     }
                 }
-                "error" => anyhow::bail!(
-                    "the subscription failed: {}",
-                    String::from_utf8_lossy(data)
-                ),
+                "error" => {
+                    anyhow::bail!("the subscription failed: {}", String::from_utf8_lossy(data))
+                }
                 _ => {}
             }
         }
@@ -604,15 +608,14 @@ async fn ws_snapshot(server: &SluiceServer, protocol: &'static str) -> anyhow::R
             }
             _ => continue,
         };
-        match chunk.kind.as_deref() {
-            Some("snapshot") => {
-                if take_chunk(chunk, &mut seq, &mut got)? {
-                    got.elapsed = sent.elapsed();
-                    let _ = ws.close(None).await;
-                    return Ok(got);
-                }
-            }
+        let kind = chunk.kind.clone();
+        match kind.as_deref() {
             Some("error") => anyhow::bail!("the subscription failed"),
+            Some("snapshot") if take_chunk(chunk, &mut seq, &mut got)? => {
+                got.elapsed = sent.elapsed();
+                let _ = ws.close(None).await;
+                return Ok(got);
+            }
             _ => {}
         }
     }
@@ -701,7 +704,10 @@ fn write_report(bench: &mut Bench, params: &Params, cases: &[Case]) {
     };
     if let Some(c) = at_largest("ws-msgpack") {
         report.targets.push(Target {
-            what: format!("rows/s, {} rows over WebSocket MessagePack", fmt_si(largest as f64)),
+            what: format!(
+                "rows/s, {} rows over WebSocket MessagePack",
+                fmt_si(largest as f64)
+            ),
             goal: format!("≥ {}", fmt_si(TARGET_ROWS_PER_SEC)),
             measured: fmt_si(c.rows_per_sec),
             met: (!params.quick).then_some(c.rows_per_sec >= TARGET_ROWS_PER_SEC),

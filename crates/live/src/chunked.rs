@@ -409,7 +409,13 @@ mod tests {
             .map(String::from)
             .into();
         let types = Arc::new(serde_json::json!([
-            "integer", "text", "real", null, "boolean", "json", "timestamp"
+            "integer",
+            "text",
+            "real",
+            null,
+            "boolean",
+            "json",
+            "timestamp"
         ]));
         ChunkedSnapshot::new(42, reset, columns, types, rows, 0x0123_4567_89ab_cdef)
     }
@@ -485,7 +491,10 @@ mod tests {
             let want: Json = serde_json::from_str(&one_message(&s).to_string()).unwrap();
             let got = assemble(chunks, &s);
             assert_eq!(got["keys"], want["keys"]);
-            let (got, want) = (got["rows"].as_array().unwrap(), want["rows"].as_array().unwrap());
+            let (got, want) = (
+                got["rows"].as_array().unwrap(),
+                want["rows"].as_array().unwrap(),
+            );
             assert_eq!(got.len(), want.len());
             for (g, w) in got.iter().zip(want) {
                 assert_eq!(g, w);
@@ -525,7 +534,10 @@ mod tests {
             // Chunk boundaries follow each encoding's bytes; the rows they add up to do not.
             let (mp, json) = (assemble(mp_chunks, &s), assemble(json_chunks, &s));
             assert_eq!(mp["keys"], json["keys"]);
-            let (mp, json) = (mp["rows"].as_array().unwrap(), json["rows"].as_array().unwrap());
+            let (mp, json) = (
+                mp["rows"].as_array().unwrap(),
+                json["rows"].as_array().unwrap(),
+            );
             assert_eq!(mp.len(), n);
             for (a, b) in mp.iter().zip(json) {
                 assert_eq!(a, b);

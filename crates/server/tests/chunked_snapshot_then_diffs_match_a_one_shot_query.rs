@@ -56,7 +56,11 @@ impl Copy {
             );
             self.sum = self.sum.wrapping_add(hash(r));
         }
-        assert_eq!(checksum, &Value::from(render(self.sum)), "snapshot checksum");
+        assert_eq!(
+            checksum,
+            &Value::from(render(self.sum)),
+            "snapshot checksum"
+        );
         self.seq = seq;
     }
 
@@ -88,12 +92,16 @@ impl Copy {
                 other => panic!("unknown op {other}"),
             }
         }
-        assert_eq!(d["checksum"], Value::from(render(self.sum)), "diff checksum");
+        assert_eq!(
+            d["checksum"],
+            Value::from(render(self.sum)),
+            "diff checksum"
+        );
         self.seq = seq;
     }
 }
 
-/// Collects one snapshot's chunks: `Some((seq, keys, rows, checksum, chunks))` at the last.
+/// Collects one snapshot's chunks: the whole snapshot at the last.
 #[derive(Default)]
 struct Chunks {
     seq: Option<u64>,
@@ -103,23 +111,43 @@ struct Chunks {
 }
 
 impl Chunks {
-    fn take(&mut self, m: &Value) -> Option<(u64, Vec<Value>, Vec<Value>, Value, usize)> {
+    fn take(&mut self, m: &Value) -> Option<Whole> {
         let seq = m["seq"].as_u64().unwrap();
         if let Some(s) = self.seq {
             assert_eq!(s, seq, "every chunk of a snapshot has its seq");
         }
         self.seq = Some(seq);
         assert_eq!(m["columns"], json!(["id", "room", "n"]));
-        self.keys.extend(m["keys"].as_array().unwrap().iter().cloned());
-        self.rows.extend(m["rows"].as_array().unwrap().iter().cloned());
+        self.keys
+            .extend(m["keys"].as_array().unwrap().iter().cloned());
+        self.rows
+            .extend(m["rows"].as_array().unwrap().iter().cloned());
         self.count += 1;
         if m.get("more") == Some(&Value::Bool(true)) {
-            assert!(m.get("checksum").is_none(), "only the last chunk has the checksum");
+            assert!(
+                m.get("checksum").is_none(),
+                "only the last chunk has the checksum"
+            );
             return None;
         }
         let done = std::mem::take(self);
-        Some((seq, done.keys, done.rows, m["checksum"].clone(), done.count))
+        Some(Whole {
+            seq,
+            keys: done.keys,
+            rows: done.rows,
+            checksum: m["checksum"].clone(),
+            chunks: done.count,
+        })
     }
+}
+
+/// A whole snapshot, from its chunks.
+struct Whole {
+    seq: u64,
+    keys: Vec<Value>,
+    rows: Vec<Value>,
+    checksum: Value,
+    chunks: usize,
 }
 
 /// A writer committing every millisecond until stopped: an insert, an update, a delete of
@@ -132,8 +160,12 @@ fn writer(core: Core, stop: Arc<AtomicBool>, base: i64) -> tokio::task::JoinHand
         let mut k: i64 = 0;
         while !stop.load(Ordering::Relaxed) || k % 3 != 0 {
             let op = match k % 3 {
-                0 => json!({"op": "insert", "table": "t", "row": {"id": base + k, "room": "w", "n": k}}),
-                1 => json!({"op": "upsert", "table": "t", "row": {"id": (k * 7919) % ROWS, "room": "u", "n": -(base + k)}}),
+                0 => {
+                    json!({"op": "insert", "table": "t", "row": {"id": base + k, "room": "w", "n": k}})
+                }
+                1 => {
+                    json!({"op": "upsert", "table": "t", "row": {"id": (k * 7919) % ROWS, "room": "u", "n": -(base + k)}})
+                }
                 _ => json!({"op": "delete", "table": "t", "id": base + k - 2}),
             };
             let mut body = json!({ "ops": [op] }).as_object().unwrap().clone();
@@ -158,7 +190,11 @@ async fn load(core: &Core) {
 }
 
 /// `POST /v1/query`: its seq and rows by id.
-async fn one_shot(http: &reqwest::Client, addr: std::net::SocketAddr, sql: &str) -> (u64, HashMap<i64, Value>) {
+async fn one_shot(
+    http: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    sql: &str,
+) -> (u64, HashMap<i64, Value>) {
     let reply = http
         .post(format!("http://{addr}/v1/query"))
         .json(&json!({ "sql": sql }))
@@ -304,10 +340,14 @@ async fn chunked_snapshot_then_diffs_equal_a_one_shot_query() {
         loop {
             let m = feed.next().await;
             assert_eq!(m["type"], "snapshot", "no diff inside a snapshot: {m}");
-            if let Some((seq, keys, rows, checksum, count)) = chunks.take(&m) {
-                assert!(count >= 3, "{transport}: {count} chunk(s) for {} rows", rows.len());
-                copy.snapshot(seq, &keys, &rows, &checksum);
-                eprintln!("{transport}: snapshot at seq {seq} in {count} chunks");
+            if let Some(w) = chunks.take(&m) {
+                assert!(
+                    w.chunks >= 3,
+                    "{transport}: {} chunk(s) for {} rows",
+                    w.chunks,
+                    w.rows.len()
+                );
+                copy.snapshot(w.seq, &w.keys, &w.rows, &w.checksum);
                 break;
             }
         }
@@ -325,8 +365,14 @@ async fn chunked_snapshot_then_diffs_equal_a_one_shot_query() {
             copy.diff(&m);
         }
         let (seq, rows) = one_shot(&http, addr, sql).await;
-        assert_eq!(seq, copy.seq, "{transport}: nothing was written after the writer stopped");
+        assert_eq!(
+            seq, copy.seq,
+            "{transport}: nothing was written after the writer stopped"
+        );
         assert_eq!(rows.len(), copy.rows.len(), "{transport}");
-        assert!(rows == copy.rows, "{transport}: the copy differs from the one-shot query");
+        assert!(
+            rows == copy.rows,
+            "{transport}: the copy differs from the one-shot query"
+        );
     }
 }

@@ -578,10 +578,17 @@ mod tests {
     #[test]
     fn snapshot_chunks_are_shown_whole_once_the_last_arrives() {
         let mut chunks = SnapshotChunks::default();
-        let one = json!({"seq": 3, "columns": ["id"], "keys": [1], "rows": [{"id": 1}], "checksum": "x"});
-        assert_eq!(chunks.add(one.clone()), Some(one), "a one-message snapshot as it is");
+        let one =
+            json!({"seq": 3, "columns": ["id"], "keys": [1], "rows": [{"id": 1}], "checksum": "x"});
         assert_eq!(
-            chunks.add(json!({"seq": 5, "keys": [1, 2], "rows": [{"id": 1}, {"id": 2}], "more": true})),
+            chunks.add(one.clone()),
+            Some(one),
+            "a one-message snapshot as it is"
+        );
+        assert_eq!(
+            chunks.add(
+                json!({"seq": 5, "keys": [1, 2], "rows": [{"id": 1}, {"id": 2}], "more": true})
+            ),
             None
         );
         // Cut short by a snapshot of another seq: that one starts over.
@@ -590,8 +597,12 @@ mod tests {
             None
         );
         assert_eq!(
-            chunks.add(json!({"seq": 7, "keys": [4], "rows": [{"id": 4}], "checksum": "c", "reset": true})),
-            Some(json!({"seq": 7, "keys": [3, 4], "rows": [{"id": 3}, {"id": 4}], "checksum": "c", "reset": true}))
+            chunks.add(
+                json!({"seq": 7, "keys": [4], "rows": [{"id": 4}], "checksum": "c", "reset": true})
+            ),
+            Some(
+                json!({"seq": 7, "keys": [3, 4], "rows": [{"id": 3}, {"id": 4}], "checksum": "c", "reset": true})
+            )
         );
     }
 }
