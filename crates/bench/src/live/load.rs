@@ -718,10 +718,10 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
                         p(c.write_to_diff.p99_us),
                         c.rate_achieved
                     ),
-                    met: (c.rate_target >= 50_000).then(|| {
+                    met: (c.rate_target >= 50_000).then_some(
                         c.write_to_diff.p99_us < 2_000.0
-                            && c.rate_achieved >= 0.95 * c.rate_target as f64
-                    }),
+                            && c.rate_achieved >= 0.95 * c.rate_target as f64,
+                    ),
                 });
             }
             _ => {
