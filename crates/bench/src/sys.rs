@@ -19,9 +19,14 @@ pub struct TempDir {
 
 impl TempDir {
     /// Creates `$TMPDIR/sluice-bench-<label>-<pid>-<n>`, emptying a leftover of that name.
+    /// The first call in a process also removes the dirs that bench processes which no longer
+    /// run left behind (a `kill -9` skips `Drop`), so killed runs do not fill the disk.
     pub fn new(label: &str) -> anyhow::Result<TempDir> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            sweep_stale_dirs(&std::env::temp_dir(), pid_is_running);
+        }
         let path =
             std::env::temp_dir().join(format!("sluice-bench-{label}-{}-{n}", std::process::id()));
         if path.exists() {
@@ -42,6 +47,50 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// The pid in a name `sluice-bench-<label>-<pid>-<n>` (the label may contain dashes).
+fn bench_dir_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("sluice-bench-")?;
+    let mut parts = rest.rsplitn(3, '-');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let label = parts.next()?;
+    if label.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+fn pid_is_running(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Removes every `sluice-bench-<label>-<pid>-<n>` directory under `dir` whose pid is not
+/// running; returns how many it removed. A dir whose pid runs (ours, or a reused pid) stays.
+fn sweep_stale_dirs(dir: &Path, running: impl Fn(u32) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(bench_dir_pid) else {
+            continue;
+        };
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if !is_dir || running(pid) {
+            continue;
+        }
+        if std::fs::remove_dir_all(entry.path()).is_ok() {
+            eprintln!(
+                "removed a stale bench dir of pid {pid}: {}",
+                entry.path().display()
+            );
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// A loopback port that was free a moment ago (bound to port 0, then released).
@@ -282,6 +331,29 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096);
         assert_eq!(rfc3339(t), "2024-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn stale_bench_dirs_of_dead_pids_are_swept_and_others_kept() {
+        let root = TempDir::new("sweep-root").unwrap();
+        let make = |name: &str| {
+            let p = root.path().join(name);
+            std::fs::create_dir_all(p.join("data")).unwrap();
+            std::fs::write(p.join("data/f"), b"x").unwrap();
+            p
+        };
+        let dead = make("sluice-bench-transfer-srv-4242-0");
+        let alive = make("sluice-bench-ingest-7-3");
+        let not_ours = make("sluice-benchmark-4242-0");
+        let no_seq = make("sluice-bench-4242-0");
+        std::fs::write(root.path().join("sluice-bench-writer-4242-1"), b"a file").unwrap();
+        let removed = sweep_stale_dirs(root.path(), |pid| pid == 7);
+        assert_eq!(removed, 1);
+        assert!(!dead.exists());
+        assert!(alive.exists() && not_ours.exists() && no_seq.exists());
+        assert!(root.path().join("sluice-bench-writer-4242-1").exists());
+        assert_eq!(bench_dir_pid("sluice-bench-a-b-c-12-5"), Some(12));
+        assert_eq!(bench_dir_pid("sluice-bench-x-12-"), None);
     }
 
     #[test]
