@@ -138,6 +138,8 @@ pub struct Mat {
     /// Events whose checksum was compared, and how many disagreed.
     pub checked: u64,
     pub mismatches: u64,
+    /// The seq of a large snapshot whose chunks are arriving (`"more": true`), if any.
+    loading: Option<u64>,
 }
 
 impl Mat {
@@ -149,15 +151,22 @@ impl Mat {
         self.rows.is_empty()
     }
 
-    /// Loads a snapshot body.
-    pub fn snapshot(&mut self, body: &Value) -> anyhow::Result<()> {
-        self.columns = string_list(&body["columns"])?;
+    /// Loads a snapshot body: a whole snapshot, or one chunk of a large one (docs/protocol.md
+    /// "Large snapshots": every chunk but the last carries `"more": true`, only the last the
+    /// checksum). `Ok(true)` once the snapshot is whole; a chunk of another seq starts over.
+    pub fn snapshot(&mut self, body: &Value) -> anyhow::Result<bool> {
+        let seq = body["seq"].as_u64().unwrap_or(0);
+        let more = body["more"].as_bool() == Some(true);
         let keys = body["keys"].as_array().context("a snapshot without keys")?;
         let rows = body["rows"].as_array().context("a snapshot without rows")?;
         anyhow::ensure!(keys.len() == rows.len(), "snapshot keys and rows differ");
-        self.rows.clear();
+        if self.loading != Some(seq) {
+            self.columns = string_list(&body["columns"])?;
+            self.rows.clear();
+            self.sum = 0;
+        }
+        self.loading = more.then_some(seq);
         self.rows.reserve(rows.len());
-        self.sum = 0;
         for (k, r) in keys.iter().zip(rows) {
             let h = row_hash(&self.columns, r);
             self.sum = self.sum.wrapping_add(h);
@@ -165,12 +174,16 @@ impl Mat {
                 self.sum = self.sum.wrapping_sub(old);
             }
         }
-        self.seq = body["seq"].as_u64().unwrap_or(0);
+        if more {
+            return Ok(false);
+        }
+        self.seq = seq;
         self.snapshots += 1;
         if body["reset"].as_bool() == Some(true) {
             self.resets += 1;
         }
-        self.check(&body["checksum"])
+        self.check(&body["checksum"])?;
+        Ok(true)
     }
 
     /// Applies a diff body.
@@ -537,7 +550,9 @@ fn handle_sse(
         }
         "snapshot" => {
             let body: Value = serde_json::from_str(&event.data).context("a snapshot body")?;
-            mat.snapshot(&body)?;
+            if !mat.snapshot(&body)? {
+                return Ok(()); // a chunk of a large snapshot; the last one completes it
+            }
             let _ = notes.send(Note::Snapshot {
                 qid: SSE_QID,
                 seq: mat.seq,
@@ -663,7 +678,9 @@ async fn read_ws(
             }
             (Some("snapshot"), Some(qid)) => {
                 let mat = mats.entry(qid).or_default();
-                mat.snapshot(&v)?;
+                if !mat.snapshot(&v)? {
+                    continue; // a chunk of a large snapshot; the last one completes it
+                }
                 let _ = notes.send(Note::Snapshot {
                     qid,
                     seq: mat.seq,
@@ -738,6 +755,18 @@ mod tests {
         }))
         .unwrap();
         assert_eq!((m.len(), m.seq, m.checked, m.mismatches), (1, 4, 2, 0));
+        // A large snapshot in two chunks: only the last carries the checksum and completes it.
+        let first = serde_json::json!({
+            "seq": 9, "columns": cols, "keys": [1], "rows": [a], "more": true,
+        });
+        assert!(!m.snapshot(&first).unwrap());
+        assert_eq!(m.snapshots, 1, "a chunk is not a snapshot yet");
+        let last = serde_json::json!({
+            "seq": 9, "columns": cols, "keys": [2], "rows": [b],
+            "checksum": format!("{:016x}", sum(&[&a, &b])),
+        });
+        assert!(m.snapshot(&last).unwrap());
+        assert_eq!((m.len(), m.seq, m.snapshots, m.mismatches), (2, 9, 2, 0));
         // Integer 1 and text "1" hash differently, as the documented tags say.
         assert_ne!(
             row_hash(&cols[..1], &serde_json::json!({"id": 1})),

@@ -192,6 +192,16 @@ async fn subscriber(base: &str, epoch: Instant, mats: bool) -> anyhow::Result<(W
                     l.diffs.fetch_add(1, Ordering::Relaxed);
                 }
                 Some("snapshot") => {
+                    if v["more"].as_bool() == Some(true) {
+                        // A chunk of a large snapshot: counted when its last chunk arrives.
+                        if mats {
+                            seen.mats
+                                .entry(qid.unwrap_or(0))
+                                .or_default()
+                                .snapshot(&v)?;
+                        }
+                        continue;
+                    }
                     seen.snapshots += 1;
                     if v["reset"].as_bool() == Some(true) {
                         seen.resets += 1;
