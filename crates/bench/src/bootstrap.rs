@@ -18,7 +18,7 @@
 //! `--writer-interval-ms` over HTTP; the acknowledgements that overlapped a subscribe give
 //! that run's slowest ack and p99 — how long building the snapshot held the writer.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
-use sluice_log::Durability;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -199,7 +198,7 @@ async fn size_cases(
     let server: &SluiceServer = &sluice;
     server.sql(workload::CREATE_SLUICE).await?;
     let started = Instant::now();
-    load(server, n).await?;
+    workload::load_over_http(server, n, LOAD_CLIENTS, LOAD_BATCH).await?;
     bench.progress.say(format!(
         "{} rows loaded in {:.1}s (sluice serve pid {})",
         fmt_si(n as f64),
@@ -273,39 +272,6 @@ async fn size_cases(
     writer.stop().await?;
     drop(sluice);
     Ok(cases)
-}
-
-/// Inserts rows `0..rows` with `disk`-class mutates from a few clients.
-async fn load(server: &SluiceServer, rows: u64) -> anyhow::Result<()> {
-    let next = Arc::new(AtomicU64::new(0));
-    let url = server.url("/v1/mutate");
-    let mut tasks = Vec::new();
-    for _ in 0..LOAD_CLIENTS {
-        let (next, url) = (next.clone(), url.clone());
-        let client = crate::live::client::http_client(Some(Duration::from_secs(120)))?;
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let from = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
-                if from >= rows {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                let n = LOAD_BATCH.min(rows - from);
-                let resp = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(workload::mutate_body(from, n, Durability::Disk))
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let text = resp.text().await?;
-                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.context("a load task panicked")??;
-    }
-    Ok(())
 }
 
 /// Waits until the server holds no live view (the previous run's has expired), so the next

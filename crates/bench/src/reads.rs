@@ -1083,7 +1083,7 @@ async fn redis_cases(
         id = end;
     }
     for command in ["GET", "HGETALL"] {
-        let mut case = Case::new("redis", command, Lookup::Key, 0);
+        let case = Case::new("redis", command, Lookup::Key, 0);
         let clock = Clock::new(p);
         let mut tasks = Vec::new();
         for c in 0..p.connections {
@@ -1093,21 +1093,31 @@ async fn redis_cases(
                 redis_reader(conn, &p, c as u64, command, clock).await
             }));
         }
-        let mut tally = Tally::new();
-        let mut error = None;
-        for t in tasks {
-            match t.await? {
-                Ok(t) => tally.merge(t),
-                Err(e) => error = Some(format!("{e:#}")),
-            }
-        }
-        case.fill(&tally, p.seconds);
-        if error.is_some() {
-            case.error = error;
-        }
-        cases.push(case);
+        cases.push(join_peer_readers(case, tasks, p.seconds).await?);
     }
     Ok(server.version.clone())
+}
+
+/// Joins a peer case's reader tasks into `case`: their tallies merged, and a reader's error
+/// kept as the case's (the others' reads still count).
+async fn join_peer_readers(
+    mut case: Case,
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<Tally>>>,
+    seconds: f64,
+) -> anyhow::Result<Case> {
+    let mut tally = Tally::new();
+    let mut error = None;
+    for t in tasks {
+        match t.await? {
+            Ok(t) => tally.merge(t),
+            Err(e) => error = Some(format!("{e:#}")),
+        }
+    }
+    case.fill(&tally, seconds);
+    if error.is_some() {
+        case.error = error;
+    }
+    Ok(case)
 }
 
 async fn redis_reader(
@@ -1203,7 +1213,7 @@ async fn postgres_cases(
         .await
         .context("VACUUM ANALYZE in PostgreSQL")?;
     for lookup in [Lookup::Key, Lookup::Index] {
-        let mut case = Case::new("postgresql", "prepared SELECT", lookup, 0);
+        let case = Case::new("postgresql", "prepared SELECT", lookup, 0);
         let clock = Clock::new(p);
         let mut tasks = Vec::new();
         for c in 0..p.connections {
@@ -1213,19 +1223,7 @@ async fn postgres_cases(
                 postgres_reader(client, &p, c as u64, lookup, clock).await
             }));
         }
-        let mut tally = Tally::new();
-        let mut error = None;
-        for t in tasks {
-            match t.await? {
-                Ok(t) => tally.merge(t),
-                Err(e) => error = Some(format!("{e:#}")),
-            }
-        }
-        case.fill(&tally, p.seconds);
-        if error.is_some() {
-            case.error = error;
-        }
-        cases.push(case);
+        cases.push(join_peer_readers(case, tasks, p.seconds).await?);
     }
     Ok(pg.version.clone())
 }

@@ -16,7 +16,7 @@
 //!   each of `--map-sizes` — and the time to clone (freeze) a full map.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -302,7 +302,7 @@ async fn run_server(
     let (server, _) = SluiceServer::start(bin, &data, &flags).await?;
     server.sql(workload::CREATE_SLUICE).await?;
     let started = Instant::now();
-    load(&server, params.rows).await?;
+    workload::load_over_http(&server, params.rows, LOAD_CLIENTS, LOAD_BATCH).await?;
     progress.say(format!(
         "loaded {} rows in {:.1}s",
         params.rows,
@@ -509,43 +509,6 @@ async fn ack_case(
         fmt_us(case.during.ack.max_us),
         fmt_us(case.after.ack.max_us),
     ));
-    Ok(())
-}
-
-/// Inserts rows `0..rows` with `disk`-class mutates from a few clients.
-async fn load(server: &SluiceServer, rows: u64) -> anyhow::Result<()> {
-    let next = Arc::new(AtomicU64::new(0));
-    let url = server.url("/v1/mutate");
-    let mut tasks = Vec::new();
-    for _ in 0..LOAD_CLIENTS {
-        let (next, url) = (next.clone(), url.clone());
-        let client = reqwest::Client::builder()
-            .default_headers(crate::server::auth_headers())
-            .no_proxy()
-            .timeout(Duration::from_secs(60))
-            .build()?;
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let from = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
-                if from >= rows {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                let n = LOAD_BATCH.min(rows - from);
-                let resp = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(workload::mutate_body(from, n, Durability::Disk))
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let text = resp.text().await?;
-                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.context("a load task panicked")??;
-    }
     Ok(())
 }
 

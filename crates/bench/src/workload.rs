@@ -278,6 +278,54 @@ pub fn postgres_insert(rows: usize) -> String {
     sql
 }
 
+/// Inserts rows `0..rows` into a running server with `disk`-class mutates of `batch` rows,
+/// from `clients` HTTP clients taking the next batch as they go.
+pub async fn load_over_http(
+    server: &crate::server::SluiceServer,
+    rows: u64,
+    clients: usize,
+    batch: u64,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use anyhow::Context as _;
+
+    let next = Arc::new(AtomicU64::new(0));
+    let url = server.url("/v1/mutate");
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (next, url) = (next.clone(), url.clone());
+        let client = reqwest::Client::builder()
+            .default_headers(crate::server::auth_headers())
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(120))
+            .build()?;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(batch, Ordering::Relaxed);
+                if from >= rows {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let n = batch.min(rows - from);
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(mutate_body(from, n, Durability::Disk))
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.context("a load task panicked")??;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
