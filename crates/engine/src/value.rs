@@ -216,6 +216,19 @@ pub enum Key {
     Text(Box<str>),
 }
 
+/// Integer keys interpolate (ids are dense, so a lookup lands on or next to its row);
+/// text keys and a span across both kinds search by bisection.
+impl crate::cow::Guess for Key {
+    fn guess(&self, lo: &Self, hi: &Self) -> Option<f64> {
+        match (self, lo, hi) {
+            (Key::Int(x), Key::Int(lo), Key::Int(hi)) => {
+                crate::cow::interpolate(*x as f64, *lo as f64, *hi as f64)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl Key {
     pub fn from_value(value: &Value) -> Option<Key> {
         match value {

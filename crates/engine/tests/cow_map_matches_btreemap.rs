@@ -274,3 +274,61 @@ fn a_write_copies_only_the_chunk_it_touches() {
     assert_eq!(m.get(&5), Some(&1));
     assert_eq!(frozen.shared_chunks_with(&m), frozen.chunk_count() - 2);
 }
+
+/// Point lookups guess a key's position by interpolation (`cow::Guess`); a guess only
+/// steers the search, so keys spread any way at all — clustered, exponential, at the ends
+/// of `i64` — and keys absent between them must read exactly as the model reads them.
+#[test]
+fn point_lookups_find_every_key_however_keys_are_spread() {
+    let mut rng = Rng::new(7);
+    let spreads: Vec<(&str, Vec<i64>)> = vec![
+        ("dense", (0..20_000).collect()),
+        ("exponential", (0..62).map(|i| 1i64 << i).collect()),
+        (
+            "two clusters",
+            (0..5_000).chain(1_000_000_000..1_000_005_000).collect(),
+        ),
+        (
+            "i64 ends",
+            (0..3_000)
+                .map(|i| i64::MIN + i)
+                .chain((0..3_000).map(|i| i64::MAX - i))
+                .chain([0, 1, -1])
+                .collect(),
+        ),
+        (
+            "random sparse",
+            (0..20_000).map(|_| rng.next_u64() as i64).collect(),
+        ),
+    ];
+    for (name, keys) in spreads {
+        let mut cow: CowMap<i64, u64> = CowMap::new();
+        let mut model: BTreeMap<i64, u64> = BTreeMap::new();
+        // Insert in a shuffled order so chunks split at arbitrary places.
+        let mut order = keys.clone();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        for (n, k) in order.iter().enumerate() {
+            assert_eq!(
+                cow.insert(*k, n as u64),
+                model.insert(*k, n as u64),
+                "{name}"
+            );
+        }
+        cow.check_invariants();
+        for k in &keys {
+            for probe in [k.wrapping_sub(1), *k, k.wrapping_add(1)] {
+                assert_eq!(cow.get(&probe), model.get(&probe), "{name}: get {probe}");
+            }
+        }
+        // Remove every other key, then every lookup again.
+        for k in keys.iter().step_by(2) {
+            assert_eq!(cow.remove(k), model.remove(k), "{name}: remove {k}");
+        }
+        cow.check_invariants();
+        for k in &keys {
+            assert_eq!(cow.get(k), model.get(k), "{name}: get {k} after removes");
+        }
+    }
+}
