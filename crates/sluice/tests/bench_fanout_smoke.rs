@@ -7,39 +7,15 @@
 //! `redis-server` (Debian package `redis-server`) is required: without it this test fails
 //! and says so, rather than skipping the peer silently.
 
-use std::process::Command;
-use std::time::Instant;
-
-use sluice_bench::sys::TempDir;
+mod common;
 
 #[test]
 fn quick_fanout_delivers_exactly_the_matching_records_in_order_to_every_watcher() {
     if let Err(e) = sluice_bench::peers::redis::find_bin() {
         panic!("{e:#}\n(scripts/test.sh installs redis-server; `sluice bench fanout` needs it as its peer)");
     }
-    let out = TempDir::new("fanout-smoke-results").expect("a temp dir");
-    let started = Instant::now();
-    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "fanout", "--quick", "--seed", "7", "--out"])
-        .arg(out.path())
-        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
-        .status()
-        .expect("run sluice bench fanout");
-    eprintln!(
-        "sluice bench fanout --quick took {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        status.success(),
-        "sluice bench fanout --quick (seed 7) failed: {status}"
-    );
-    if let Err(e) = sluice_bench::verify_results(out.path(), "fanout") {
-        panic!("sluice bench fanout --quick (seed 7): {e:#}");
-    }
-    let samples: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(out.path().join("fanout/samples.json")).expect("samples.json"),
-    )
-    .expect("samples.json is JSON");
+    let out = common::bench::run_quick("fanout", &["--seed", "7"], "(seed 7)");
+    let samples = common::bench::samples(&out, "fanout");
     let cases = samples["cases"].as_array().expect("cases");
     for transport in ["sse", "ws", "redis-pub-sub", "redis-streams"] {
         for filter in ["one-tag", "own-tag"] {

@@ -5,7 +5,7 @@
 //! PostgreSQL's server binaries (Debian package `postgresql`) are required: without them
 //! this test fails and says so, rather than skipping the peer silently.
 
-use std::process::Command;
+mod common;
 
 use sluice_bench::peers::postgres::find_bin_dir;
 use sluice_bench::sys::TempDir;
@@ -17,18 +17,6 @@ fn quick_bench_suites_write_complete_results() {
     }
     let out = TempDir::new("smoke-results").expect("a temp dir");
     for suite in ["ingest", "recovery"] {
-        let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["bench", suite, "--quick", "--out"])
-            .arg(out.path())
-            .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
-            .status()
-            .expect("run sluice bench");
-        assert!(
-            status.success(),
-            "sluice bench {suite} --quick failed: {status}"
-        );
-        if let Err(e) = sluice_bench::verify_results(out.path(), suite) {
-            panic!("sluice bench {suite} --quick: {e:#}");
-        }
+        common::bench::run_quick_into(&out, suite, &[], "");
     }
 }

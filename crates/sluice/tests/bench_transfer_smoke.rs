@@ -8,7 +8,7 @@
 //! PostgreSQL's server binaries (Debian package `postgresql`) are required: without them
 //! this test fails and says so, rather than skipping the peer silently.
 
-use std::process::Command;
+mod common;
 
 use sluice_bench::peers::postgres::find_bin_dir;
 use sluice_bench::sys::TempDir;
@@ -18,32 +18,19 @@ fn quick_transfer_bench_commits_on_every_target_and_verifies_every_balance() {
     if let Err(e) = find_bin_dir(None) {
         panic!("{e:#}\n(CI installs the postgresql package; `sluice bench transfer` needs it as a peer)");
     }
-    let out = TempDir::new("transfer-smoke-results").expect("a temp dir");
-    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "bench",
-            "transfer",
-            "--quick",
+    let out = common::bench::run_quick(
+        "transfer",
+        &[
             "--accounts",
             "1000",
             "--alpha",
             "0,1.5",
             "--targets",
             "sluice-ws,sluice-http,postgres,sqlite",
-            "--out",
-        ])
-        .arg(out.path())
-        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
-        .status()
-        .expect("run sluice bench transfer");
-    assert!(
-        status.success(),
-        "sluice bench transfer --quick failed: {status}"
+        ],
+        "",
     );
-    if let Err(e) = sluice_bench::verify_results(out.path(), "transfer") {
-        panic!("sluice bench transfer --quick: {e:#}");
-    }
-    let samples = samples_of(&out);
+    let samples = common::bench::samples(&out, "transfer");
     let cases = samples["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 4 * 2, "four targets × two alphas");
     let summary = std::fs::read_to_string(out.path().join("transfer/summary.md")).unwrap();
@@ -81,7 +68,7 @@ fn quick_transfer_bench_commits_on_every_target_and_verifies_every_balance() {
 /// A quick 100-account transfer run over `targets` with one hidden test `flag`.
 fn quick_run(name: &str, targets: &str, flag: &str) -> (TempDir, std::process::Output) {
     let out = TempDir::new(&format!("transfer-{name}-results")).expect("a temp dir");
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "bench",
             "transfer",
@@ -97,13 +84,6 @@ fn quick_run(name: &str, targets: &str, flag: &str) -> (TempDir, std::process::O
         .output()
         .expect("run sluice bench transfer");
     (out, output)
-}
-
-fn samples_of(out: &TempDir) -> serde_json::Value {
-    serde_json::from_slice(
-        &std::fs::read(out.path().join("transfer/samples.json")).expect("samples.json"),
-    )
-    .expect("samples.json is JSON")
 }
 
 #[test]
@@ -125,7 +105,7 @@ fn a_balance_changed_behind_the_benchs_back_fails_the_run_naming_the_account() {
             && stderr.contains("1 of 100 accounts wrong: account 0: expected "),
         "{stderr}"
     );
-    let samples = samples_of(&out);
+    let samples = common::bench::samples(&out, "transfer");
     let r = &samples["cases"][0]["restart"];
     assert_eq!(r["ok"], false, "{r}");
     assert_eq!(r["balance"]["every_account"]["mismatches"], 1, "{r}");
@@ -139,7 +119,7 @@ fn transfers_in_flight_when_the_server_dies_are_resolved_by_the_check_after_rest
     // The case fails (its clients lost the server), but every acknowledged transfer is
     // there after the restart and the unknown ones are accounted for exactly.
     assert!(!output.status.success(), "{stderr}");
-    let samples = samples_of(&out);
+    let samples = common::bench::samples(&out, "transfer");
     for case in samples["cases"].as_array().expect("cases") {
         assert!(!case["error"].is_null(), "{case}");
         let r = &case["restart"];

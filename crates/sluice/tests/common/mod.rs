@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod bench;
 pub mod topics;
 
 /// The binary under test, built by cargo for these tests.
