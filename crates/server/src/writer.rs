@@ -261,6 +261,31 @@ pub(crate) struct Writer {
     snapshot_waiting: Vec<Reply<u64>>,
     /// When topics were last trimmed by age.
     topics_trimmed: std::time::Instant,
+    /// Where commits the changelog evicted go to be dropped (`None`: dropped here).
+    dropper: Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>>,
+}
+
+/// Evicted-commit batches that may wait for the drop thread; beyond that the writer drops
+/// a batch itself.
+const DROP_BATCHES_MAX: usize = 16;
+
+/// Starts the thread that drops the commits the changelog evicts. An evicted commit is
+/// usually the last reference to its changes and row images, all cold in cache by then:
+/// freeing them was 6–7 % of the writer's time in the uniform transfer workload, time the
+/// single writer spends on no transaction. `None` if the thread cannot start (the writer
+/// then drops them itself, as before).
+fn spawn_dropper() -> Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Arc<Commit>>>(DROP_BATCHES_MAX);
+    std::thread::Builder::new()
+        .name("sluice-drop".into())
+        .spawn(move || {
+            // Ends when the writer (the only sender) is gone.
+            while let Ok(batch) = rx.recv() {
+                drop(batch);
+            }
+        })
+        .ok()?;
+    Some(tx)
 }
 
 impl Writer {
@@ -291,6 +316,10 @@ impl Writer {
             }
             let _ = ready_tx.send(Ok(()));
             let snapshotter = Snapshotter::spawn(shared.clone(), wake);
+            let dropper = spawn_dropper();
+            if dropper.is_some() {
+                shared.db.write().changelog.defer_drops();
+            }
             Writer {
                 shared,
                 functions,
@@ -305,6 +334,7 @@ impl Writer {
                 topics_trimmed: std::time::Instant::now()
                     .checked_sub(TOPIC_TRIM_INTERVAL)
                     .unwrap_or_else(std::time::Instant::now),
+                dropper,
             }
             .run(rx)
         })
@@ -371,6 +401,7 @@ impl Writer {
         let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
         let mut shutdown = None;
         let role;
+        let evicted;
         let applied = {
             let mut guard: Option<DbGuard> = Some(shared.db.write_arc());
             // Read under the write lock: `Core::set_leader` switches roles under it, so a
@@ -575,8 +606,13 @@ impl Writer {
                     done.frames += 1;
                 }
             }
+            evicted = db.changelog.take_evicted();
             db.seq
         };
+        if let (Some(dropper), false) = (&self.dropper, evicted.is_empty()) {
+            // A full queue (or a gone thread) hands the batch back, dropped here.
+            let _ = dropper.try_send(evicted);
+        }
         shared
             .counters
             .commits
