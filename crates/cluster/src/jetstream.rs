@@ -11,14 +11,22 @@
 //! - The leader lease is the key `leader` of the key-value bucket `sluice-D-lease`, whose
 //!   `max_age` is the lease's time to live: a holder that stops renewing loses the key
 //!   when it ages out. Its revision when created is the new leader's term.
+//! - Snapshots are objects `snapshot-<seq:020>` of the object store bucket
+//!   `sluice-D-snapshots` (stream `OBJ_sluice-D-snapshots`, same replicas): the engine's
+//!   snapshot file, byte for byte, in chunks of [`SNAPSHOT_CHUNK_BYTES`]. The newest
+//!   [`SNAPSHOTS_STORED`] are kept.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
+use std::path::Path;
+
+use async_nats::jetstream::{self, consumer, kv, object_store, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::backbone::{AckFuture, Backbone, Entries, Entry, Holder, Lease, LogState};
+use crate::backbone::{
+    AckFuture, Backbone, Entries, Entry, Holder, Lease, LogState, SNAPSHOTS_STORED,
+};
 use crate::ClusterError;
 
 /// How to reach and shape the cluster's log.
@@ -40,6 +48,12 @@ pub struct ClusterOptions {
     pub lease_ttl: Duration,
     /// How long a request to NATS may take before it counts as failed.
     pub request_timeout: Duration,
+    /// The leader stores a snapshot in the object store once the stream has this many
+    /// commits past the newest stored one (sooner when the stream's retention is about to
+    /// drop commits the newest snapshot does not cover); `None`: a quarter of
+    /// `retain_commits`; `Some(0)`: never (a follower can then join only while the stream
+    /// still holds the commit after its own last). `--cluster-snapshot-commits`.
+    pub snapshot_commits: Option<u64>,
 }
 
 impl ClusterOptions {
@@ -52,8 +66,27 @@ impl ClusterOptions {
             retain_bytes: 1 << 30,
             lease_ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(5),
+            snapshot_commits: None,
         }
     }
+
+    /// Commits between two stored snapshots (0: none are stored): `snapshot_commits`, or a
+    /// quarter of `retain_commits` (at least 1).
+    pub fn snapshot_interval(&self) -> u64 {
+        self.snapshot_commits
+            .unwrap_or_else(|| (self.retain_commits.max(4) / 4) as u64)
+    }
+}
+
+/// Bytes of one object-store chunk (one NATS message; the default `max_payload` is 1 MiB).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 512 << 10;
+
+fn snapshot_name(seq: u64) -> String {
+    format!("snapshot-{seq:020}")
+}
+
+fn snapshot_seq(name: &str) -> Option<u64> {
+    name.strip_prefix("snapshot-")?.parse().ok()
 }
 
 const LEASE_KEY: &str = "leader";
@@ -67,6 +100,7 @@ pub struct JetStream {
     stream: String,
     subject: String,
     lease: kv::Store,
+    snapshots: object_store::ObjectStore,
 }
 
 fn valid_database(name: &str) -> bool {
@@ -165,11 +199,30 @@ impl JetStream {
             .get_key_value(&bucket)
             .await
             .map_err(|e| ClusterError::js("lease bucket", e))?;
+        let bucket = format!("sluice-{}-snapshots", opts.database);
+        // Made as the client's `create_object_store` would, but kept if it exists.
+        js.get_or_create_stream(stream::Config {
+            name: format!("OBJ_{bucket}"),
+            subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
+            storage: stream::StorageType::File,
+            num_replicas: opts.replicas,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::js("snapshot bucket creation", e))?;
+        let snapshots = js
+            .get_object_store(&bucket)
+            .await
+            .map_err(|e| ClusterError::js("snapshot bucket", e))?;
         Ok(JetStream {
             js,
             stream,
             subject,
             lease,
+            snapshots,
         })
     }
 
@@ -338,5 +391,66 @@ impl Backbone for JetStream {
                 }),
             _ => None,
         }))
+    }
+
+    async fn put_snapshot(&self, seq: u64, path: &Path) -> Result<(), ClusterError> {
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| ClusterError::Local(format!("open {}: {e}", path.display())))?;
+        self.snapshots
+            .put(
+                object_store::ObjectMetadata {
+                    name: snapshot_name(seq),
+                    description: Some(format!("the state after commit {seq}")),
+                    chunk_size: Some(SNAPSHOT_CHUNK_BYTES),
+                    ..Default::default()
+                },
+                &mut file,
+            )
+            .await
+            .map_err(|e| ClusterError::js("snapshot store", e))?;
+        let stored = self.snapshots().await?;
+        let excess = stored.len().saturating_sub(SNAPSHOTS_STORED);
+        for old in &stored[..excess] {
+            self.snapshots
+                .delete(snapshot_name(*old))
+                .await
+                .map_err(|e| ClusterError::js("snapshot delete", e))?;
+        }
+        Ok(())
+    }
+
+    async fn snapshots(&self) -> Result<Vec<u64>, ClusterError> {
+        let mut list = self
+            .snapshots
+            .list()
+            .await
+            .map_err(|e| ClusterError::js("snapshot list", e))?;
+        let mut seqs = Vec::new();
+        while let Some(info) = list.next().await {
+            let info = info.map_err(|e| ClusterError::js("snapshot list", e))?;
+            if let Some(seq) = snapshot_seq(&info.name) {
+                seqs.push(seq);
+            }
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        Ok(seqs)
+    }
+
+    async fn fetch_snapshot(&self, seq: u64, dest: &Path) -> Result<(), ClusterError> {
+        let mut object = self
+            .snapshots
+            .get(snapshot_name(seq))
+            .await
+            .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+        let local = |e: std::io::Error| ClusterError::Local(format!("write {}: {e}", dest.display()));
+        let mut file = tokio::fs::File::create(dest).await.map_err(local)?;
+        // The object's reader checks the SHA-256 digest it was stored with at its end.
+        tokio::io::copy(&mut object, &mut file)
+            .await
+            .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+        file.sync_all().await.map_err(local)?;
+        Ok(())
     }
 }

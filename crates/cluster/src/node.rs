@@ -49,6 +49,24 @@ impl Node {
     }
 }
 
+/// Prepares the data directory `dir` of a node about to join the cluster, before its core
+/// opens it: a follower whose data ends before the stream's retained commits starts from
+/// the newest stored snapshot that covers them (see [`crate::snapshots`]); a leader's
+/// directory is left as it is. Fails with [`ClusterError::NoSnapshot`] when neither the
+/// stream nor a stored snapshot covers what the follower lacks.
+pub async fn prepare(
+    dir: &std::path::Path,
+    opts: &NodeOptions,
+) -> Result<crate::snapshots::Start, ClusterError> {
+    if !opts.follower {
+        return Ok(crate::snapshots::Start::Local {
+            applied: crate::snapshots::local_position(dir)?,
+        });
+    }
+    let backbone = JetStream::connect(&opts.cluster).await?;
+    crate::snapshots::prepare_on(&backbone, dir).await
+}
+
 /// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)
 /// or follows (its position checked, the reading started); startup errors are returned
 /// here.
@@ -65,6 +83,7 @@ pub async fn start_on<B: Backbone>(
 ) -> Result<Node, ClusterError> {
     let (stop, stop_rx) = watch::channel(false);
     let ttl = opts.cluster.lease_ttl;
+    let cluster = opts.cluster.clone();
     if opts.follower {
         core.set_follower(backbone.holder().await?.map(|h| h.address));
         crate::follower::check_position(&*backbone, &core, false).await?;
@@ -83,6 +102,14 @@ pub async fn start_on<B: Backbone>(
                         seq,
                         "took the leader lease: leading"
                     );
+                    tokio::spawn(crate::snapshots::keep_storing(
+                        backbone.clone(),
+                        core.clone(),
+                        lease.holder.term,
+                        seq,
+                        cluster,
+                        stop_rx.clone(),
+                    ));
                     hold_lease(backbone, core, lease, ttl, stop_rx).await
                 }
             }
@@ -106,6 +133,14 @@ pub async fn start_on<B: Backbone>(
         core.replication_failed(reason.clone());
         return Err(ClusterError::Core(reason));
     }
+    tokio::spawn(crate::snapshots::keep_storing(
+        backbone.clone(),
+        core.clone(),
+        lease.holder.term,
+        seq,
+        cluster,
+        stop_rx.clone(),
+    ));
     let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
     Ok(Node { stop, task })
 }

@@ -1,0 +1,303 @@
+//! Where a node starts: snapshots stored beside the stream, so the stream's retention can
+//! be bounded.
+//!
+//! - The **leader** stores a snapshot of its state in the backbone (JetStream's object
+//!   store) when it starts leading and then whenever the stream has
+//!   [`ClusterOptions::snapshot_interval`] commits past the newest stored one — or half its
+//!   retained commits, if retention (by bytes, say) binds sooner — so a stored snapshot
+//!   always covers the commits the stream has dropped. The snapshot is the node's own
+//!   (`Core::snapshot`: the engine's snapshot file, which the node keeps anyway), stored
+//!   only once the stream holds its seq and that seq's entry is this leader's (or the
+//!   leader started from it): a deposed leader never stores a state the stream does not
+//!   produce.
+//! - A **follower** is [`prepare`]d before its core opens: if its data directory ends
+//!   before the stream's first retained commit − 1 (new, empty, or stopped too long), it
+//!   fetches the newest stored snapshot that covers at least that seq into the directory
+//!   as its own snapshot file (moving the old log and snapshots aside into
+//!   `displaced-<unix time>-seq-<applied>/`, never deleting them), so `Core::open`
+//!   recovers from it the usual way; it then reads the stream's tail from the snapshot's
+//!   seq + 1. With no such snapshot it fails with [`ClusterError::NoSnapshot`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_log::segment::{list_segments, scan};
+use sluice_log::snapshot::{list_snapshots, snapshot_path, SnapshotFile};
+use sluice_server::Core;
+use tokio::sync::watch;
+
+use crate::backbone::Backbone;
+use crate::{ClusterError, ClusterOptions};
+
+/// How often the leader looks at the stream to decide whether a snapshot is due.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(250);
+/// How long the leader waits for the stream to hold a snapshot's seq before it gives up
+/// on that snapshot (and tries again at the next due time).
+const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// Where a prepared node starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// From its own data (the stream holds every commit after it, or it is ahead and the
+    /// join's position check says so).
+    Local { applied: u64 },
+    /// From the stored snapshot of `seq`, fetched into the data directory; the node's
+    /// earlier log and snapshots (data up to `applied`) were moved to `displaced`.
+    Snapshot {
+        seq: u64,
+        applied: u64,
+        displaced: Option<PathBuf>,
+    },
+}
+
+/// The seq of the last commit the data directory `dir` holds (its log's last frame, or
+/// its newest snapshot), without opening it: 0 for a new or empty directory.
+pub fn local_position(dir: &Path) -> Result<u64, ClusterError> {
+    if !dir.exists() {
+        return Ok(0);
+    }
+    let local = |e: sluice_log::LogError| ClusterError::Local(format!("reading {}: {e}", dir.display()));
+    let newest_snapshot = list_snapshots(dir)
+        .map_err(local)?
+        .last()
+        .map_or(0, |(seq, _)| *seq);
+    let segments = list_segments(dir).map_err(local)?;
+    let Some(last) = segments.last() else {
+        return Ok(newest_snapshot);
+    };
+    let bytes = sluice_log::segment::read_file(&last.path).map_err(local)?;
+    let mut last_seq = last.first_seq - 1;
+    scan::<sluice_log::LogError>(&last.path, &bytes, true, |_, payload| {
+        // A commit record: its kind byte, then its seq (u64, little-endian).
+        if let Some(seq) = payload.get(1..9) {
+            last_seq = u64::from_le_bytes(seq.try_into().expect("8 bytes"));
+        }
+        Ok(())
+    })
+    .map_err(local)?;
+    Ok(last_seq.max(newest_snapshot))
+}
+
+/// Prepares the data directory `dir` of a follower of `backbone` (see the module
+/// docs). Call it before the node's core opens `dir`.
+pub async fn prepare_on<B: Backbone>(backbone: &B, dir: &Path) -> Result<Start, ClusterError> {
+    let applied = local_position(dir)?;
+    let state = backbone.state().await?;
+    if applied + 1 >= state.first_seq {
+        return Ok(Start::Local { applied });
+    }
+    let needed = state.first_seq - 1;
+    let stored = backbone.snapshots().await?;
+    let Some(&seq) = stored
+        .iter()
+        .rev()
+        .find(|&&s| s >= needed && s <= state.last_seq)
+    else {
+        return Err(ClusterError::NoSnapshot {
+            applied,
+            first: state.first_seq,
+            newest: stored.last().copied(),
+        });
+    };
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ClusterError::Local(format!("create {}: {e}", dir.display())))?;
+    let fetching = dir.join(format!("snapshot-{seq:020}.fetch.tmp"));
+    let fetched = backbone.fetch_snapshot(seq, &fetching).await;
+    let checked = fetched.and_then(|()| {
+        let file = SnapshotFile::read(&fetching)
+            .map_err(|e| ClusterError::Local(format!("the fetched snapshot {seq}: {e}")))?;
+        if file.seq != seq {
+            return Err(ClusterError::Local(format!(
+                "the object store's snapshot {seq} holds the state of seq {}",
+                file.seq
+            )));
+        }
+        Ok(())
+    });
+    if let Err(e) = checked {
+        let _ = std::fs::remove_file(&fetching);
+        return Err(e);
+    }
+    let displaced = displace(dir, applied)?;
+    let path = snapshot_path(dir, seq);
+    std::fs::rename(&fetching, &path)
+        .map_err(|e| ClusterError::Local(format!("rename to {}: {e}", path.display())))?;
+    sync_dir(dir)?;
+    tracing::info!(
+        seq,
+        applied,
+        first = state.first_seq,
+        ?displaced,
+        "starting from the cluster's stored snapshot"
+    );
+    Ok(Start::Snapshot {
+        seq,
+        applied,
+        displaced,
+    })
+}
+
+/// Moves the log segments and snapshots of `dir` into a new `displaced-…` directory
+/// inside it (none: nothing to move).
+fn displace(dir: &Path, applied: u64) -> Result<Option<PathBuf>, ClusterError> {
+    let local = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+        ClusterError::Local(format!("{what} {}: {e}", p.display()))
+    };
+    let segments = list_segments(dir).map_err(|e| local("list", dir, &e))?;
+    let snapshots = list_snapshots(dir).map_err(|e| local("list", dir, &e))?;
+    let files: Vec<PathBuf> = segments
+        .into_iter()
+        .map(|s| s.path)
+        .chain(snapshots.into_iter().map(|(_, p)| p))
+        .collect();
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = dir.join(format!("displaced-{secs}-seq-{applied}"));
+    std::fs::create_dir_all(&aside).map_err(|e| local("create", &aside, &e))?;
+    for file in files {
+        let to = aside.join(file.file_name().expect("a file name"));
+        std::fs::rename(&file, &to).map_err(|e| local("move aside", &file, &e))?;
+    }
+    sync_dir(&aside)?;
+    sync_dir(dir)?;
+    tracing::warn!(
+        applied,
+        to = %aside.display(),
+        "this node's data ends before the cluster's stream begins: moved its log and snapshots aside"
+    );
+    Ok(Some(aside))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), ClusterError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ClusterError::Local(format!("sync {}: {e}", dir.display())))
+}
+
+/// The leader's snapshot keeper: stores one when leading starts (if the newest stored is
+/// older than `started_at`) and whenever one is due, until `stop` or until the node stops
+/// leading. `started_at`: the applied seq when this node started leading term `term` (the
+/// stream held it then).
+pub async fn keep_storing<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    term: u64,
+    started_at: u64,
+    opts: ClusterOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let interval = opts.snapshot_interval();
+    if interval == 0 {
+        return;
+    }
+    let leading = |core: &Core| {
+        matches!(
+            core.role(),
+            sluice_server::replication::Role::Leader(_)
+        )
+    };
+    let mut newest = loop {
+        match backbone.snapshots().await {
+            Ok(stored) => break stored.last().copied().unwrap_or(0),
+            Err(e) => tracing::warn!("listing the stored snapshots failed: {e}; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SNAPSHOT_POLL) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    };
+    let mut due = started_at > newest;
+    let mut tick = tokio::time::interval(SNAPSHOT_POLL);
+    loop {
+        if due {
+            match store_one(&*backbone, &core, term, started_at).await {
+                Ok(seq) => {
+                    tracing::info!(seq, term, "stored a snapshot in the cluster's object store");
+                    newest = newest.max(seq);
+                }
+                Err(e) => tracing::warn!("storing a snapshot failed: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if !leading(&core) {
+            return;
+        }
+        due = match backbone.state().await {
+            Ok(state) => snapshot_due(state, newest, interval),
+            Err(_) => false,
+        };
+    }
+}
+
+/// Whether the leader should store a snapshot: the stream has `interval` commits past
+/// the newest stored one, or — once retention has dropped commits — half of what it
+/// retains (so whichever limit binds, a new snapshot is stored before the stream drops
+/// the commits after the previous one).
+pub fn snapshot_due(state: crate::backbone::LogState, newest: u64, interval: u64) -> bool {
+    if state.last_seq <= newest {
+        return false;
+    }
+    let past = state.last_seq - newest;
+    let retained = (state.last_seq + 1).saturating_sub(state.first_seq);
+    past >= interval || (state.first_seq > 1 && past >= (retained / 2).max(1))
+}
+
+/// Takes a snapshot on `core` and stores it once the stream holds its seq. Returns its seq.
+async fn store_one<B: Backbone>(
+    backbone: &B,
+    core: &Core,
+    term: u64,
+    started_at: u64,
+) -> Result<u64, ClusterError> {
+    let taken = core
+        .snapshot()
+        .await
+        .map_err(|e| ClusterError::Core(format!("the local snapshot: {e}")))?;
+    let dir = core.config().data_dir.clone();
+    // The snapshot just written, or a newer one the node's own schedule wrote meanwhile.
+    let (seq, path) = list_snapshots(&dir)
+        .map_err(|e| ClusterError::Local(format!("reading {}: {e}", dir.display())))?
+        .into_iter()
+        .rev()
+        .find(|(s, _)| *s >= taken)
+        .ok_or_else(|| ClusterError::Local(format!("the snapshot of seq {taken} is not in {}", dir.display())))?;
+    // The node keeps its two newest snapshots: should it write two more before this one
+    // is stored, the store fails and is tried again at the next poll.
+    let deadline = Instant::now() + STORE_WAIT;
+    loop {
+        let state = backbone.state().await?;
+        if state.last_seq >= seq {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(ClusterError::JetStream {
+                what: "snapshot store",
+                reason: format!(
+                    "the stream did not reach the snapshot's seq {seq} within {STORE_WAIT:?} (it ends at {})",
+                    state.last_seq
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if seq > started_at {
+        let entry = backbone.entry(seq).await?;
+        if entry.term != term {
+            return Err(ClusterError::Fenced {
+                seq,
+                term,
+                found: entry.term,
+            });
+        }
+    }
+    backbone.put_snapshot(seq, &path).await?;
+    Ok(seq)
+}
