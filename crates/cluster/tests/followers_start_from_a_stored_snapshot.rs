@@ -131,6 +131,14 @@ async fn followers_start_from_a_stored_snapshot() {
     ddl(&leader.core, "ALTER TABLE items ADD COLUMN tag TEXT").await;
     last = last.max(write(&leader.core, &mut rng, 60).await);
     last = last.max(leader.core.db().seq);
+    // Once the leader has stored a snapshot within one interval of the end, no other is
+    // due; if it is the last commit's, one more (not enough to make one due) makes sure
+    // the followers below read a tail from the stream.
+    let interval = opts.snapshot_interval();
+    let newest = wait_stored_snapshot(&opts, last + 1 - interval).await;
+    if newest + interval > last + 1 {
+        last = write(&leader.core, &mut rng, 1).await;
+    }
     let log = backbone(&opts).await;
     let state = log.state().await.expect("the stream's state");
     assert_eq!(state.last_seq, last);
@@ -141,6 +149,7 @@ async fn followers_start_from_a_stored_snapshot() {
     );
     assert!(f1_applied + 1 < state.first_seq, "follower 1 fell behind the retained head");
     let stored = wait_stored_snapshot(&opts, state.first_seq - 1).await;
+    assert!(stored < last, "no snapshot was due after the last commit");
     assert!(
         log.snapshots().await.unwrap().len() <= sluice_cluster::backbone::SNAPSHOTS_STORED,
         "older stored snapshots are dropped"
@@ -158,7 +167,10 @@ async fn followers_start_from_a_stored_snapshot() {
     else {
         panic!("a new follower starts from a snapshot, got {start:?}");
     };
-    assert!(seq >= stored && seq + 1 >= state.first_seq, "snapshot {seq}");
+    assert!(
+        seq >= stored && seq + 1 >= state.first_seq && seq < last,
+        "snapshot {seq}: covers the stream's dropped head, and a tail is read after it"
+    );
     assert_eq!(f2.core.recovery().snapshot_seq, Some(seq));
     assert_same_state(&leader.core, &f2.core, "items", last, "the new follower").await;
 
@@ -175,7 +187,10 @@ async fn followers_start_from_a_stored_snapshot() {
     else {
         panic!("a follower behind the stream starts from a snapshot, got {start:?}");
     };
-    assert!(applied >= f1_applied && seq + 1 >= state.first_seq, "{applied} {seq}");
+    assert!(
+        applied >= f1_applied && seq + 1 >= state.first_seq && seq < last,
+        "{applied} {seq}"
+    );
     let kept: Vec<_> = std::fs::read_dir(&aside)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -294,7 +294,11 @@ pub async fn assert_same_state(leader: &Core, follower: &Core, table: &str, last
     assert_eq!(dump(follower, table).await, dump(leader, table).await, "{name}'s rows");
     let theirs = changelog(follower);
     let ours = changelog(leader);
-    assert!(!theirs.is_empty(), "{name}'s changelog is empty");
+    if theirs.is_empty() {
+        // Started from a snapshot of the last commit: nothing to compare yet.
+        assert_eq!(follower.db().changelog.horizon(), last, "{name}'s changelog");
+        return;
+    }
     let first = theirs[0].0;
     let seqs: Vec<u64> = theirs.iter().map(|(s, _)| *s).collect();
     assert_eq!(
@@ -308,7 +312,7 @@ pub async fn assert_same_state(leader: &Core, follower: &Core, table: &str, last
         }
     }
     assert!(
-        ours.iter().any(|(s, _)| *s == last) && theirs.iter().any(|(s, _)| *s == last),
-        "both changelogs hold the last commit"
+        ours.iter().any(|(s, _)| *s == last),
+        "the leader's changelog holds the last commit"
     );
 }
