@@ -301,3 +301,56 @@ async fn store_one<B: Backbone>(
     backbone.put_snapshot(seq, &path).await?;
     Ok(seq)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backbone::LogState;
+
+    fn state(first_seq: u64, last_seq: u64) -> LogState {
+        LogState {
+            first_seq,
+            last_seq,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_due_every_interval_or_before_retention_passes_the_newest() {
+        // Nothing new since the newest stored snapshot.
+        assert!(!snapshot_due(state(1, 0), 0, 10));
+        assert!(!snapshot_due(state(1, 50), 50, 10));
+        // By the interval, while the stream still holds seq 1.
+        assert!(!snapshot_due(state(1, 9), 0, 10));
+        assert!(snapshot_due(state(1, 10), 0, 10));
+        // Retention (by bytes, say) binds first: 20 commits retained, 10 past the newest.
+        assert!(!snapshot_due(state(81, 100), 91, 1000));
+        assert!(snapshot_due(state(81, 100), 90, 1000));
+        // A stream holding one commit.
+        assert!(snapshot_due(state(100, 100), 99, 1000));
+    }
+
+    #[test]
+    fn the_local_position_is_the_last_logged_commit_or_the_newest_snapshot() {
+        let dir = std::env::temp_dir().join(format!("sluice-cluster-pos-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(local_position(&dir).unwrap(), 0, "no directory");
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(local_position(&dir).unwrap(), 0, "an empty directory");
+        // A snapshot of seq 7 and a segment from seq 8 holding commits 8 and 9.
+        sluice_log::snapshot::write_snapshot(&dir, 7, &[] as &[&[u8]]).unwrap();
+        assert_eq!(local_position(&dir).unwrap(), 7);
+        let mut bytes = Vec::new();
+        for seq in [8u64, 9] {
+            let mut payload = vec![sluice_engine::codec::RECORD_ROWS];
+            payload.extend_from_slice(&seq.to_le_bytes());
+            sluice_log::frame::encode_into(&mut bytes, &payload).unwrap();
+        }
+        let segment = sluice_log::segment::segment_path(&dir, 8);
+        std::fs::write(&segment, &bytes).unwrap();
+        assert_eq!(local_position(&dir).unwrap(), 9);
+        // A segment just opened, still empty.
+        std::fs::write(sluice_log::segment::segment_path(&dir, 10), b"").unwrap();
+        assert_eq!(local_position(&dir).unwrap(), 9);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
