@@ -67,6 +67,11 @@ pub trait Backbone: Send + Sync + 'static {
     /// The entries held now.
     fn state(&self) -> impl Future<Output = Result<LogState, ClusterError>> + Send;
 
+    /// Makes a log that was never appended to start after `seq`: its first entry will be
+    /// `seq + 1` (a cluster started from a leader that holds commits `1..=seq`). Refused
+    /// once the log holds an entry; a no-op if it already starts there.
+    fn start_after(&self, seq: u64) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
     /// Entry `seq`.
     fn entry(&self, seq: u64) -> impl Future<Output = Result<Entry, ClusterError>> + Send;
 

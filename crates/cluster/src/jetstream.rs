@@ -3,8 +3,13 @@
 //! - The changelog of database `D` is the stream `sluice-D` (subject `sluice.D.log`),
 //!   replicated `--cluster-replicas` ways (R3 by default), on file storage, bounded by
 //!   `--cluster-retain-commits` / `--cluster-retain-bytes` (oldest dropped first).
-//! - Entry `seq` is the message with stream sequence `seq`: each append carries
-//!   `Nats-Expected-Last-Sequence: seq - 1` (a leader that is not at the stream's end is
+//! - Entry `seq` is the message with stream sequence `seq - base`, where `base` is 0 unless
+//!   the cluster was started from a leader that already held commits `1..=base` (NATS 2.9
+//!   cannot start a stream past sequence 1): then the stream's description records it
+//!   (`sluice: commit seq = stream seq + <base>`, set once, while the stream was never
+//!   written) and the leader's snapshot of `base` is the stored snapshot that starts every
+//!   follower. Each append carries
+//!   `Nats-Expected-Last-Sequence: seq - base - 1` (a leader that is not at the stream's end is
 //!   refused) and `Nats-Msg-Id: <term>-<seq>` (a retry of the same append is taken as a
 //!   duplicate within the 2-minute window; another leader's entry at that seq is *not* a
 //!   duplicate of it, so it is refused by the expected-last-sequence check instead).
@@ -19,6 +24,8 @@
 use std::time::Duration;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use async_nats::jetstream::{self, consumer, kv, object_store, stream};
 use bytes::Bytes;
@@ -101,6 +108,21 @@ pub struct JetStream {
     subject: String,
     lease: kv::Store,
     snapshots: object_store::ObjectStore,
+    /// Commit seq = stream sequence + base (see the module docs); read with the stream's
+    /// info.
+    base: Arc<AtomicU64>,
+}
+
+/// How the stream's description records its base.
+const BASE_DESCRIPTION: &str = "sluice: commit seq = stream seq + ";
+
+fn base_of(info: &stream::Info) -> u64 {
+    info.config
+        .description
+        .as_deref()
+        .and_then(|d| d.strip_prefix(BASE_DESCRIPTION))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 fn valid_database(name: &str) -> bool {
@@ -217,13 +239,16 @@ impl JetStream {
             .get_object_store(&bucket)
             .await
             .map_err(|e| ClusterError::js("snapshot bucket", e))?;
-        Ok(JetStream {
+        let this = JetStream {
             js,
             stream,
             subject,
             lease,
             snapshots,
-        })
+            base: Arc::new(AtomicU64::new(0)),
+        };
+        this.info().await?;
+        Ok(this)
     }
 
     async fn stream(&self) -> Result<stream::Stream, ClusterError> {
@@ -231,6 +256,36 @@ impl JetStream {
             .get_stream(&self.stream)
             .await
             .map_err(|e| ClusterError::js("stream lookup", e))
+    }
+
+    /// The stream's info (and its base, remembered).
+    async fn info(&self) -> Result<stream::Info, ClusterError> {
+        let info = self
+            .stream()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| ClusterError::js("stream info", e))?;
+        self.base.store(base_of(&info), Ordering::Release);
+        Ok(info)
+    }
+
+    fn base(&self) -> u64 {
+        self.base.load(Ordering::Acquire)
+    }
+
+    /// The stream sequence of commit `seq`.
+    fn stream_seq(&self, seq: u64) -> Result<u64, ClusterError> {
+        let base = self.base();
+        if seq <= base {
+            return Err(ClusterError::JetStream {
+                what: "log read",
+                reason: format!(
+                    "commit {seq} is before the cluster's stream, which starts after seq {base} (the leader it was started from held commits up to there: start from its stored snapshot)"
+                ),
+            });
+        }
+        Ok(seq - base)
     }
 }
 
@@ -244,10 +299,11 @@ fn term_of(headers: Option<&async_nats::HeaderMap>) -> u64 {
 
 impl Backbone for JetStream {
     async fn append(&self, seq: u64, term: u64, frame: Bytes) -> Result<AckFuture, ClusterError> {
+        let stream_seq = self.stream_seq(seq)?;
         let publish = jetstream::message::PublishMessage::build()
             .payload(frame)
             .message_id(format!("{term}-{seq}"))
-            .expected_last_sequence(seq - 1);
+            .expected_last_sequence(stream_seq - 1);
         let ack = self
             .js
             .send_publish(self.subject.clone(), publish)
@@ -255,11 +311,11 @@ impl Backbone for JetStream {
             .map_err(|e| ClusterError::js("publish", e))?;
         Ok(Box::pin(async move {
             let ack = ack.await.map_err(|e| ClusterError::js("publish ack", e))?;
-            if ack.sequence != seq {
+            if ack.sequence != stream_seq {
                 return Err(ClusterError::JetStream {
                     what: "publish ack",
                     reason: format!(
-                        "commit {seq} was stored at stream sequence {}",
+                        "commit {seq} was stored at stream sequence {}, not {stream_seq}",
                         ack.sequence
                     ),
                 });
@@ -269,35 +325,55 @@ impl Backbone for JetStream {
     }
 
     async fn state(&self) -> Result<LogState, ClusterError> {
-        let info = self
-            .stream()
-            .await?
-            .get_info()
-            .await
-            .map_err(|e| ClusterError::js("stream info", e))?;
+        let info = self.info().await?;
+        let base = base_of(&info);
         let s = info.state;
         Ok(if s.messages == 0 {
             LogState {
-                first_seq: s.last_sequence + 1,
-                last_seq: s.last_sequence,
+                first_seq: base + s.last_sequence + 1,
+                last_seq: base + s.last_sequence,
             }
         } else {
             LogState {
-                first_seq: s.first_sequence,
-                last_seq: s.last_sequence,
+                first_seq: base + s.first_sequence,
+                last_seq: base + s.last_sequence,
             }
         })
     }
 
+    async fn start_after(&self, seq: u64) -> Result<(), ClusterError> {
+        let info = self.info().await?;
+        let base = base_of(&info);
+        if base == seq {
+            return Ok(());
+        }
+        if info.state.last_sequence != 0 {
+            return Err(ClusterError::Config(format!(
+                "the cluster's stream already holds commits up to seq {}: it cannot start after seq {seq}",
+                base + info.state.last_sequence
+            )));
+        }
+        let mut config = info.config;
+        config.description = Some(format!("{BASE_DESCRIPTION}{seq}"));
+        let updated = self
+            .js
+            .update_stream(&config)
+            .await
+            .map_err(|e| ClusterError::js("stream update", e))?;
+        self.base.store(base_of(&updated), Ordering::Release);
+        Ok(())
+    }
+
     async fn entry(&self, seq: u64) -> Result<Entry, ClusterError> {
+        let stream_seq = self.stream_seq(seq)?;
         let m = self
             .stream()
             .await?
-            .get_raw_message(seq)
+            .get_raw_message(stream_seq)
             .await
             .map_err(|e| ClusterError::js("message read", e))?;
         Ok(Entry {
-            seq: m.sequence,
+            seq: m.sequence + self.base(),
             term: term_of(Some(&m.headers)),
             frame: m.payload,
         })
@@ -309,7 +385,7 @@ impl Backbone for JetStream {
             .await?
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: seq,
+                    start_sequence: self.stream_seq(seq)?,
                 },
                 ..Default::default()
             })
@@ -319,12 +395,13 @@ impl Backbone for JetStream {
             .messages()
             .await
             .map_err(|e| ClusterError::js("consumer", e))?;
-        Ok(Box::pin(messages.map(|m| {
+        let base = self.base();
+        Ok(Box::pin(messages.map(move |m| {
             let m = m.map_err(|e| ClusterError::js("consumer", e))?;
-            let seq = m
-                .info()
-                .map_err(|e| ClusterError::js("message info", e))?
-                .stream_sequence;
+            let seq = base
+                + m.info()
+                    .map_err(|e| ClusterError::js("message info", e))?
+                    .stream_sequence;
             Ok(Entry {
                 seq,
                 term: term_of(m.headers.as_ref()),

@@ -117,6 +117,10 @@ pub async fn start_on<B: Backbone>(
         return Ok(Node { stop, task });
     }
     let lease = backbone.acquire_lease(&opts.address).await?;
+    if let Err(e) = start_stream_after_local_data(&*backbone, &core).await {
+        core.set_follower(None);
+        return Err(e);
+    }
     let applied = match crate::follower::check_position(&*backbone, &core, true).await {
         Ok(applied) => applied,
         Err(e) => {
@@ -143,6 +147,25 @@ pub async fn start_on<B: Backbone>(
     ));
     let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
     Ok(Node { stop, task })
+}
+
+/// A leader that holds commits when the cluster's log was never written (a database
+/// moving into a cluster): the log starts after them, and the leader's snapshot of them,
+/// stored when it starts leading, is where every follower starts.
+async fn start_stream_after_local_data<B: Backbone>(
+    backbone: &B,
+    core: &Core,
+) -> Result<(), ClusterError> {
+    let applied = core.db().seq;
+    let state = backbone.state().await?;
+    if applied > 0 && state.last_seq == 0 {
+        backbone.start_after(applied).await?;
+        tracing::info!(
+            applied,
+            "the cluster's log was new: it starts after this leader's commits"
+        );
+    }
+    Ok(())
 }
 
 /// Renews the leader lease every third of its time to live until stopped; a renewal that
