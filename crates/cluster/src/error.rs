@@ -37,10 +37,10 @@ pub enum ClusterError {
     #[error("{0}")]
     Local(String),
     /// This node holds commits the cluster's stream does not: its state diverged.
-    #[error("this node's data holds seq {local} but the cluster's stream ends at seq {stream}: its state diverged (a deposed leader's unreplicated commits); start it with an empty data directory")]
+    #[error("this node's data holds seq {local} but the cluster's stream ends at seq {stream}: its state diverged (a deposed leader's unreplicated commits); start it with --follower --discard-diverged (its log and snapshots are moved aside and it starts from the cluster's snapshot) or with an empty data directory")]
     Ahead { local: u64, stream: u64 },
     /// A commit the node holds differs from the stream's at the same seq.
-    #[error("this node's commit {seq} differs from the cluster's: its state diverged (a deposed leader's unreplicated commits); start it with an empty data directory")]
+    #[error("this node's commit {seq} differs from the cluster's: its state diverged (a deposed leader's unreplicated commits); start it with --follower --discard-diverged (its log and snapshots are moved aside and it starts from the cluster's snapshot) or with an empty data directory")]
     Diverged { seq: u64 },
     /// The stream skipped a seq (it must be dense: the stream sequence is the commit seq).
     #[error("the cluster's stream went from seq {expected} to {found}: a gap in the changelog")]

@@ -61,6 +61,11 @@ pub struct ClusterOptions {
     /// `retain_commits`; `Some(0)`: never (a follower can then join only while the stream
     /// still holds the commit after its own last). `--cluster-snapshot-commits`.
     pub snapshot_commits: Option<u64>,
+    /// (follower) A node whose data diverged from the stream (a deposed leader's
+    /// unreplicated commits, or commits past the stream's end) moves its log and snapshots
+    /// aside and starts from the cluster's snapshot, instead of refusing to start.
+    /// `--discard-diverged`.
+    pub discard_diverged: bool,
 }
 
 impl ClusterOptions {
@@ -74,6 +79,7 @@ impl ClusterOptions {
             lease_ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(5),
             snapshot_commits: None,
+            discard_diverged: false,
         }
     }
 
@@ -521,7 +527,8 @@ impl Backbone for JetStream {
             .get(snapshot_name(seq))
             .await
             .map_err(|e| ClusterError::js("snapshot fetch", e))?;
-        let local = |e: std::io::Error| ClusterError::Local(format!("write {}: {e}", dest.display()));
+        let local =
+            |e: std::io::Error| ClusterError::Local(format!("write {}: {e}", dest.display()));
         let mut file = tokio::fs::File::create(dest).await.map_err(local)?;
         // The object's reader checks the SHA-256 digest it was stored with at its end.
         tokio::io::copy(&mut object, &mut file)

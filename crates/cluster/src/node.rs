@@ -51,8 +51,9 @@ impl Node {
 
 /// Prepares the data directory `dir` of a node about to join the cluster, before its core
 /// opens it: a follower whose data ends before the stream's retained commits starts from
-/// the newest stored snapshot that covers them (see [`crate::snapshots`]); a leader's
-/// directory is left as it is. Fails with [`ClusterError::NoSnapshot`] when neither the
+/// the newest stored snapshot that covers them (see [`crate::snapshots`]); with
+/// `discard_diverged`, so does one whose data does not continue the stream (its log and
+/// snapshots moved aside). A leader's directory is left as it is. Fails with [`ClusterError::NoSnapshot`] when neither the
 /// stream nor a stored snapshot covers what the follower lacks.
 pub async fn prepare(
     dir: &std::path::Path,
@@ -64,7 +65,7 @@ pub async fn prepare(
         });
     }
     let backbone = JetStream::connect(&opts.cluster).await?;
-    crate::snapshots::prepare_on(&backbone, dir).await
+    crate::snapshots::prepare_on(&backbone, dir, opts.cluster.discard_diverged).await
 }
 
 /// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)

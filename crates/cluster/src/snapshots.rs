@@ -39,8 +39,7 @@ const STORE_WAIT: Duration = Duration::from_secs(30);
 /// Where a prepared node starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
-    /// From its own data (the stream holds every commit after it, or it is ahead and the
-    /// join's position check says so).
+    /// From its own data (the stream holds every commit after it).
     Local { applied: u64 },
     /// From the stored snapshot of `seq`, fetched into the data directory; the node's
     /// earlier log and snapshots (data up to `applied`) were moved to `displaced`.
@@ -49,43 +48,98 @@ pub enum Start {
         applied: u64,
         displaced: Option<PathBuf>,
     },
+    /// From nothing (the stream still holds seq 1): its diverged data (up to `applied`)
+    /// was moved to `displaced` (`discard_diverged`).
+    Empty { applied: u64, displaced: PathBuf },
 }
 
 /// The seq of the last commit the data directory `dir` holds (its log's last frame, or
 /// its newest snapshot), without opening it: 0 for a new or empty directory.
 pub fn local_position(dir: &Path) -> Result<u64, ClusterError> {
+    Ok(local_tail(dir)?.0)
+}
+
+/// [`local_position`], and the payload of that commit's log frame when the log holds it.
+fn local_tail(dir: &Path) -> Result<(u64, Option<Vec<u8>>), ClusterError> {
     if !dir.exists() {
-        return Ok(0);
+        return Ok((0, None));
     }
-    let local = |e: sluice_log::LogError| ClusterError::Local(format!("reading {}: {e}", dir.display()));
+    let local =
+        |e: sluice_log::LogError| ClusterError::Local(format!("reading {}: {e}", dir.display()));
     let newest_snapshot = list_snapshots(dir)
         .map_err(local)?
         .last()
         .map_or(0, |(seq, _)| *seq);
     let segments = list_segments(dir).map_err(local)?;
-    let Some(last) = segments.last() else {
-        return Ok(newest_snapshot);
-    };
-    let bytes = sluice_log::segment::read_file(&last.path).map_err(local)?;
-    let mut last_seq = last.first_seq - 1;
-    scan::<sluice_log::LogError>(&last.path, &bytes, true, |_, payload| {
-        // A commit record: its kind byte, then its seq (u64, little-endian).
-        if let Some(seq) = payload.get(1..9) {
-            last_seq = u64::from_le_bytes(seq.try_into().expect("8 bytes"));
+    let mut last = None;
+    // The newest segment may have just been opened, still empty.
+    for segment in segments.iter().rev().take(2) {
+        let bytes = sluice_log::segment::read_file(&segment.path).map_err(local)?;
+        scan::<sluice_log::LogError>(&segment.path, &bytes, true, |_, payload| {
+            // A commit record: its kind byte, then its seq (u64, little-endian).
+            if let Some(seq) = payload.get(1..9) {
+                last = Some((
+                    u64::from_le_bytes(seq.try_into().expect("8 bytes")),
+                    payload.to_vec(),
+                ));
+            }
+            Ok(())
+        })
+        .map_err(local)?;
+        if last.is_some() {
+            break;
         }
-        Ok(())
+    }
+    Ok(match last {
+        Some((seq, payload)) if seq >= newest_snapshot => (seq, Some(payload)),
+        _ => (newest_snapshot, None),
     })
-    .map_err(local)?;
-    Ok(last_seq.max(newest_snapshot))
+}
+
+/// Whether data ending at `applied` (with that commit's `payload`) fails to continue the
+/// stream: past its end, or its last commit not the stream's at that seq.
+async fn diverged<B: Backbone>(
+    backbone: &B,
+    state: crate::backbone::LogState,
+    applied: u64,
+    payload: Option<&[u8]>,
+) -> Result<Option<ClusterError>, ClusterError> {
+    if applied > state.last_seq {
+        return Ok(Some(ClusterError::Ahead {
+            local: applied,
+            stream: state.last_seq,
+        }));
+    }
+    if let (true, Some(payload)) = (applied >= state.first_seq && applied > 0, payload) {
+        let entry = backbone.entry(applied).await?;
+        let theirs = entry
+            .frame
+            .get(sluice_log::frame::FRAME_HEADER_BYTES..)
+            .unwrap_or_default();
+        if theirs != payload {
+            return Ok(Some(ClusterError::Diverged { seq: applied }));
+        }
+    }
+    Ok(None)
 }
 
 /// Prepares the data directory `dir` of a follower of `backbone` (see the module
-/// docs). Call it before the node's core opens `dir`.
-pub async fn prepare_on<B: Backbone>(backbone: &B, dir: &Path) -> Result<Start, ClusterError> {
-    let applied = local_position(dir)?;
+/// docs). Call it before the node's core opens `dir`. With `discard_diverged`, data that
+/// does not continue the stream is moved aside too (the node then starts from the newest
+/// stored snapshot, or with none stored from nothing while the stream holds seq 1); without it, such data fails
+/// with [`ClusterError::Ahead`] or [`ClusterError::Diverged`] and stays as it is.
+pub async fn prepare_on<B: Backbone>(
+    backbone: &B,
+    dir: &Path,
+    discard_diverged: bool,
+) -> Result<Start, ClusterError> {
+    let (applied, payload) = local_tail(dir)?;
     let state = backbone.state().await?;
-    if applied + 1 >= state.first_seq {
-        return Ok(Start::Local { applied });
+    match diverged(backbone, state, applied, payload.as_deref()).await? {
+        None if applied + 1 >= state.first_seq => return Ok(Start::Local { applied }),
+        None => {}
+        Some(e) if !discard_diverged => return Err(e),
+        Some(e) => tracing::warn!("{e}: discarding this node's data (--discard-diverged)"),
     }
     let needed = state.first_seq - 1;
     let stored = backbone.snapshots().await?;
@@ -94,6 +148,13 @@ pub async fn prepare_on<B: Backbone>(backbone: &B, dir: &Path) -> Result<Start, 
         .rev()
         .find(|&&s| s >= needed && s <= state.last_seq)
     else {
+        if state.first_seq == 1 {
+            // Discarding, with no snapshot stored: the stream holds everything.
+            let displaced = displace(dir, applied)?.ok_or_else(|| {
+                ClusterError::Local(format!("{} holds no log to move aside", dir.display()))
+            })?;
+            return Ok(Start::Empty { applied, displaced });
+        }
         return Err(ClusterError::NoSnapshot {
             applied,
             first: state.first_seq,
@@ -195,12 +256,7 @@ pub async fn keep_storing<B: Backbone>(
     if interval == 0 {
         return;
     }
-    let leading = |core: &Core| {
-        matches!(
-            core.role(),
-            sluice_server::replication::Role::Leader(_)
-        )
-    };
+    let leading = |core: &Core| matches!(core.role(), sluice_server::replication::Role::Leader(_));
     let mut newest = loop {
         match backbone.snapshots().await {
             Ok(stored) => break stored.last().copied().unwrap_or(0),
@@ -268,7 +324,12 @@ async fn store_one<B: Backbone>(
         .into_iter()
         .rev()
         .find(|(s, _)| *s >= taken)
-        .ok_or_else(|| ClusterError::Local(format!("the snapshot of seq {taken} is not in {}", dir.display())))?;
+        .ok_or_else(|| {
+            ClusterError::Local(format!(
+                "the snapshot of seq {taken} is not in {}",
+                dir.display()
+            ))
+        })?;
     // The node keeps its two newest snapshots: should it write two more before this one
     // is stored, the store fails and is tried again at the next poll.
     let deadline = Instant::now() + STORE_WAIT;

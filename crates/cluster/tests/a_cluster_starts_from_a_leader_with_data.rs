@@ -33,7 +33,11 @@ async fn a_cluster_starts_from_a_leader_with_data() {
             .await
             .unwrap()
             .unwrap();
-        ddl(&core, "CREATE TABLE t (id INTEGER PRIMARY KEY, qty INTEGER NOT NULL)").await;
+        ddl(
+            &core,
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, qty INTEGER NOT NULL)",
+        )
+        .await;
         let mut last = 0;
         for id in 0..30 {
             last = core

@@ -77,10 +77,7 @@ async fn write(core: &sluice_server::Core, rng: &mut Rng, n: usize) -> u64 {
     let mut done = 0;
     while done < n {
         let ops = (0..1 + rng.below(3)).map(|_| random_op(rng)).collect();
-        match core
-            .mutate(ops, Some(CLASSES[rng.below(4) as usize]))
-            .await
-        {
+        match core.mutate(ops, Some(CLASSES[rng.below(4) as usize])).await {
             Ok(ok) => {
                 last = ok.seq;
                 done += 1;
@@ -147,7 +144,10 @@ async fn followers_start_from_a_stored_snapshot() {
         last + 1 - RETAIN as u64,
         "the stream keeps only the last {RETAIN} commits"
     );
-    assert!(f1_applied + 1 < state.first_seq, "follower 1 fell behind the retained head");
+    assert!(
+        f1_applied + 1 < state.first_seq,
+        "follower 1 fell behind the retained head"
+    );
     let stored = wait_stored_snapshot(&opts, state.first_seq - 1).await;
     assert!(stored < last, "no snapshot was due after the last commit");
     assert!(
@@ -196,7 +196,8 @@ async fn followers_start_from_a_stored_snapshot() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        kept.iter().any(|n| n.ends_with(".snap") || n.ends_with(".seg") || n.ends_with(".log")),
+        kept.iter()
+            .any(|n| n.ends_with(".snap") || n.ends_with(".seg") || n.ends_with(".log")),
         "the old log and snapshots are kept in {}: {kept:?}",
         aside.display()
     );
@@ -208,7 +209,11 @@ async fn followers_start_from_a_stored_snapshot() {
     assert_same_state(&leader.core, &f2.core, "items", last, "the new follower").await;
     let want = view_sums(&leader.url(), last).await;
     assert_eq!(view_sums(&f1.url(), last).await, want, "follower 1's views");
-    assert_eq!(view_sums(&f2.url(), last).await, want, "the new follower's views");
+    assert_eq!(
+        view_sums(&f2.url(), last).await,
+        want,
+        "the new follower's views"
+    );
 
     f2.close().await;
     f1.close().await;

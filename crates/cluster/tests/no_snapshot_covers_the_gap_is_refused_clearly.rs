@@ -37,7 +37,9 @@ async fn no_snapshot_covers_the_gap_is_refused_clearly() {
     opts.retain_commits = 10;
     // The leader stores no snapshots.
     opts.snapshot_commits = Some(0);
-    let dirs: Vec<TempDir> = (0..3).map(|i| TempDir::new(&format!("nosnap{i}"))).collect();
+    let dirs: Vec<TempDir> = (0..3)
+        .map(|i| TempDir::new(&format!("nosnap{i}")))
+        .collect();
     let leader = start_node(dirs[0].path(), opts.clone(), false)
         .await
         .expect("the leader");
@@ -98,7 +100,11 @@ async fn no_snapshot_covers_the_gap_is_refused_clearly() {
             Err(e) => panic!("expected no snapshot, got {e}"),
             Ok(_) => panic!("a follower behind the stream without a snapshot must be refused"),
         }
-        assert_eq!(files(dir.path()), before, "a refused follower's data is left as it was");
+        assert_eq!(
+            files(dir.path()),
+            before,
+            "a refused follower's data is left as it was"
+        );
     }
     leader.close().await;
 }

@@ -365,6 +365,12 @@ struct ServeArgs {
     /// one; 0: never. Default: a quarter of --cluster-retain-commits.
     #[arg(long, value_name = "N")]
     cluster_snapshot_commits: Option<u64>,
+    /// With --follower: if this node's data does not continue the cluster's stream (a
+    /// deposed leader's unreplicated commits), move its log and snapshots aside into
+    /// `displaced-…/` in the data directory and start from the cluster's snapshot, instead
+    /// of refusing to start.
+    #[arg(long, requires = "follower")]
+    discard_diverged: bool,
     /// The leader lease's time to live in ms: a leader silent this long is replaced.
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
@@ -586,6 +592,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             cluster.retain_bytes = args.cluster_retain_bytes;
             cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
             cluster.snapshot_commits = args.cluster_snapshot_commits;
+            cluster.discard_diverged = args.discard_diverged;
             sluice_cluster::NodeOptions {
                 cluster,
                 follower: args.follower,

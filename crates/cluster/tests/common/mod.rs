@@ -290,13 +290,25 @@ pub async fn wait_stored_snapshot(cluster: &ClusterOptions, seq: u64) -> u64 {
 /// same encoded commits).
 pub async fn assert_same_state(leader: &Core, follower: &Core, table: &str, last: u64, name: &str) {
     wait_confirmed(follower, last, name).await;
-    assert_eq!(follower.db().seq, last, "{name} applied exactly the leader's commits");
-    assert_eq!(dump(follower, table).await, dump(leader, table).await, "{name}'s rows");
+    assert_eq!(
+        follower.db().seq,
+        last,
+        "{name} applied exactly the leader's commits"
+    );
+    assert_eq!(
+        dump(follower, table).await,
+        dump(leader, table).await,
+        "{name}'s rows"
+    );
     let theirs = changelog(follower);
     let ours = changelog(leader);
     if theirs.is_empty() {
         // Started from a snapshot of the last commit: nothing to compare yet.
-        assert_eq!(follower.db().changelog.horizon(), last, "{name}'s changelog");
+        assert_eq!(
+            follower.db().changelog.horizon(),
+            last,
+            "{name}'s changelog"
+        );
         return;
     }
     let first = theirs[0].0;
