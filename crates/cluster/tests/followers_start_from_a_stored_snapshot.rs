@@ -106,7 +106,7 @@ async fn followers_start_from_a_stored_snapshot() {
     // The default: a snapshot every quarter of the retained commits.
     assert_eq!(opts.snapshot_interval(), 10);
     let dirs: Vec<TempDir> = (0..3).map(|i| TempDir::new(&format!("snap{i}"))).collect();
-    let mut rng = Rng(0x5eed_5a9);
+    let mut rng = Rng(0x05ee_d5a9);
 
     let leader = start_node(dirs[0].path(), opts.clone(), false)
         .await
