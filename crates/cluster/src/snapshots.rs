@@ -35,6 +35,8 @@ const SNAPSHOT_POLL: Duration = Duration::from_millis(250);
 /// How long the leader waits for the stream to hold a snapshot's seq before it gives up
 /// on that snapshot (and tries again at the next due time).
 const STORE_WAIT: Duration = Duration::from_secs(30);
+/// How long the leader waits after a failed store before it takes another snapshot.
+const STORE_RETRY: Duration = Duration::from_secs(5);
 
 /// Where a prepared node starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,14 +271,26 @@ pub async fn keep_storing<B: Backbone>(
     };
     let mut due = started_at > newest;
     let mut tick = tokio::time::interval(SNAPSHOT_POLL);
+    let mut retry_at = Instant::now();
     loop {
-        if due {
+        if due && Instant::now() >= retry_at {
+            let started = Instant::now();
             match store_one(&*backbone, &core, term, started_at).await {
                 Ok(seq) => {
-                    tracing::info!(seq, term, "stored a snapshot in the cluster's object store");
+                    tracing::info!(
+                        seq,
+                        term,
+                        ms = started.elapsed().as_millis() as u64,
+                        "stored a snapshot in the cluster's object store"
+                    );
                     newest = newest.max(seq);
                 }
-                Err(e) => tracing::warn!("storing a snapshot failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(
+                        "storing a snapshot failed: {e}; trying again in {STORE_RETRY:?}"
+                    );
+                    retry_at = Instant::now() + STORE_RETRY;
+                }
             }
         }
         tokio::select! {
