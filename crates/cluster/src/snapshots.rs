@@ -10,13 +10,20 @@
 //!   only once the stream holds its seq and that seq's entry is this leader's (or the
 //!   leader started from it): a deposed leader never stores a state the stream does not
 //!   produce.
-//! - A **follower** is [`prepare`]d before its core opens: if its data directory ends
+//! - A **follower** is [`prepare_on`]d (through `node::prepare`) before its core opens: if its data directory ends
 //!   before the stream's first retained commit − 1 (new, empty, or stopped too long), it
 //!   fetches the newest stored snapshot that covers at least that seq into the directory
 //!   as its own snapshot file (moving the old log and snapshots aside into
 //!   `displaced-<unix time>-seq-<applied>/`, never deleting them), so `Core::open`
 //!   recovers from it the usual way; it then reads the stream's tail from the snapshot's
 //!   seq + 1. With no such snapshot it fails with [`ClusterError::NoSnapshot`].
+//! - A follower whose data does not continue the stream (a deposed leader's unreplicated
+//!   tail: [`ClusterError::Ahead`], [`ClusterError::Diverged`]) is refused, its data left
+//!   as it is — unless `discard_diverged` (`--discard-diverged`) asks to move that data
+//!   aside and start as above.
+//! - A leader that holds commits when the stream was never written starts the stream
+//!   after them (`Backbone::start_after`, in `node`); the snapshot it stores when it starts
+//!   leading is then where every follower starts.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
