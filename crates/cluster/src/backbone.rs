@@ -3,6 +3,7 @@
 //! would implement the same few calls.
 
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 
 use bytes::Bytes;
@@ -66,6 +67,11 @@ pub trait Backbone: Send + Sync + 'static {
     /// The entries held now.
     fn state(&self) -> impl Future<Output = Result<LogState, ClusterError>> + Send;
 
+    /// Makes a log that was never appended to start after `seq`: its first entry will be
+    /// `seq + 1` (a cluster started from a leader that holds commits `1..=seq`). Refused
+    /// once the log holds an entry; a no-op if it already starts there.
+    fn start_after(&self, seq: u64) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
     /// Entry `seq`.
     fn entry(&self, seq: u64) -> impl Future<Output = Result<Entry, ClusterError>> + Send;
 
@@ -86,4 +92,29 @@ pub trait Backbone: Send + Sync + 'static {
 
     /// The lease's holder, if any.
     fn holder(&self) -> impl Future<Output = Result<Option<Holder>, ClusterError>> + Send;
+
+    /// Stores the snapshot file at `path` (the engine's snapshot format, the state after
+    /// commit `seq`) under `seq`, then drops stored snapshots older than the newest
+    /// [`SNAPSHOTS_STORED`]. The caller **must** only store a state the log's entries
+    /// `1..=seq` produce.
+    fn put_snapshot(
+        &self,
+        seq: u64,
+        path: &Path,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// The seqs of the stored snapshots, ascending.
+    fn snapshots(&self) -> impl Future<Output = Result<Vec<u64>, ClusterError>> + Send;
+
+    /// Writes stored snapshot `seq` to the file `dest` (created or truncated), checked
+    /// against the digest it was stored with.
+    fn fetch_snapshot(
+        &self,
+        seq: u64,
+        dest: &Path,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
 }
+
+/// Snapshots the backbone keeps (the newest; the one before is there for a follower that
+/// started fetching it just before a newer one was stored).
+pub const SNAPSHOTS_STORED: usize = 2;

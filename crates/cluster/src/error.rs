@@ -21,14 +21,26 @@ pub enum ClusterError {
         term: u64,
         address: String,
     },
-    /// The stream no longer holds the commits a follower needs next.
-    #[error("this node applied up to seq {applied}, but the cluster's stream keeps commits from seq {first} on (its retention, --cluster-retain-commits, dropped the rest): start the node from a snapshot — an empty data directory fetches one from the leader")]
+    /// The stream no longer holds the commits a follower needs next (it was joined
+    /// without [`crate::node::prepare`], which starts it from a stored snapshot).
+    #[error("this node applied up to seq {applied}, but the cluster's stream keeps commits from seq {first} on (its retention, --cluster-retain-commits / --cluster-retain-bytes, dropped the rest): restart it with `sluice serve --follower`, which starts it from the newest snapshot in the cluster's object store")]
     TooFarBehind { applied: u64, first: u64 },
+    /// Neither the stream nor a stored snapshot covers the commits a follower needs next.
+    #[error("this node applied up to seq {applied}, the cluster's stream keeps commits from seq {first} on (--cluster-retain-commits / --cluster-retain-bytes), and no snapshot in the object store covers seq {}: the newest stored is {}; start the leader with snapshots on (--cluster-snapshot-commits above 0) and retry once it has stored one, or raise the retention", .first.saturating_sub(1), newest_text(.newest))]
+    NoSnapshot {
+        applied: u64,
+        first: u64,
+        /// The newest stored snapshot's seq, if any.
+        newest: Option<u64>,
+    },
+    /// The node's data directory could not be read or prepared.
+    #[error("{0}")]
+    Local(String),
     /// This node holds commits the cluster's stream does not: its state diverged.
-    #[error("this node's data holds seq {local} but the cluster's stream ends at seq {stream}: its state diverged (a deposed leader's unreplicated commits); start it with an empty data directory")]
+    #[error("this node's data holds seq {local} but the cluster's stream ends at seq {stream}: its state diverged (a deposed leader's unreplicated commits); start it with --follower --discard-diverged (its log and snapshots are moved aside and it starts from the cluster's snapshot) or with an empty data directory")]
     Ahead { local: u64, stream: u64 },
     /// A commit the node holds differs from the stream's at the same seq.
-    #[error("this node's commit {seq} differs from the cluster's: its state diverged (a deposed leader's unreplicated commits); start it with an empty data directory")]
+    #[error("this node's commit {seq} differs from the cluster's: its state diverged (a deposed leader's unreplicated commits); start it with --follower --discard-diverged (its log and snapshots are moved aside and it starts from the cluster's snapshot) or with an empty data directory")]
     Diverged { seq: u64 },
     /// The stream skipped a seq (it must be dense: the stream sequence is the commit seq).
     #[error("the cluster's stream went from seq {expected} to {found}: a gap in the changelog")]
@@ -39,6 +51,13 @@ pub enum ClusterError {
     /// A bad option.
     #[error("{0}")]
     Config(String),
+}
+
+fn newest_text(newest: &Option<u64>) -> String {
+    match newest {
+        Some(seq) => format!("seq {seq}"),
+        None => "none (no snapshot stored)".into(),
+    }
 }
 
 impl ClusterError {

@@ -51,13 +51,6 @@ pub async fn check_position<B: Backbone>(
     let (applied, payload) = last_commit(core);
     let state = backbone.state().await?;
     if applied > state.last_seq {
-        if leading && state.last_seq == 0 {
-            // JetStream (2.9) cannot make a new stream start past sequence 1 in a way its
-            // expected-last-sequence check follows, so a cluster starts empty.
-            return Err(ClusterError::Config(format!(
-                "this node holds commits up to seq {applied} but the cluster's stream is new: a cluster starts from an empty data directory (load the data through the leader)"
-            )));
-        }
         return Err(ClusterError::Ahead {
             local: applied,
             stream: state.last_seq,

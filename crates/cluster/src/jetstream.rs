@@ -3,22 +3,37 @@
 //! - The changelog of database `D` is the stream `sluice-D` (subject `sluice.D.log`),
 //!   replicated `--cluster-replicas` ways (R3 by default), on file storage, bounded by
 //!   `--cluster-retain-commits` / `--cluster-retain-bytes` (oldest dropped first).
-//! - Entry `seq` is the message with stream sequence `seq`: each append carries
-//!   `Nats-Expected-Last-Sequence: seq - 1` (a leader that is not at the stream's end is
+//! - Entry `seq` is the message with stream sequence `seq - base`, where `base` is 0 unless
+//!   the cluster was started from a leader that already held commits `1..=base` (NATS 2.9
+//!   cannot start a stream past sequence 1): then the stream's description records it
+//!   (`sluice: commit seq = stream seq + <base>`, set once, while the stream was never
+//!   written) and the leader's snapshot of `base` is the stored snapshot that starts every
+//!   follower. Each append carries
+//!   `Nats-Expected-Last-Sequence: seq - base - 1` (a leader that is not at the stream's end is
 //!   refused) and `Nats-Msg-Id: <term>-<seq>` (a retry of the same append is taken as a
 //!   duplicate within the 2-minute window; another leader's entry at that seq is *not* a
 //!   duplicate of it, so it is refused by the expected-last-sequence check instead).
 //! - The leader lease is the key `leader` of the key-value bucket `sluice-D-lease`, whose
 //!   `max_age` is the lease's time to live: a holder that stops renewing loses the key
 //!   when it ages out. Its revision when created is the new leader's term.
+//! - Snapshots are objects `snapshot-<seq:020>` of the object store bucket
+//!   `sluice-D-snapshots` (stream `OBJ_sluice-D-snapshots`, same replicas): the engine's
+//!   snapshot file, byte for byte, in chunks of [`SNAPSHOT_CHUNK_BYTES`]. The newest
+//!   [`SNAPSHOTS_STORED`] are kept.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_nats::jetstream::{self, consumer, kv, object_store, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::backbone::{AckFuture, Backbone, Entries, Entry, Holder, Lease, LogState};
+use crate::backbone::{
+    AckFuture, Backbone, Entries, Entry, Holder, Lease, LogState, SNAPSHOTS_STORED,
+};
 use crate::ClusterError;
 
 /// How to reach and shape the cluster's log.
@@ -40,6 +55,17 @@ pub struct ClusterOptions {
     pub lease_ttl: Duration,
     /// How long a request to NATS may take before it counts as failed.
     pub request_timeout: Duration,
+    /// The leader stores a snapshot in the object store once the stream has this many
+    /// commits past the newest stored one (sooner when the stream's retention is about to
+    /// drop commits the newest snapshot does not cover); `None`: a quarter of
+    /// `retain_commits`; `Some(0)`: never (a follower can then join only while the stream
+    /// still holds the commit after its own last). `--cluster-snapshot-commits`.
+    pub snapshot_commits: Option<u64>,
+    /// (follower) A node whose data diverged from the stream (a deposed leader's
+    /// unreplicated commits, or commits past the stream's end) moves its log and snapshots
+    /// aside and starts from the cluster's snapshot, instead of refusing to start.
+    /// `--discard-diverged`.
+    pub discard_diverged: bool,
 }
 
 impl ClusterOptions {
@@ -52,8 +78,28 @@ impl ClusterOptions {
             retain_bytes: 1 << 30,
             lease_ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(5),
+            snapshot_commits: None,
+            discard_diverged: false,
         }
     }
+
+    /// Commits between two stored snapshots (0: none are stored): `snapshot_commits`, or a
+    /// quarter of `retain_commits` (at least 1).
+    pub fn snapshot_interval(&self) -> u64 {
+        self.snapshot_commits
+            .unwrap_or_else(|| (self.retain_commits.max(4) / 4) as u64)
+    }
+}
+
+/// Bytes of one object-store chunk (one NATS message; the default `max_payload` is 1 MiB).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 512 << 10;
+
+fn snapshot_name(seq: u64) -> String {
+    format!("snapshot-{seq:020}")
+}
+
+fn snapshot_seq(name: &str) -> Option<u64> {
+    name.strip_prefix("snapshot-")?.parse().ok()
 }
 
 const LEASE_KEY: &str = "leader";
@@ -67,6 +113,22 @@ pub struct JetStream {
     stream: String,
     subject: String,
     lease: kv::Store,
+    snapshots: object_store::ObjectStore,
+    /// Commit seq = stream sequence + base (see the module docs); read with the stream's
+    /// info.
+    base: Arc<AtomicU64>,
+}
+
+/// How the stream's description records its base.
+const BASE_DESCRIPTION: &str = "sluice: commit seq = stream seq + ";
+
+fn base_of(info: &stream::Info) -> u64 {
+    info.config
+        .description
+        .as_deref()
+        .and_then(|d| d.strip_prefix(BASE_DESCRIPTION))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 fn valid_database(name: &str) -> bool {
@@ -165,12 +227,34 @@ impl JetStream {
             .get_key_value(&bucket)
             .await
             .map_err(|e| ClusterError::js("lease bucket", e))?;
-        Ok(JetStream {
+        let bucket = format!("sluice-{}-snapshots", opts.database);
+        // Made as the client's `create_object_store` would, but kept if it exists.
+        js.get_or_create_stream(stream::Config {
+            name: format!("OBJ_{bucket}"),
+            subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
+            storage: stream::StorageType::File,
+            num_replicas: opts.replicas,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::js("snapshot bucket creation", e))?;
+        let snapshots = js
+            .get_object_store(&bucket)
+            .await
+            .map_err(|e| ClusterError::js("snapshot bucket", e))?;
+        let this = JetStream {
             js,
             stream,
             subject,
             lease,
-        })
+            snapshots,
+            base: Arc::new(AtomicU64::new(0)),
+        };
+        this.info().await?;
+        Ok(this)
     }
 
     async fn stream(&self) -> Result<stream::Stream, ClusterError> {
@@ -178,6 +262,36 @@ impl JetStream {
             .get_stream(&self.stream)
             .await
             .map_err(|e| ClusterError::js("stream lookup", e))
+    }
+
+    /// The stream's info (and its base, remembered).
+    async fn info(&self) -> Result<stream::Info, ClusterError> {
+        let info = self
+            .stream()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| ClusterError::js("stream info", e))?;
+        self.base.store(base_of(&info), Ordering::Release);
+        Ok(info)
+    }
+
+    fn base(&self) -> u64 {
+        self.base.load(Ordering::Acquire)
+    }
+
+    /// The stream sequence of commit `seq`.
+    fn stream_seq(&self, seq: u64) -> Result<u64, ClusterError> {
+        let base = self.base();
+        if seq <= base {
+            return Err(ClusterError::JetStream {
+                what: "log read",
+                reason: format!(
+                    "commit {seq} is before the cluster's stream, which starts after seq {base} (the leader it was started from held commits up to there: start from its stored snapshot)"
+                ),
+            });
+        }
+        Ok(seq - base)
     }
 }
 
@@ -191,10 +305,11 @@ fn term_of(headers: Option<&async_nats::HeaderMap>) -> u64 {
 
 impl Backbone for JetStream {
     async fn append(&self, seq: u64, term: u64, frame: Bytes) -> Result<AckFuture, ClusterError> {
+        let stream_seq = self.stream_seq(seq)?;
         let publish = jetstream::message::PublishMessage::build()
             .payload(frame)
             .message_id(format!("{term}-{seq}"))
-            .expected_last_sequence(seq - 1);
+            .expected_last_sequence(stream_seq - 1);
         let ack = self
             .js
             .send_publish(self.subject.clone(), publish)
@@ -202,11 +317,11 @@ impl Backbone for JetStream {
             .map_err(|e| ClusterError::js("publish", e))?;
         Ok(Box::pin(async move {
             let ack = ack.await.map_err(|e| ClusterError::js("publish ack", e))?;
-            if ack.sequence != seq {
+            if ack.sequence != stream_seq {
                 return Err(ClusterError::JetStream {
                     what: "publish ack",
                     reason: format!(
-                        "commit {seq} was stored at stream sequence {}",
+                        "commit {seq} was stored at stream sequence {}, not {stream_seq}",
                         ack.sequence
                     ),
                 });
@@ -216,35 +331,55 @@ impl Backbone for JetStream {
     }
 
     async fn state(&self) -> Result<LogState, ClusterError> {
-        let info = self
-            .stream()
-            .await?
-            .get_info()
-            .await
-            .map_err(|e| ClusterError::js("stream info", e))?;
+        let info = self.info().await?;
+        let base = base_of(&info);
         let s = info.state;
         Ok(if s.messages == 0 {
             LogState {
-                first_seq: s.last_sequence + 1,
-                last_seq: s.last_sequence,
+                first_seq: base + s.last_sequence + 1,
+                last_seq: base + s.last_sequence,
             }
         } else {
             LogState {
-                first_seq: s.first_sequence,
-                last_seq: s.last_sequence,
+                first_seq: base + s.first_sequence,
+                last_seq: base + s.last_sequence,
             }
         })
     }
 
+    async fn start_after(&self, seq: u64) -> Result<(), ClusterError> {
+        let info = self.info().await?;
+        let base = base_of(&info);
+        if base == seq {
+            return Ok(());
+        }
+        if info.state.last_sequence != 0 {
+            return Err(ClusterError::Config(format!(
+                "the cluster's stream already holds commits up to seq {}: it cannot start after seq {seq}",
+                base + info.state.last_sequence
+            )));
+        }
+        let mut config = info.config;
+        config.description = Some(format!("{BASE_DESCRIPTION}{seq}"));
+        let updated = self
+            .js
+            .update_stream(&config)
+            .await
+            .map_err(|e| ClusterError::js("stream update", e))?;
+        self.base.store(base_of(&updated), Ordering::Release);
+        Ok(())
+    }
+
     async fn entry(&self, seq: u64) -> Result<Entry, ClusterError> {
+        let stream_seq = self.stream_seq(seq)?;
         let m = self
             .stream()
             .await?
-            .get_raw_message(seq)
+            .get_raw_message(stream_seq)
             .await
             .map_err(|e| ClusterError::js("message read", e))?;
         Ok(Entry {
-            seq: m.sequence,
+            seq: m.sequence + self.base(),
             term: term_of(Some(&m.headers)),
             frame: m.payload,
         })
@@ -256,7 +391,7 @@ impl Backbone for JetStream {
             .await?
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: seq,
+                    start_sequence: self.stream_seq(seq)?,
                 },
                 ..Default::default()
             })
@@ -266,12 +401,13 @@ impl Backbone for JetStream {
             .messages()
             .await
             .map_err(|e| ClusterError::js("consumer", e))?;
-        Ok(Box::pin(messages.map(|m| {
+        let base = self.base();
+        Ok(Box::pin(messages.map(move |m| {
             let m = m.map_err(|e| ClusterError::js("consumer", e))?;
-            let seq = m
-                .info()
-                .map_err(|e| ClusterError::js("message info", e))?
-                .stream_sequence;
+            let seq = base
+                + m.info()
+                    .map_err(|e| ClusterError::js("message info", e))?
+                    .stream_sequence;
             Ok(Entry {
                 seq,
                 term: term_of(m.headers.as_ref()),
@@ -338,5 +474,67 @@ impl Backbone for JetStream {
                 }),
             _ => None,
         }))
+    }
+
+    async fn put_snapshot(&self, seq: u64, path: &Path) -> Result<(), ClusterError> {
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| ClusterError::Local(format!("open {}: {e}", path.display())))?;
+        self.snapshots
+            .put(
+                object_store::ObjectMetadata {
+                    name: snapshot_name(seq),
+                    description: Some(format!("the state after commit {seq}")),
+                    chunk_size: Some(SNAPSHOT_CHUNK_BYTES),
+                    ..Default::default()
+                },
+                &mut file,
+            )
+            .await
+            .map_err(|e| ClusterError::js("snapshot store", e))?;
+        let stored = self.snapshots().await?;
+        let excess = stored.len().saturating_sub(SNAPSHOTS_STORED);
+        for old in &stored[..excess] {
+            self.snapshots
+                .delete(snapshot_name(*old))
+                .await
+                .map_err(|e| ClusterError::js("snapshot delete", e))?;
+        }
+        Ok(())
+    }
+
+    async fn snapshots(&self) -> Result<Vec<u64>, ClusterError> {
+        let mut list = self
+            .snapshots
+            .list()
+            .await
+            .map_err(|e| ClusterError::js("snapshot list", e))?;
+        let mut seqs = Vec::new();
+        while let Some(info) = list.next().await {
+            let info = info.map_err(|e| ClusterError::js("snapshot list", e))?;
+            if let Some(seq) = snapshot_seq(&info.name) {
+                seqs.push(seq);
+            }
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        Ok(seqs)
+    }
+
+    async fn fetch_snapshot(&self, seq: u64, dest: &Path) -> Result<(), ClusterError> {
+        let mut object = self
+            .snapshots
+            .get(snapshot_name(seq))
+            .await
+            .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+        let local =
+            |e: std::io::Error| ClusterError::Local(format!("write {}: {e}", dest.display()));
+        let mut file = tokio::fs::File::create(dest).await.map_err(local)?;
+        // The object's reader checks the SHA-256 digest it was stored with at its end.
+        tokio::io::copy(&mut object, &mut file)
+            .await
+            .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+        file.sync_all().await.map_err(local)?;
+        Ok(())
     }
 }

@@ -15,7 +15,10 @@
 //! - [`jetstream`]: [`JetStream`](jetstream::JetStream) and [`ClusterOptions`](jetstream::ClusterOptions).
 //! - [`leader`]: the publisher fed by the writer's rounds.
 //! - [`follower`]: position checks and the reading loop.
-//! - [`node`]: [`start`](node::start) a node as leader or follower.
+//! - [`node`]: [`prepare`](node::prepare) a node's data directory, then
+//!   [`start`](node::start) it as leader or follower.
+//! - [`snapshots`]: where a node starts — the leader's stored snapshots, a follower
+//!   started from one.
 //! - [`testkit`]: [`NatsCluster`](testkit::NatsCluster), `nats-server` processes on loopback.
 
 pub mod backbone;
@@ -23,6 +26,7 @@ pub mod follower;
 pub mod jetstream;
 pub mod leader;
 pub mod node;
+pub mod snapshots;
 pub mod testkit;
 
 mod error;

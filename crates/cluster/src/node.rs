@@ -49,6 +49,25 @@ impl Node {
     }
 }
 
+/// Prepares the data directory `dir` of a node about to join the cluster, before its core
+/// opens it: a follower whose data ends before the stream's retained commits starts from
+/// the newest stored snapshot that covers them (see [`crate::snapshots`]); with
+/// `discard_diverged`, so does one whose data does not continue the stream (its log and
+/// snapshots moved aside). A leader's directory is left as it is. Fails with [`ClusterError::NoSnapshot`] when neither the
+/// stream nor a stored snapshot covers what the follower lacks.
+pub async fn prepare(
+    dir: &std::path::Path,
+    opts: &NodeOptions,
+) -> Result<crate::snapshots::Start, ClusterError> {
+    if !opts.follower {
+        return Ok(crate::snapshots::Start::Local {
+            applied: crate::snapshots::local_position(dir)?,
+        });
+    }
+    let backbone = JetStream::connect(&opts.cluster).await?;
+    crate::snapshots::prepare_on(&backbone, dir, opts.cluster.discard_diverged).await
+}
+
 /// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)
 /// or follows (its position checked, the reading started); startup errors are returned
 /// here.
@@ -65,6 +84,7 @@ pub async fn start_on<B: Backbone>(
 ) -> Result<Node, ClusterError> {
     let (stop, stop_rx) = watch::channel(false);
     let ttl = opts.cluster.lease_ttl;
+    let cluster = opts.cluster.clone();
     if opts.follower {
         core.set_follower(backbone.holder().await?.map(|h| h.address));
         crate::follower::check_position(&*backbone, &core, false).await?;
@@ -83,6 +103,14 @@ pub async fn start_on<B: Backbone>(
                         seq,
                         "took the leader lease: leading"
                     );
+                    tokio::spawn(crate::snapshots::keep_storing(
+                        backbone.clone(),
+                        core.clone(),
+                        lease.holder.term,
+                        seq,
+                        cluster,
+                        stop_rx.clone(),
+                    ));
                     hold_lease(backbone, core, lease, ttl, stop_rx).await
                 }
             }
@@ -90,6 +118,10 @@ pub async fn start_on<B: Backbone>(
         return Ok(Node { stop, task });
     }
     let lease = backbone.acquire_lease(&opts.address).await?;
+    if let Err(e) = start_stream_after_local_data(&*backbone, &core).await {
+        core.set_follower(None);
+        return Err(e);
+    }
     let applied = match crate::follower::check_position(&*backbone, &core, true).await {
         Ok(applied) => applied,
         Err(e) => {
@@ -106,8 +138,35 @@ pub async fn start_on<B: Backbone>(
         core.replication_failed(reason.clone());
         return Err(ClusterError::Core(reason));
     }
+    tokio::spawn(crate::snapshots::keep_storing(
+        backbone.clone(),
+        core.clone(),
+        lease.holder.term,
+        seq,
+        cluster,
+        stop_rx.clone(),
+    ));
     let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
     Ok(Node { stop, task })
+}
+
+/// A leader that holds commits when the cluster's log was never written (a database
+/// moving into a cluster): the log starts after them, and the leader's snapshot of them,
+/// stored when it starts leading, is where every follower starts.
+async fn start_stream_after_local_data<B: Backbone>(
+    backbone: &B,
+    core: &Core,
+) -> Result<(), ClusterError> {
+    let applied = core.db().seq;
+    let state = backbone.state().await?;
+    if applied > 0 && state.last_seq == 0 {
+        backbone.start_after(applied).await?;
+        tracing::info!(
+            applied,
+            "the cluster's log was new: it starts after this leader's commits"
+        );
+    }
+    Ok(())
 }
 
 /// Renews the leader lease every third of its time to live until stopped; a renewal that

@@ -360,6 +360,17 @@ struct ServeArgs {
     /// Bytes the cluster's stream keeps.
     #[arg(long, default_value_t = 1 << 30)]
     cluster_retain_bytes: i64,
+    /// The leader stores a snapshot in the cluster's object store every N commits (and
+    /// when it starts leading), so followers behind the retained stream can start from
+    /// one; 0: never. Default: a quarter of --cluster-retain-commits.
+    #[arg(long, value_name = "N")]
+    cluster_snapshot_commits: Option<u64>,
+    /// With --follower: if this node's data does not continue the cluster's stream (a
+    /// deposed leader's unreplicated commits), move its log and snapshots aside into
+    /// `displaced-…/` in the data directory and start from the cluster's snapshot, instead
+    /// of refusing to start.
+    #[arg(long, requires = "follower")]
+    discard_diverged: bool,
     /// The leader lease's time to live in ms: a leader silent this long is replaced.
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
@@ -572,6 +583,34 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     runtime.block_on(async move {
         let data = config.data_dir.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let node_options = args.cluster.as_ref().map(|urls| {
+            let mut cluster = sluice_cluster::ClusterOptions::new(urls.clone());
+            cluster.database = args.cluster_database.clone();
+            cluster.replicas = args.cluster_replicas;
+            cluster.retain_commits = args.cluster_retain_commits;
+            cluster.retain_bytes = args.cluster_retain_bytes;
+            cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
+            cluster.snapshot_commits = args.cluster_snapshot_commits;
+            cluster.discard_diverged = args.discard_diverged;
+            sluice_cluster::NodeOptions {
+                cluster,
+                follower: args.follower,
+                address: args
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| base_url(scheme, args.listen)),
+                takeover: !args.no_takeover,
+            }
+        });
+        if let Some(opts) = &node_options {
+            // A follower whose data ends before the stream's retained commits starts from
+            // the cluster's newest stored snapshot (fetched into the data directory).
+            let start = sluice_cluster::node::prepare(&data, opts)
+                .await
+                .context("cannot join the cluster")?;
+            tracing::info!(?start, "where this node starts");
+        }
         let core = tokio::task::spawn_blocking(move || Core::open(config))
             .await?
             .with_context(|| format!("cannot open data directory {}", data.display()))?;
@@ -589,31 +628,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!("truncated a torn log tail: {torn}");
         }
         // Joined before listening: a node that cannot join never answers requests.
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let _node = match &args.cluster {
-            None => None,
-            Some(urls) => {
-                let mut cluster = sluice_cluster::ClusterOptions::new(urls.clone());
-                cluster.database = args.cluster_database.clone();
-                cluster.replicas = args.cluster_replicas;
-                cluster.retain_commits = args.cluster_retain_commits;
-                cluster.retain_bytes = args.cluster_retain_bytes;
-                cluster.lease_ttl = std::time::Duration::from_millis(args.lease_ms);
-                let address = args
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| base_url(scheme, args.listen));
-                let node = sluice_cluster::node::start(
-                    core.clone(),
-                    sluice_cluster::NodeOptions {
-                        cluster,
-                        follower: args.follower,
-                        address: address.clone(),
-                        takeover: !args.no_takeover,
-                    },
-                )
-                .await
-                .context("cannot join the cluster")?;
+        let _node = match (&args.cluster, node_options) {
+            (Some(urls), Some(opts)) => {
+                let address = opts.address.clone();
+                let node = sluice_cluster::node::start(core.clone(), opts)
+                    .await
+                    .context("cannot join the cluster")?;
                 let role = if args.follower { "follower" } else { "leader" };
                 tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
                 // The node's task ends only when it cannot go on (a follower that cannot
@@ -625,6 +645,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     }
                 }))
             }
+            _ => None,
         };
         let signalled = shutdown_signal().context("cannot install the SIGINT/SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -238,3 +238,93 @@ pub async fn ddl(core: &Core, sql: &str) {
         .await
         .expect("the DDL applies");
 }
+
+/// Prepares `dir` as a follower's data directory ([`sluice_cluster::node::prepare`]: a
+/// snapshot from the object store when the stream no longer holds what it lacks), then
+/// starts the follower on it.
+pub async fn start_prepared_follower(
+    dir: &Path,
+    cluster: ClusterOptions,
+) -> Result<(sluice_cluster::snapshots::Start, TestNode), sluice_cluster::ClusterError> {
+    let start = sluice_cluster::node::prepare(
+        dir,
+        &NodeOptions {
+            cluster: cluster.clone(),
+            follower: true,
+            address: String::new(),
+            takeover: false,
+        },
+    )
+    .await?;
+    let node = start_node(dir, cluster, true).await?;
+    Ok((start, node))
+}
+
+/// The cluster's log as a test sees it (its own connection).
+pub async fn backbone(cluster: &ClusterOptions) -> sluice_cluster::jetstream::JetStream {
+    sluice_cluster::jetstream::JetStream::connect(cluster)
+        .await
+        .expect("connect to the cluster's log")
+}
+
+/// Waits until the object store holds a snapshot of at least `seq` (bounded).
+pub async fn wait_stored_snapshot(cluster: &ClusterOptions, seq: u64) -> u64 {
+    use sluice_cluster::backbone::Backbone;
+    let log = backbone(cluster).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stored = log.snapshots().await.expect("list the stored snapshots");
+        if let Some(&newest) = stored.last().filter(|&&s| s >= seq) {
+            return newest;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no stored snapshot of seq {seq} or later: {stored:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts `follower` holds exactly the leader's state at seq `last`: the same rows of
+/// `table`, and a changelog that is the leader's from its own horizon on (every seq, the
+/// same encoded commits).
+pub async fn assert_same_state(leader: &Core, follower: &Core, table: &str, last: u64, name: &str) {
+    wait_confirmed(follower, last, name).await;
+    assert_eq!(
+        follower.db().seq,
+        last,
+        "{name} applied exactly the leader's commits"
+    );
+    assert_eq!(
+        dump(follower, table).await,
+        dump(leader, table).await,
+        "{name}'s rows"
+    );
+    let theirs = changelog(follower);
+    let ours = changelog(leader);
+    if theirs.is_empty() {
+        // Started from a snapshot of the last commit: nothing to compare yet.
+        assert_eq!(
+            follower.db().changelog.horizon(),
+            last,
+            "{name}'s changelog"
+        );
+        return;
+    }
+    let first = theirs[0].0;
+    let seqs: Vec<u64> = theirs.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        (first..=last).collect::<Vec<_>>(),
+        "{name}'s changelog seqs are dense up to the last commit"
+    );
+    for (seq, bytes) in &theirs {
+        if let Some((_, mine)) = ours.iter().find(|(s, _)| s == seq) {
+            assert_eq!(bytes, mine, "{name}'s commit {seq}");
+        }
+    }
+    assert!(
+        ours.iter().any(|(s, _)| *s == last),
+        "the leader's changelog holds the last commit"
+    );
+}
