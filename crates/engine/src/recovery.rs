@@ -78,7 +78,8 @@ pub struct Recovered {
 pub struct RecoveryPhases {
     /// Loading the snapshot (reading, checking, decoding, building tables).
     pub snapshot: Duration,
-    /// Reading segments and checking their frames and seq chain.
+    /// Waiting for segments to be read and their frames and seq chain checked (pass 2's
+    /// reader thread runs one segment ahead, so this is only what it does not hide).
     pub read_check: Duration,
     /// Decoding the commits at or before the snapshot into the changelog window.
     pub window: Duration,
