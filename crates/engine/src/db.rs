@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
+use crate::bulk::{PendingWrite, PendingWrites};
 use crate::changelog::Changelog;
 use crate::error::{ErrorCode, TxError};
 use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
@@ -727,77 +728,48 @@ impl Db {
     /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
     pub fn finish_bulk(&mut self, bulk: &mut BulkLoad) {
         for (name, state) in std::mem::take(&mut bulk.tables) {
-            let BulkTable::Pending(mut writes) = state else {
+            let BulkTable::Pending(writes) = state else {
                 continue;
             };
             // Each key's writes in log order (seq, then place in the commit): the last one
-            // is the row, and each write's before-image is the one before it. Sorted in
-            // parts (on as many threads when there are many writes; an unstable sort needs
-            // no scratch memory), then merged straight into the row map's chunks — no
-            // second `Vec` of every row.
-            let order = |a: &PendingWrite, b: &PendingWrite| {
-                (&a.key, a.seq, a.change).cmp(&(&b.key, b.seq, b.change))
-            };
-            let parts = bulk_sort_parts(writes.len());
-            let part_len = writes.len().div_ceil(parts).max(1);
-            if writes.len() >= BULK_PARALLEL_SORT_MIN {
-                std::thread::scope(|scope| {
-                    for part in writes.chunks_mut(part_len) {
-                        scope.spawn(move || part.sort_unstable_by(order));
-                    }
-                });
-            } else {
-                for part in writes.chunks_mut(part_len) {
-                    part.sort_unstable_by(order);
-                }
-            }
-            // Each part's next unmerged write (start, end).
-            let mut cursors: Vec<(usize, usize)> = (0..writes.len())
-                .step_by(part_len)
-                .map(|start| (start, (start + part_len).min(writes.len())))
-                .collect();
+            // is the row, and each write's before-image is the one before it. Merged from
+            // blocks sorted as they filled straight into the row map's chunks — no second
+            // `Vec` of every row (see `crate::bulk`).
             let mut rows = crate::cow::CowMapBuilder::with_capacity(writes.len());
             // The previous write in merged order (the last one of its key so far).
-            let mut prev: Option<usize> = None;
-            loop {
-                let next = cursors
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (at, end))| at < end)
-                    .min_by(|(_, (a, _)), (_, (b, _))| order(&writes[*a], &writes[*b]))
-                    .map(|(c, _)| c);
-                let at = next.map(|c| {
-                    cursors[c].0 += 1;
-                    cursors[c].0 - 1
-                });
-                if let Some(p) = prev {
-                    if at.is_some_and(|i| writes[i].key == writes[p].key) {
-                        let i = at.expect("checked");
-                        let old = writes[p].values.clone();
-                        if old.is_some() {
-                            self.changelog.set_old(writes[i].seq, writes[i].change, old);
+            let mut prev: Option<PendingWrite> = None;
+            for write in writes.into_sorted() {
+                if let Some(p) = prev.take() {
+                    if write.key == p.key {
+                        if p.values.is_some() {
+                            self.changelog.set_old(write.seq, write.change, p.values);
                         }
-                    } else {
-                        // `p` was its key's last write: its row, unless it deleted it.
-                        let last = &mut writes[p];
-                        if let Some(values) = last.values.take() {
-                            rows.push(
-                                std::mem::replace(&mut last.key, Key::Int(0)),
-                                RowEntry {
-                                    values,
-                                    version: last.version,
-                                    seq: last.seq,
-                                },
-                            );
-                        }
+                    } else if let Some(values) = p.values {
+                        // `p` was its key's last write: its row (it did not delete it).
+                        rows.push(
+                            p.key,
+                            RowEntry {
+                                values,
+                                version: p.version,
+                                seq: p.seq,
+                            },
+                        );
                     }
                 }
-                match at {
-                    Some(i) => prev = Some(i),
-                    None => break,
+                prev = Some(write);
+            }
+            if let Some(p) = prev {
+                if let Some(values) = p.values {
+                    rows.push(
+                        p.key,
+                        RowEntry {
+                            values,
+                            version: p.version,
+                            seq: p.seq,
+                        },
+                    );
                 }
             }
-            drop(writes);
             self.tables
                 .get_mut(&name)
                 .expect("tables change only at schema commits, which flush first")
@@ -909,7 +881,7 @@ impl Db {
                         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                         std::collections::btree_map::Entry::Vacant(e) => {
                             e.insert(if table.rows.is_empty() {
-                                BulkTable::Pending(Vec::new())
+                                BulkTable::Pending(PendingWrites::new())
                             } else {
                                 BulkTable::Off
                             })
@@ -973,22 +945,6 @@ impl Db {
     }
 }
 
-/// Held-back writes from which [`Db::finish_bulk`] sorts parts on threads of their own.
-const BULK_PARALLEL_SORT_MIN: usize = 1 << 16;
-
-/// How many parts [`Db::finish_bulk`] sorts `n` writes in before merging them: one per
-/// available core (at most 4) when sorted on threads, else two from a few writes up (so the
-/// merge is exercised by small workloads too).
-fn bulk_sort_parts(n: usize) -> usize {
-    if n >= BULK_PARALLEL_SORT_MIN {
-        std::thread::available_parallelism().map_or(1, |p| p.get().clamp(1, 4))
-    } else if n >= 8 {
-        2
-    } else {
-        1
-    }
-}
-
 /// Rows that [`Db::replay_bulk`] holds back, by table.
 #[derive(Default)]
 pub struct BulkLoad {
@@ -998,20 +954,9 @@ pub struct BulkLoad {
 enum BulkTable {
     /// The table was empty at its first replayed write: its writes since, in log order,
     /// not yet in the table.
-    Pending(Vec<PendingWrite>),
+    Pending(PendingWrites),
     /// Writes go to the table one by one.
     Off,
-}
-
-/// A write held back by [`Db::replay_bulk`].
-struct PendingWrite {
-    key: Key,
-    /// `None`: a delete.
-    values: Option<Arc<[Value]>>,
-    version: u64,
-    seq: u64,
-    /// Its index among its commit's changes (whose before-image is set at the build).
-    change: usize,
 }
 
 /// A commit as decoded from bytes, before it is applied.

@@ -17,6 +17,7 @@
 //! - [`codec`]: bytes of log records and snapshot frames.
 //! - [`recovery`]: load the newest valid snapshot, replay the tail, verify a directory.
 
+mod bulk;
 pub mod changelog;
 pub mod codec;
 pub mod cow;

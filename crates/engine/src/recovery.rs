@@ -78,7 +78,8 @@ pub struct Recovered {
 pub struct RecoveryPhases {
     /// Loading the snapshot (reading, checking, decoding, building tables).
     pub snapshot: Duration,
-    /// Reading segments and checking their frames and seq chain.
+    /// Waiting for segments to be read and their frames and seq chain checked (pass 2's
+    /// reader thread runs one segment ahead, so this is only what it does not hide).
     pub read_check: Duration,
     /// Decoding the commits at or before the snapshot into the changelog window.
     pub window: Duration,
@@ -261,8 +262,10 @@ fn recover_from(
     // are replayed. An error while decoding or applying is reported only once every later
     // segment passed its checks too (damage found by the checks comes first, as it is the
     // likelier cause), so recovery reports what a check-everything-first pass would.
+    // Reading and checking run one segment ahead on a thread of their own (two buffers
+    // take turns), so the next segment's read overlaps this one's decode and apply.
+    drop(buf);
     let threads = decode_threads();
-    let mut chain = SeqChain::new(db.seq);
     let mut frames_read = 0u64;
     let mut replayed = 0u64;
     let mut replayed_bytes = 0u64;
@@ -270,94 +273,129 @@ fn recover_from(
     let mut window = WindowSchemas::default();
     let mut bulk = BulkLoad::default();
     let mut failed: Option<RecoveryError> = None;
-    let mut frames: Vec<FrameRef> = Vec::new();
-    for (i, seg) in segments.iter().enumerate() {
-        frames.clear();
-        let t = Instant::now();
-        let end = scan_segment(
-            seg,
-            i + 1 == segments.len(),
-            &mut buf,
-            &mut chain,
-            opts,
-            |f| frames.push(f),
-        )?;
-        phases.read_check += t.elapsed();
-        if let Some(torn) = end {
-            torn_tail = Some(torn);
+    let chain_prev = std::thread::scope(|scope| -> Result<Option<u64>, RecoveryError> {
+        let (to_main, from_reader) =
+            std::sync::mpsc::sync_channel::<Result<ScannedSegment, RecoveryError>>(SEGMENT_BUFFERS);
+        let (to_reader, spare_buffers) = std::sync::mpsc::channel::<Vec<u8>>();
+        for _ in 0..SEGMENT_BUFFERS {
+            to_reader.send(Vec::new()).expect("the receiver is here");
         }
-        frames_read += frames.len() as u64;
-        if failed.is_some() {
-            continue;
-        }
-        let first_wanted = frames.partition_point(|f| f.seq < window_start);
-        let first_replayed = frames.partition_point(|f| f.seq <= db.seq);
-        let corrupt = |f: &FrameRef, reason: String| RecoveryError::Corrupt {
-            path: seg.path.clone(),
-            offset: f.offset,
-            reason,
-        };
-        let bytes = &buf[..];
-        // The window: decoded against the loaded state (rows it holds are shared, not
-        // copied), pushed to the changelog in order.
-        let window_frames = &frames[first_wanted.min(first_replayed)..first_replayed];
-        let tables = &db.tables;
-        let changelog = &mut db.changelog;
-        let t = Instant::now();
-        let applied = decode_in_order(
-            window_frames,
-            REPLAY_DECODE_BATCH_FRAMES,
-            threads,
-            |f| decode_commit_sharing(&bytes[f.payload.clone()], tables),
-            |f, decoded| {
-                let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
-                if !changelog_started {
-                    changelog.reset_to(seq - 1);
-                    changelog_started = true;
+        let segments = &segments;
+        let mut chain = SeqChain::new(db.seq);
+        let reader = scope.spawn(move || {
+            for (i, seg) in segments.iter().enumerate() {
+                // No buffer comes back once recovery stopped.
+                let Ok(mut buf) = spare_buffers.recv() else {
+                    break;
+                };
+                let mut frames = Vec::new();
+                let scanned = scan_segment(
+                    seg,
+                    i + 1 == segments.len(),
+                    &mut buf,
+                    &mut chain,
+                    opts,
+                    |f| frames.push(f),
+                )
+                .map(|torn| ScannedSegment { buf, frames, torn });
+                let stop = scanned.is_err();
+                if to_main.send(scanned).is_err() || stop {
+                    break;
                 }
-                changelog.push(Arc::new(window.rebuild(tables, seq, body)));
-                Ok(())
-            },
-        )
-        .and_then(|()| {
-            phases.window += t.elapsed();
+            }
+            chain.prev
+        });
+        for seg in segments {
             let t = Instant::now();
-            let replay = decode_in_order(
-                &frames[first_replayed.max(first_wanted)..],
+            let scanned = from_reader
+                .recv()
+                .expect("the reader sends every segment until its first error")?;
+            phases.read_check += t.elapsed();
+            let ScannedSegment {
+                buf,
+                frames,
+                torn: end,
+            } = scanned;
+            if let Some(torn) = end {
+                torn_tail = Some(torn);
+            }
+            frames_read += frames.len() as u64;
+            if failed.is_some() {
+                let _ = to_reader.send(buf);
+                continue;
+            }
+            let first_wanted = frames.partition_point(|f| f.seq < window_start);
+            let first_replayed = frames.partition_point(|f| f.seq <= db.seq);
+            let corrupt = |f: &FrameRef, reason: String| RecoveryError::Corrupt {
+                path: seg.path.clone(),
+                offset: f.offset,
+                reason,
+            };
+            let bytes = &buf[..];
+            // The window: decoded against the loaded state (rows it holds are shared, not
+            // copied), pushed to the changelog in order.
+            let window_frames = &frames[first_wanted.min(first_replayed)..first_replayed];
+            let tables = &db.tables;
+            let changelog = &mut db.changelog;
+            let t = Instant::now();
+            let applied = decode_in_order(
+                window_frames,
                 REPLAY_DECODE_BATCH_FRAMES,
                 threads,
-                |f| decode_commit(&bytes[f.payload.clone()]),
+                |f| decode_commit_sharing(&bytes[f.payload.clone()], tables),
                 |f, decoded| {
                     let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
                     if !changelog_started {
-                        db.changelog.reset_to(seq - 1);
+                        changelog.reset_to(seq - 1);
                         changelog_started = true;
                     }
-                    db.replay_bulk(seq, body, &mut bulk)
-                        .map_err(|r| corrupt(f, r))?;
-                    if seq > base_seq {
-                        replayed += 1;
-                        replayed_bytes +=
-                            (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
-                    }
+                    changelog.push(Arc::new(window.rebuild(tables, seq, body)));
                     Ok(())
                 },
-            );
-            phases.replay += t.elapsed();
-            replay
-        });
-        if let Err(e) = applied {
-            failed = Some(e);
+            )
+            .and_then(|()| {
+                phases.window += t.elapsed();
+                let t = Instant::now();
+                let replay = decode_in_order(
+                    &frames[first_replayed.max(first_wanted)..],
+                    REPLAY_DECODE_BATCH_FRAMES,
+                    threads,
+                    |f| decode_commit(&bytes[f.payload.clone()]),
+                    |f, decoded| {
+                        let (seq, body) = decoded.map_err(|r| corrupt(f, r))?;
+                        if !changelog_started {
+                            db.changelog.reset_to(seq - 1);
+                            changelog_started = true;
+                        }
+                        db.replay_bulk(seq, body, &mut bulk)
+                            .map_err(|r| corrupt(f, r))?;
+                        if seq > base_seq {
+                            replayed += 1;
+                            replayed_bytes +=
+                                (f.payload.len() + sluice_log::frame::FRAME_HEADER_BYTES) as u64;
+                        }
+                        Ok(())
+                    },
+                );
+                phases.replay += t.elapsed();
+                replay
+            });
+            if let Err(e) = applied {
+                failed = Some(e);
+            }
+            // Back to the reader (which has stopped if this was the last segment).
+            let _ = to_reader.send(buf);
         }
-    }
-    drop(buf);
+        drop(to_reader);
+        Ok(reader.join().expect("the segment reader does not panic"))
+    })?;
     if let Some(e) = failed {
         return Err(e);
     }
     let t = Instant::now();
     db.finish_bulk(&mut bulk);
     phases.build = t.elapsed();
-    if let Some(last) = chain.prev {
+    if let Some(last) = chain_prev {
         if last < base_seq.max(db.seq) {
             return Err(RecoveryError::Inconsistent(format!(
                 "the log ends at seq {last}, before the snapshot's seq {}",
@@ -565,6 +603,18 @@ const REPLAY_DECODE_BATCH_FRAMES: usize = 32;
 const REPLAY_DECODE_BATCHES_AHEAD: usize = 4;
 /// Most threads decoding frames at once.
 const DECODE_THREADS_MAX: usize = 4;
+
+/// Segment buffers the reader and the decoders take turns with: the reader fills one while
+/// the other's frames are decoded and applied (two segments in memory at most).
+const SEGMENT_BUFFERS: usize = 2;
+
+/// A segment read and checked by the reader thread of [`recover_from`].
+struct ScannedSegment {
+    buf: Vec<u8>,
+    frames: Vec<FrameRef>,
+    /// The torn tail it cut, if any (only the newest segment may have one).
+    torn: Option<String>,
+}
 
 /// Where a checked frame lies in its segment.
 struct FrameRef {

@@ -38,6 +38,32 @@ pub fn encode_into(out: &mut Vec<u8>, payload: &[u8]) -> Result<(), LogError> {
     Ok(())
 }
 
+/// Appends one frame whose payload `write` appends to `out` in place — the bytes
+/// [`encode_into`] appends for that payload, without first building the payload in a
+/// buffer of its own and copying it (the writer encodes each commit straight into the
+/// round's frame buffer). A payload over [`FRAME_PAYLOAD_BYTES_MAX`] is refused and `out`
+/// is left as it was.
+pub fn encode_with(out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), LogError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+    write(out);
+    let payload_start = start + FRAME_HEADER_BYTES;
+    let len = out.len() - payload_start;
+    if len > FRAME_PAYLOAD_BYTES_MAX {
+        out.truncate(start);
+        return Err(LogError::FrameTooLarge {
+            len,
+            max: FRAME_PAYLOAD_BYTES_MAX,
+        });
+    }
+    let checksum = xxh3_64(&out[payload_start..]);
+    let len = len as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&(!len).to_le_bytes());
+    out[start + 8..payload_start].copy_from_slice(&checksum.to_le_bytes());
+    Ok(())
+}
+
 /// What [`decode`] found at an offset.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decoded<'a> {
@@ -100,6 +126,38 @@ mod tests {
         };
         assert_eq!(payload, b"");
         assert_eq!(decode(&buf, next), Decoded::End);
+    }
+
+    #[test]
+    fn encode_with_appends_the_bytes_encode_into_does() {
+        let mut lens: Vec<usize> = (0..300).collect();
+        lens.extend([4095, 4096, 65_537]);
+        for (i, len) in lens.into_iter().enumerate() {
+            let payload: Vec<u8> = (0..len).map(|b| (b * 31 + i) as u8).collect();
+            // After some earlier frames, as in the writer's round buffer.
+            let mut before = Vec::new();
+            encode_into(&mut before, b"earlier").unwrap();
+            let (mut copied, mut in_place) = (before.clone(), before.clone());
+            encode_into(&mut copied, &payload).unwrap();
+            encode_with(&mut in_place, |out| out.extend_from_slice(&payload)).unwrap();
+            assert!(copied == in_place, "payload of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn encode_with_refuses_a_payload_over_the_limit_and_leaves_the_buffer() {
+        let mut out = Vec::new();
+        encode_into(&mut out, b"kept").unwrap();
+        let kept = out.clone();
+        let err = encode_with(&mut out, |o| {
+            o.resize(o.len() + FRAME_PAYLOAD_BYTES_MAX + 1, 7)
+        });
+        assert!(matches!(
+            err,
+            Err(LogError::FrameTooLarge { len, max })
+                if len == FRAME_PAYLOAD_BYTES_MAX + 1 && max == FRAME_PAYLOAD_BYTES_MAX
+        ));
+        assert_eq!(out, kept);
     }
 
     #[test]

@@ -245,7 +245,7 @@ pub(crate) fn render(core: &Core) -> String {
         ("snapshot", "loading the snapshot", r.phases.snapshot),
         (
             "read_check",
-            "reading segments and checking their frames",
+            "waiting for segments to be read and their frames checked (a reader thread runs one segment ahead)",
             r.phases.read_check,
         ),
         (

@@ -253,7 +253,6 @@ pub(crate) struct Writer {
     frames: Vec<u8>,
     /// Each commit's seq and frame in `frames` (for the cluster's replicator).
     frame_ranges: Vec<(u64, std::ops::Range<usize>)>,
-    payload: Vec<u8>,
     /// This round's commits, for the live-query thread.
     published: Vec<Arc<Commit>>,
     /// Snapshot requests that arrived while the snapshot thread was busy; served by the
@@ -327,7 +326,6 @@ impl Writer {
                 log_bytes_since_snapshot,
                 frames: Vec::new(),
                 frame_ranges: Vec::new(),
-                payload: Vec::new(),
                 published: Vec::new(),
                 snapshot_waiting: Vec::new(),
                 // Due at once: the first tick after a restart expires what aged meanwhile.
@@ -718,12 +716,11 @@ impl Writer {
 
     fn log_commit(&mut self, commit: &Arc<Commit>) {
         self.published.push(commit.clone());
-        self.payload.clear();
-        encode_commit(commit, &mut self.payload);
         let start = self.frames.len();
+        // Encoded straight into the round's frame buffer (no payload buffer copied in).
         // Every transaction is bounded by `commit_bytes_max` (≤ COMMIT_BYTES_MAX_CEILING, well
         // inside a frame) while it is built, and DDL by the request body limit.
-        frame::encode_into(&mut self.frames, &self.payload)
+        frame::encode_with(&mut self.frames, |out| encode_commit(commit, out))
             .expect("commit_bytes_max keeps every commit inside one log frame");
         self.frame_ranges
             .push((commit.seq, start..self.frames.len()));
