@@ -24,6 +24,7 @@
 
 pub mod checksum;
 pub mod chunked;
+mod compact;
 pub mod engine;
 pub mod fold;
 pub mod operator;
