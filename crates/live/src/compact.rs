@@ -115,6 +115,68 @@ impl IdleQueue {
     }
 }
 
+/// A view's subscribers: almost always exactly one, held inline (16 bytes, no allocation);
+/// a `Vec` was 24 bytes plus an allocation for the one id.
+#[derive(Debug, Default)]
+pub(crate) enum Subs {
+    #[default]
+    None,
+    One(u64),
+    #[allow(clippy::box_collection)] // inline, the Vec would make every view's list 32 bytes
+    Many(Box<Vec<u64>>),
+}
+
+impl Subs {
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        match self {
+            Subs::None => &[],
+            Subs::One(id) => std::slice::from_ref(id),
+            Subs::Many(ids) => ids,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    pub(crate) fn push(&mut self, id: u64) {
+        match self {
+            Subs::None => *self = Subs::One(id),
+            Subs::One(first) => *self = Subs::Many(Box::new(vec![*first, id])),
+            Subs::Many(ids) => ids.push(id),
+        }
+    }
+
+    /// Removes every occurrence of `id`, keeping the others in order.
+    pub(crate) fn remove(&mut self, id: u64) {
+        match self {
+            Subs::None => {}
+            Subs::One(only) => {
+                if *only == id {
+                    *self = Subs::None;
+                }
+            }
+            Subs::Many(ids) => {
+                ids.retain(|&i| i != id);
+                match ids[..] {
+                    [] => *self = Subs::None,
+                    [only] => *self = Subs::One(only),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Subs {
+    type Item = &'a u64;
+    type IntoIter = std::slice::Iter<'a, u64>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +232,29 @@ mod tests {
                 }
             }
             assert_eq!(index.len(), keys.len());
+        }
+    }
+
+    /// Subscriber lists against a `Vec` over random pushes and removes.
+    #[test]
+    fn subs_match_a_vec() {
+        assert_eq!(std::mem::size_of::<Subs>(), 16);
+        let mut subs = Subs::default();
+        let mut model: Vec<u64> = Vec::new();
+        for step in 0..20_000u64 {
+            let r = mix(step);
+            let id = (r >> 8) % 6;
+            if r % 2 == 0 {
+                subs.push(id);
+                model.push(id);
+            } else {
+                subs.remove(id);
+                model.retain(|&i| i != id);
+            }
+            assert_eq!(subs.as_slice(), &model[..], "step {step}");
+            assert_eq!(subs.is_empty(), model.is_empty());
+            assert_eq!(matches!(subs, Subs::Many(_)), model.len() > 1);
+            assert_eq!((&subs).into_iter().count(), model.len());
         }
     }
 

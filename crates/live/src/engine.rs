@@ -18,7 +18,7 @@ use crate::view::Materialized;
 use crate::Limits;
 
 pub type SubId = u64;
-use crate::compact::{IdleQueue, QueryIndex, ViewId};
+use crate::compact::{IdleQueue, QueryIndex, Subs, ViewId};
 
 /// A subscription request.
 #[derive(Clone, Debug)]
@@ -100,8 +100,8 @@ struct View {
     /// view has published a diff (most idle views never have).
     history: Option<Box<History>>,
     history_from: u64,
-    /// Almost always one or a few: a `Vec` costs one small allocation.
-    subs: Vec<SubId>,
+    /// Almost always one: held inline then ([`Subs`]).
+    subs: Subs,
     /// How many of `subs` coalesce (have a [`Fold`]): 0 for almost every view, which then
     /// publishes without looking any subscriber up.
     folding: u32,
@@ -116,13 +116,14 @@ struct History {
 }
 
 /// How commits find a view.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Route {
     /// Every change to the view's tables.
     Tables,
-    /// Changes to the view's one table whose old or new row has `value` at `column` (a
-    /// `column = value` conjunct of the view's `WHERE`).
-    Equal { column: u32, value: Value },
+    /// Changes to the view's one table whose old or new row has a value at a column (a
+    /// `column = value` conjunct of the view's `WHERE`): both found again from the shape and
+    /// the parameters ([`equality_route`]) rather than kept in every view.
+    Equal,
 }
 
 #[derive(Default)]
@@ -539,13 +540,8 @@ impl Live {
         );
         mat.types = shape.types.clone();
         mat.load(rows);
-        let route = match (&op, equality_route(&shape, &params)) {
-            (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {
-                Route::Equal {
-                    column: u32::try_from(column).expect("a column index fits in u32"),
-                    value,
-                }
-            }
+        let route = match (&op, &shape.route) {
+            (Operator::Filter { .. } | Operator::Aggregate { .. }, Some(_)) => Route::Equal,
             _ => Route::Tables,
         };
         Ok(View {
@@ -556,7 +552,7 @@ impl Live {
             seq,
             history: None,
             history_from: seq,
-            subs: Vec::new(),
+            subs: Subs::default(),
             folding: 0,
             idle_since: Some(Instant::now()),
             route,
@@ -567,25 +563,34 @@ impl Live {
         match &view.route {
             Route::Tables => {
                 for t in &view.shape.tables {
-                    self.routes.entry(t.clone()).or_default().all.insert(id);
+                    self.table_routes(t).all.insert(id);
                 }
             }
-            Route::Equal { column, value } => {
+            Route::Equal => {
+                let (column, value) =
+                    equality_route(&view.shape, &view.params).expect("a routed shape");
                 let by_value = self
-                    .routes
-                    .entry(view.shape.plan.select.sources[0].schema.name.clone())
-                    .or_default()
+                    .table_routes(&view.shape.plan.select.sources[0].schema.name)
                     .equal
-                    .entry(*column as usize)
+                    .entry(column)
                     .or_default();
-                match by_value.get_mut(value) {
+                match by_value.get_mut(&value) {
                     Some(ids) => ids.add(id),
                     None => {
-                        by_value.insert(value.clone(), Ids::One(id));
+                        by_value.insert(value, Ids::One(id));
                     }
                 }
             }
         }
+    }
+
+    /// The routes of `table`, registered on first use (without copying its name on every
+    /// subscribe, as `entry` would).
+    fn table_routes(&mut self, table: &str) -> &mut TableRoutes {
+        if !self.routes.contains_key(table) {
+            self.routes.insert(table.to_string(), TableRoutes::default());
+        }
+        self.routes.get_mut(table).expect("inserted")
     }
 
     fn remove_routes(&mut self, id: ViewId, view: &View) {
@@ -597,13 +602,14 @@ impl Live {
                     }
                 }
             }
-            Route::Equal { column, value } => {
+            Route::Equal => {
+                let (column, value) =
+                    equality_route(&view.shape, &view.params).expect("a routed shape");
                 let table = &view.shape.plan.select.sources[0].schema.name;
                 if let Some(r) = self.routes.get_mut(table) {
-                    let column = *column as usize;
                     if let Some(by_value) = r.equal.get_mut(&column) {
-                        if by_value.get_mut(value).is_some_and(|ids| ids.remove(id)) {
-                            by_value.remove(value);
+                        if by_value.get_mut(&value).is_some_and(|ids| ids.remove(id)) {
+                            by_value.remove(&value);
                         }
                         if by_value.is_empty() {
                             r.equal.remove(&column);
@@ -619,7 +625,7 @@ impl Live {
             sink.close();
             let folded = self.folds.remove(&sub).is_some();
             if let Some(view) = self.views.get_mut(&view_id) {
-                view.subs.retain(|&s| s != sub);
+                view.subs.remove(sub);
                 view.folding -= u32::from(folded);
                 if view.subs.is_empty() {
                     let now = Instant::now();
@@ -1078,8 +1084,9 @@ mod tests {
             size_of::<Sink>(),
         );
         assert_eq!(size_of::<Ids>(), 16);
-        assert!(size_of::<Route>() <= 32);
-        assert!(size_of::<View>() <= 304, "View is {} bytes", size_of::<View>());
+        assert_eq!(size_of::<Route>(), 1);
+        assert_eq!(size_of::<Operator>(), 16);
+        assert!(size_of::<View>() <= 240, "View is {} bytes", size_of::<View>());
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub struct Event {
 impl Event {
     /// The body with `"type"` and `"qid"` members first (the WebSocket form).
     pub fn with_qid(&self, qid: &serde_json::Value) -> String {
+        self.with_qid_text(&qid.to_string())
+    }
+
+    /// [`Event::with_qid`] with the qid as JSON text.
+    pub fn with_qid_text(&self, qid: &str) -> String {
         let rest = self.json.strip_prefix('{').unwrap_or(&self.json);
         let sep = if rest.starts_with('}') { "" } else { "," };
         format!(

@@ -8,6 +8,12 @@
 //! its suspended future — cost more than the rest of the subscription (the view's share, the
 //! sink, the registry entries), and spawning one per `subscribe` capped the subscribe rate.
 //! A subscription here costs its sink, an entry in the task's map and a [`Forwarded`] handle.
+//!
+//! The task's entry is lean ([`Entry`]: the qid's text, the live id and the sink — 32 bytes): the
+//! connection's `Core` and shutdown signal are the task's, once, not a copy per
+//! subscription (a `Subscription` in each entry was 104 bytes, ~220 with the map's slack, of
+//! a million-view server's per-view budget). `subscribe_many` hands its whole batch over in
+//! one command.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,26 +21,79 @@ use std::sync::Arc;
 use axum::extract::ws::Message;
 use parking_lot::Mutex;
 use serde_json::Value;
-use sluice_live::{EventKind, Limits, Ready, Sink, Subscribe};
+use sluice_live::{EventKind, Limits, Ready, Sink, SubId, Subscribe};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{encode, Encoding};
 use crate::api::ApiError;
 use crate::core::Core;
-use crate::live::Subscription;
+
+/// One forwarded subscription as the task keeps it: 32 bytes.
+pub(super) struct Entry {
+    /// The qid as JSON text (what each event carries), not a 32-byte `Value`.
+    qid: Box<str>,
+    sub: SubId,
+    sink: Arc<Sink>,
+}
+
+impl Entry {
+    /// `qid`: the qid's JSON text.
+    pub(super) fn new(qid: &str, sub: SubId, sink: Arc<Sink>) -> Entry {
+        Entry {
+            qid: qid.into(),
+            sub,
+            sink,
+        }
+    }
+
+    /// The subscription is over: the live thread forgets it.
+    fn end(self, core: &Core) {
+        self.sink.close();
+        core.live().unsubscribe(self.sub);
+    }
+}
+
+/// Subscriptions with their tokens, ended when dropped (a batch the task never took, or the
+/// task's map when the task stops or is aborted with the connection).
+struct Entries {
+    core: Core,
+    map: HashMap<u64, Entry>,
+}
+
+impl Entries {
+    fn remove(&mut self, token: u64) {
+        if let Some(e) = self.map.remove(&token) {
+            e.end(&self.core);
+        }
+    }
+}
+
+impl Drop for Entries {
+    fn drop(&mut self) {
+        for (_, e) in self.map.drain() {
+            e.end(&self.core);
+        }
+    }
+}
 
 enum Cmd {
-    Add(u64, Value, Subscription),
+    Add(Entries),
     Remove(u64),
+}
+
+/// What the reader's handles share.
+struct Link {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    /// Tokens of subscriptions that ended by themselves (their final event was sent).
+    ended: Mutex<HashSet<u64>>,
 }
 
 /// The connection's forwarding task and what the reader needs to hand it subscriptions.
 pub(super) struct Forwarder {
-    cmds: mpsc::UnboundedSender<Cmd>,
+    core: Core,
+    link: Arc<Link>,
     ready: Arc<Ready>,
-    /// Tokens of subscriptions that ended by themselves (their final event was sent).
-    ended: Arc<Mutex<HashSet<u64>>>,
     next_token: u64,
     task: JoinHandle<()>,
 }
@@ -49,19 +108,18 @@ impl Drop for Forwarder {
 /// The reader's handle on one forwarded subscription (what a task's `JoinHandle` was).
 pub(super) struct Forwarded {
     token: u64,
-    cmds: mpsc::UnboundedSender<Cmd>,
-    ended: Arc<Mutex<HashSet<u64>>>,
+    link: Arc<Link>,
 }
 
 impl Forwarded {
     /// Whether the subscription ended by itself (an `error` event was its last).
     pub(super) fn is_finished(&self) -> bool {
-        self.ended.lock().contains(&self.token)
+        self.link.ended.lock().contains(&self.token)
     }
 
     /// Ends the subscription (unsubscribe).
     pub(super) fn abort(&self) {
-        let _ = self.cmds.send(Cmd::Remove(self.token));
+        let _ = self.link.cmds.send(Cmd::Remove(self.token));
     }
 }
 
@@ -75,19 +133,22 @@ impl Forwarder {
     pub(super) fn new(core: &Core, events: mpsc::Sender<Message>, encoding: Encoding) -> Forwarder {
         let (cmds, rx) = mpsc::unbounded_channel();
         let ready = Arc::new(Ready::default());
-        let ended = Arc::new(Mutex::new(HashSet::new()));
+        let link = Arc::new(Link {
+            cmds,
+            ended: Mutex::new(HashSet::new()),
+        });
         let task = tokio::spawn(run(
             core.clone(),
             ready.clone(),
             rx,
-            ended.clone(),
+            link.clone(),
             events,
             encoding,
         ));
         Forwarder {
-            cmds,
+            core: core.clone(),
+            link,
             ready,
-            ended,
             next_token: 0,
             task,
         }
@@ -103,14 +164,23 @@ impl Forwarder {
         )
     }
 
-    /// Hands a subscription registered with a sink from [`Forwarder::sink`] to the task.
-    pub(super) fn add(&self, token: u64, qid: Value, subscription: Subscription) -> Forwarded {
-        let _ = self.cmds.send(Cmd::Add(token, qid, subscription));
-        Forwarded {
-            token,
-            cmds: self.cmds.clone(),
-            ended: self.ended.clone(),
-        }
+    /// Hands subscriptions registered with sinks from [`Forwarder::sink`] to the task, in
+    /// one command; their handles, in order.
+    pub(super) fn add(&self, entries: Vec<(u64, Entry)>) -> Vec<Forwarded> {
+        let handles = entries
+            .iter()
+            .map(|&(token, _)| Forwarded {
+                token,
+                link: self.link.clone(),
+            })
+            .collect();
+        let batch = Entries {
+            core: self.core.clone(),
+            map: entries.into_iter().collect(),
+        };
+        // If the task is gone, the batch comes back in the error and its drop unsubscribes.
+        let _ = self.link.cmds.send(Cmd::Add(batch));
+        handles
     }
 
     /// Subscribes `req` and forwards its events.
@@ -123,7 +193,8 @@ impl Forwarder {
     ) -> Result<Forwarded, ApiError> {
         let (sink, token) = self.sink(core.live().limits(), coalesce_ms);
         let sub = core.live().subscribe(req, sink.clone()).await?;
-        Ok(self.add(token, qid, Subscription::opened(core, sub, sink)))
+        let entry = Entry::new(&qid.to_string(), sub, sink);
+        Ok(self.add(vec![(token, entry)]).pop().expect("one handle per entry"))
     }
 }
 
@@ -137,7 +208,7 @@ enum Drained {
 
 async fn drain(
     core: &Core,
-    qid: &Value,
+    qid: &str,
     sink: &Sink,
     events: &mpsc::Sender<Message>,
     encoding: Encoding,
@@ -152,12 +223,14 @@ async fn drain(
         if let Some(snapshot) = &event.chunked {
             // A large snapshot: its chunks are encoded as the outbound queue takes them.
             let msgpack = encoding == Encoding::Msgpack;
-            if !crate::live_chunks::send_ws(snapshot, qid, msgpack, events).await {
+            // Rendered from a `Value`, so it parses back.
+            let qid: Value = serde_json::from_str(qid).unwrap_or(Value::Null);
+            if !crate::live_chunks::send_ws(snapshot, &qid, msgpack, events).await {
                 return Drained::Stop;
             }
             continue;
         }
-        let text = event.with_qid(qid);
+        let text = event.with_qid_text(qid);
         let message = match encoding {
             Encoding::Json => Message::Text(text.into()),
             Encoding::Msgpack => match serde_json::from_str::<Value>(&text) {
@@ -182,11 +255,15 @@ async fn run(
     core: Core,
     ready: Arc<Ready>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
-    ended: Arc<Mutex<HashSet<u64>>>,
+    link: Arc<Link>,
     events: mpsc::Sender<Message>,
     encoding: Encoding,
 ) {
-    let mut subs: HashMap<u64, (Value, Subscription)> = HashMap::new();
+    let ended = &link.ended;
+    let mut subs = Entries {
+        core: core.clone(),
+        map: HashMap::new(),
+    };
     let mut closing = core.closing();
     loop {
         let mut due: Vec<u64> = Vec::new();
@@ -194,13 +271,18 @@ async fn run(
         tokio::select! {
             biased;
             cmd = cmds.recv() => match cmd {
-                // Its first events may have been marked before it was here: drain it now.
-                Some(Cmd::Add(token, qid, sub)) => {
-                    subs.insert(token, (qid, sub));
-                    due.push(token);
+                // Their first events may have been marked before they were here: drain them now.
+                Some(Cmd::Add(mut batch)) => {
+                    let added = std::mem::take(&mut batch.map);
+                    due.extend(added.keys());
+                    if subs.map.is_empty() {
+                        subs.map = added;
+                    } else {
+                        subs.map.extend(added);
+                    }
                 }
                 Some(Cmd::Remove(token)) => {
-                    subs.remove(&token);
+                    subs.remove(token);
                     ended.lock().remove(&token);
                 }
                 None => return,
@@ -210,12 +292,12 @@ async fn run(
         }
         if shutdown {
             // Graceful shutdown: every stream ends with a reason instead of hanging on.
-            for (qid, sub) in subs.values() {
-                sub.sink.fail(
+            for e in subs.map.values() {
+                e.sink.fail(
                     "shutting_down",
                     "the server is shutting down; reconnect and resume from your last seq",
                 );
-                if let Drained::Stop = drain(&core, qid, &sub.sink, &events, encoding, false).await
+                if let Drained::Stop = drain(&core, &e.qid, &e.sink, &events, encoding, false).await
                 {
                     return;
                 }
@@ -224,13 +306,13 @@ async fn run(
         }
         due.extend(ready.take());
         for token in due {
-            let Some((qid, sub)) = subs.get(&token) else {
+            let Some(e) = subs.map.get(&token) else {
                 continue; // added later (then drained on arrival) or removed
             };
-            match drain(&core, qid, &sub.sink, &events, encoding, true).await {
+            match drain(&core, &e.qid, &e.sink, &events, encoding, true).await {
                 Drained::Open => {}
                 Drained::Ended => {
-                    subs.remove(&token);
+                    subs.remove(token);
                     ended.lock().insert(token);
                 }
                 Drained::Stop => return,

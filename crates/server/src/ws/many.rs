@@ -23,7 +23,6 @@ use super::{error_reply, Encoding, Subscriptions, Watches};
 use crate::api::ApiError;
 use crate::auth::Caller;
 use crate::core::Core;
-use crate::live::Subscription;
 use axum::extract::ws::Message;
 
 /// Subscriptions one `subscribe_many` frame may carry (`subscribe_many_max`).
@@ -138,13 +137,14 @@ impl Subscriptions {
         let results = core.live().subscribe_many(reqs).await;
         let mut replies = Vec::new();
         let mut subscribed = 0;
-        let forwarder = self.forwarder(core, events, encoding);
-        let mut added = Vec::new();
+        let mut names = Vec::with_capacity(kept.len());
+        let mut added = Vec::with_capacity(kept.len());
         for ((name, qid, sink, token), result) in kept.into_iter().zip(results) {
             match result {
                 Ok(sub) => {
-                    let subscription = Subscription::opened(core, sub, sink);
-                    added.push((name, forwarder.add(token, qid, subscription)));
+                    // `name` is the qid's JSON text.
+                    added.push((token, super::forward::Entry::new(&name, sub, sink)));
+                    names.push(name);
                     subscribed += 1;
                 }
                 Err(e) => {
@@ -156,7 +156,9 @@ impl Subscriptions {
                 }
             }
         }
-        self.by_qid.extend(added);
+        // The whole batch goes to the forwarding task in one command.
+        let handles = self.forwarder(core, events, encoding).add(added);
+        self.by_qid.extend(names.into_iter().zip(handles));
         let failed = replies.len();
         replies.push(json!({"type": "subscribed_many", "id": id, "subscribed": subscribed, "failed": failed}));
         Ok(replies)
