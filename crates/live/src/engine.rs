@@ -324,7 +324,8 @@ fn planned_for(select: &Select, db: &Db) -> bool {
     select.sources.iter().all(|s| {
         db.tables
             .get(&s.schema.name)
-            .is_some_and(|t| t.schema == s.schema)
+            // The same `Arc` (as almost always) needs no field-by-field comparison.
+            .is_some_and(|t| Arc::ptr_eq(&t.schema, &s.schema) || t.schema == s.schema)
     }) && select.subqueries.iter().all(|q| planned_for(q, db))
 }
 
