@@ -243,6 +243,14 @@ impl Sink {
         self.state.lock().marked = false;
     }
 
+    /// The token this sink puts on its [`Ready`] list, for a [`Sink::forwarded`] one.
+    pub fn token(&self) -> Option<u64> {
+        match &self.wake {
+            Wake::Ready(_, token) => Some(*token),
+            Wake::Notify(_) => None,
+        }
+    }
+
     /// The subscriber's coalescing window in milliseconds (0: none).
     pub fn coalesce_ms(&self) -> u32 {
         self.state.lock().coalesce_ms

@@ -15,7 +15,7 @@
 //! a million-view server's per-view budget). `subscribe_many` hands its whole batch over in
 //! one command.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::ws::Message;
@@ -54,31 +54,83 @@ impl Entry {
     }
 }
 
-/// Subscriptions with their tokens, ended when dropped (a batch the task never took, or the
-/// task's map when the task stops or is aborted with the connection).
-struct Entries {
+/// New subscriptions with their tokens, on their way to the task; those it never takes are
+/// ended when the batch is dropped.
+struct Batch {
     core: Core,
-    map: HashMap<u64, Entry>,
+    entries: Vec<(u64, Entry)>,
 }
 
-impl Entries {
-    fn remove(&mut self, token: u64) {
-        if let Some(e) = self.map.remove(&token) {
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for (_, e) in self.entries.drain(..) {
             e.end(&self.core);
         }
     }
 }
 
-impl Drop for Entries {
+/// A token is a slot (low 32 bits) and that slot's generation (high 32 bits): a slot is
+/// reused for a new subscription once its handle is dropped, under the next generation, so a
+/// late `Remove`, a ready mark or an "ended" note of the old one never touches the new one.
+fn slot(token: u64) -> usize {
+    (token & u64::from(u32::MAX)) as usize
+}
+
+/// The token for the next subscription in `old`'s slot.
+fn next_generation(old: u64) -> u64 {
+    old.wrapping_add(1 << 32)
+}
+
+/// The task's subscriptions by token slot — 32 bytes a subscription where a hash map (twice
+/// its entries) cost ~85; the slots are as many as the connection held at once. An entry's
+/// full token is its sink's. Dropping this (the task stopped, or was aborted with the
+/// connection) ends every subscription left.
+struct Slots {
+    core: Core,
+    slots: Vec<Option<Entry>>,
+}
+
+impl Slots {
+    fn get(&self, token: u64) -> Option<&Entry> {
+        self.slots
+            .get(slot(token))?
+            .as_ref()
+            .filter(|e| e.sink.token() == Some(token))
+    }
+
+    fn insert(&mut self, token: u64, entry: Entry) {
+        let at = slot(token);
+        if at >= self.slots.len() {
+            self.slots.resize_with(at + 1, || None);
+        }
+        if let Some(old) = self.slots[at].replace(entry) {
+            old.end(&self.core); // not expected: a slot is reused only once removed
+        }
+    }
+
+    fn remove(&mut self, token: u64) {
+        if self.get(token).is_some() {
+            if let Some(e) = self.slots[slot(token)].take() {
+                e.end(&self.core);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().flatten()
+    }
+}
+
+impl Drop for Slots {
     fn drop(&mut self) {
-        for (_, e) in self.map.drain() {
+        for e in self.slots.drain(..).flatten() {
             e.end(&self.core);
         }
     }
 }
 
 enum Cmd {
-    Add(Entries),
+    Add(Batch),
     Remove(u64),
 }
 
@@ -87,6 +139,10 @@ struct Link {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Tokens of subscriptions that ended by themselves (their final event was sent).
     ended: Mutex<HashSet<u64>>,
+    /// Tokens free for new subscriptions: a token returns here once its handle is dropped
+    /// (after its `Remove` is queued, so the task frees the slot before it is reused) or its
+    /// subscribe was refused.
+    free: Mutex<Vec<u64>>,
 }
 
 /// The connection's forwarding task and what the reader needs to hand it subscriptions.
@@ -126,6 +182,7 @@ impl Forwarded {
 impl Drop for Forwarded {
     fn drop(&mut self) {
         self.abort();
+        self.link.free.lock().push(self.token);
     }
 }
 
@@ -136,6 +193,7 @@ impl Forwarder {
         let link = Arc::new(Link {
             cmds,
             ended: Mutex::new(HashSet::new()),
+            free: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(run(
             core.clone(),
@@ -156,12 +214,23 @@ impl Forwarder {
 
     /// A sink for a new subscription of this connection, and its token.
     pub(super) fn sink(&mut self, limits: &Limits, coalesce_ms: u32) -> (Arc<Sink>, u64) {
-        let token = self.next_token;
-        self.next_token += 1;
+        let reused = self.link.free.lock().pop();
+        let token = reused.map_or_else(
+            || {
+                self.next_token += 1;
+                self.next_token - 1
+            },
+            next_generation,
+        );
         (
             Sink::forwarded(limits, coalesce_ms, self.ready.clone(), token),
             token,
         )
+    }
+
+    /// Gives back the token of a sink whose subscribe was refused.
+    pub(super) fn release(&self, token: u64) {
+        self.link.free.lock().push(token);
     }
 
     /// Hands subscriptions registered with sinks from [`Forwarder::sink`] to the task, in
@@ -174,9 +243,9 @@ impl Forwarder {
                 link: self.link.clone(),
             })
             .collect();
-        let batch = Entries {
+        let batch = Batch {
             core: self.core.clone(),
-            map: entries.into_iter().collect(),
+            entries,
         };
         // If the task is gone, the batch comes back in the error and its drop unsubscribes.
         let _ = self.link.cmds.send(Cmd::Add(batch));
@@ -192,7 +261,13 @@ impl Forwarder {
         qid: Value,
     ) -> Result<Forwarded, ApiError> {
         let (sink, token) = self.sink(core.live().limits(), coalesce_ms);
-        let sub = core.live().subscribe(req, sink.clone()).await?;
+        let sub = match core.live().subscribe(req, sink.clone()).await {
+            Ok(sub) => sub,
+            Err(e) => {
+                self.release(token);
+                return Err(e.into());
+            }
+        };
         let entry = Entry::new(&qid.to_string(), sub, sink);
         Ok(self.add(vec![(token, entry)]).pop().expect("one handle per entry"))
     }
@@ -260,9 +335,9 @@ async fn run(
     encoding: Encoding,
 ) {
     let ended = &link.ended;
-    let mut subs = Entries {
+    let mut subs = Slots {
         core: core.clone(),
-        map: HashMap::new(),
+        slots: Vec::new(),
     };
     let mut closing = core.closing();
     loop {
@@ -273,12 +348,9 @@ async fn run(
             cmd = cmds.recv() => match cmd {
                 // Their first events may have been marked before they were here: drain them now.
                 Some(Cmd::Add(mut batch)) => {
-                    let added = std::mem::take(&mut batch.map);
-                    due.extend(added.keys());
-                    if subs.map.is_empty() {
-                        subs.map = added;
-                    } else {
-                        subs.map.extend(added);
+                    for (token, e) in batch.entries.drain(..) {
+                        subs.insert(token, e);
+                        due.push(token);
                     }
                 }
                 Some(Cmd::Remove(token)) => {
@@ -292,7 +364,7 @@ async fn run(
         }
         if shutdown {
             // Graceful shutdown: every stream ends with a reason instead of hanging on.
-            for e in subs.map.values() {
+            for e in subs.iter() {
                 e.sink.fail(
                     "shutting_down",
                     "the server is shutting down; reconnect and resume from your last seq",
@@ -306,7 +378,7 @@ async fn run(
         }
         due.extend(ready.take());
         for token in due {
-            let Some(e) = subs.map.get(&token) else {
+            let Some(e) = subs.get(token) else {
                 continue; // added later (then drained on arrival) or removed
             };
             match drain(&core, &e.qid, &e.sink, &events, encoding, true).await {

@@ -148,6 +148,7 @@ impl Subscriptions {
                     subscribed += 1;
                 }
                 Err(e) => {
+                    self.forwarder(core, events, encoding).release(token);
                     let e = ApiError::from(e);
                     super::note_refusal(core, &e);
                     let mut reply = error_reply(&id, e);
