@@ -589,7 +589,8 @@ impl Live {
     /// subscribe, as `entry` would).
     fn table_routes(&mut self, table: &str) -> &mut TableRoutes {
         if !self.routes.contains_key(table) {
-            self.routes.insert(table.to_string(), TableRoutes::default());
+            self.routes
+                .insert(table.to_string(), TableRoutes::default());
         }
         self.routes.get_mut(table).expect("inserted")
     }
@@ -671,7 +672,11 @@ impl Live {
         let mut n = 0;
         for (at, id) in self.idle.due(now, ttl, all_idle) {
             // Skip entries of views subscribed again (or dropped) since.
-            if self.views.get(&id).is_some_and(|v| v.idle_since == Some(at)) {
+            if self
+                .views
+                .get(&id)
+                .is_some_and(|v| v.idle_since == Some(at))
+            {
                 self.drop_view(id);
                 n += 1;
             }
@@ -1087,7 +1092,11 @@ mod tests {
         assert_eq!(size_of::<Ids>(), 16);
         assert_eq!(size_of::<Route>(), 1);
         assert_eq!(size_of::<Operator>(), 16);
-        assert!(size_of::<View>() <= 240, "View is {} bytes", size_of::<View>());
+        assert!(
+            size_of::<View>() <= 240,
+            "View is {} bytes",
+            size_of::<View>()
+        );
     }
 
     #[test]

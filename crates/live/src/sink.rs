@@ -94,7 +94,9 @@ impl<T> Queue<T> {
         if self.head.is_none() {
             self.head = Some(item);
         } else {
-            self.rest.get_or_insert_with(Default::default).push_back(item);
+            self.rest
+                .get_or_insert_with(Default::default)
+                .push_back(item);
         }
     }
 
@@ -402,7 +404,10 @@ mod tests {
             }
             assert_eq!(q.len(), model.len(), "step {i}");
             assert_eq!(q.head.is_none(), model.is_empty());
-            assert!(q.head.is_some() || q.rest.is_none(), "an empty queue holds no backlog");
+            assert!(
+                q.head.is_some() || q.rest.is_none(),
+                "an empty queue holds no backlog"
+            );
         }
     }
 
@@ -430,7 +435,9 @@ mod tests {
         }
         assert_eq!(ready.take(), [7], "one token until the consumer unmarks");
         sink.unmark();
-        let seqs: Vec<u64> = std::iter::from_fn(|| sink.try_recv()).map(|e| e.seq).collect();
+        let seqs: Vec<u64> = std::iter::from_fn(|| sink.try_recv())
+            .map(|e| e.seq)
+            .collect();
         assert_eq!(seqs, [1, 2, 3]);
         let s = sink.state.lock();
         assert!(s.queue.head.is_none() && s.queue.rest.is_none());

@@ -548,7 +548,12 @@ mod tests {
             .enumerate()
             .map(|(i, v)| vec![Value::Integer(i as i64), v.clone()])
             .collect();
-        for columns in [&["id", "v"][..], &["id", "a \"name\""], &["id", "id"], &["id"]] {
+        for columns in [
+            &["id", "v"][..],
+            &["id", "a \"name\""],
+            &["id", "id"],
+            &["id"],
+        ] {
             for n in [0, 1, rows.len()] {
                 let mat = view(columns, rows[..n].to_vec());
                 for (seq, reset) in [(0, false), (41, true)] {

@@ -269,7 +269,10 @@ impl Forwarder {
             }
         };
         let entry = Entry::new(&qid.to_string(), sub, sink);
-        Ok(self.add(vec![(token, entry)]).pop().expect("one handle per entry"))
+        Ok(self
+            .add(vec![(token, entry)])
+            .pop()
+            .expect("one handle per entry"))
     }
 }
 
