@@ -244,7 +244,7 @@ mod tests {
         for step in 0..20_000u64 {
             let r = mix(step);
             let id = (r >> 8) % 6;
-            if r % 2 == 0 {
+            if r.is_multiple_of(2) {
                 subs.push(id);
                 model.push(id);
             } else {
