@@ -228,6 +228,11 @@ impl Forwarder {
         )
     }
 
+    /// Whether any subscription ended by itself and its handle is still held.
+    pub(super) fn any_ended(&self) -> bool {
+        !self.link.ended.lock().is_empty()
+    }
+
     /// Gives back the token of a sink whose subscribe was refused.
     pub(super) fn release(&self, token: u64) {
         self.link.free.lock().push(token);
