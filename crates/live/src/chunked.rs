@@ -214,8 +214,23 @@ impl ChunkedSnapshot {
     }
 }
 
+/// Strings as a JSON array (the column names).
+pub(crate) fn json_strs(v: &[String], out: &mut Vec<u8>) {
+    push_json!(v, out);
+}
+
+/// A JSON value (the types).
+pub(crate) fn json_json(v: &Json, out: &mut Vec<u8>) {
+    push_json!(v, out);
+}
+
+/// A JSON string.
+pub(crate) fn json_str(s: &str, out: &mut Vec<u8>) {
+    push_json!(s, out);
+}
+
 /// A result key as the protocol sends it: the bare value for a one-part key, else an array.
-fn json_key(k: &[Value], out: &mut Vec<u8>) {
+pub(crate) fn json_key(k: &[Value], out: &mut Vec<u8>) {
     match k {
         [one] => json_value(one, out),
         many => {
@@ -233,7 +248,7 @@ fn json_key(k: &[Value], out: &mut Vec<u8>) {
 
 /// `v` as [`Value::to_json`] renders it, written without building a `serde_json::Value`
 /// for the common types.
-fn json_value(v: &Value, out: &mut Vec<u8>) {
+pub(crate) fn json_value(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Integer(i) | Value::Timestamp(i) => push_json!(i, out),

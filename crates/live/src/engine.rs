@@ -18,7 +18,7 @@ use crate::view::Materialized;
 use crate::Limits;
 
 pub type SubId = u64;
-type ViewId = u64;
+use crate::compact::{IdleQueue, QueryIndex, Subs, ViewId};
 
 /// A subscription request.
 #[derive(Clone, Debug)]
@@ -46,6 +46,24 @@ struct Shape {
     order: crate::view::Order,
     /// Tables read, with subqueries'.
     tables: BTreeSet<String>,
+    /// Where a view of this shape registers when its operator can be routed by value (see
+    /// [`equality_route`]): found once per shape instead of once per view.
+    route: Option<RouteOf>,
+}
+
+/// A `column = value` conjunct of a shape's `WHERE`, with where each view finds the value.
+#[derive(Clone, Debug)]
+struct RouteOf {
+    column: usize,
+    value: RouteValue,
+}
+
+#[derive(Clone, Debug)]
+enum RouteValue {
+    Literal(Value),
+    Param(usize),
+    /// A parameter with the comparison's affinity applied (`a = $1` with "3" routes under 3).
+    Affinity(sluice_query::expr::Affinity, usize),
 }
 
 impl Shape {
@@ -65,6 +83,7 @@ impl Shape {
                 .map(|k| (k.desc, k.nulls_first))
                 .collect(),
             tables,
+            route: route_of(&plan.select),
             plan,
         }
     }
@@ -72,17 +91,17 @@ impl Shape {
 
 struct View {
     shape: Arc<Shape>,
-    params: Vec<Value>,
+    params: Box<[Value]>,
     op: Operator,
     mat: Materialized,
     /// The seq the materialisation reflects.
     seq: u64,
-    /// Diff events after `history_from`, for resuming subscribers.
-    history: VecDeque<Arc<Event>>,
-    history_bytes: usize,
+    /// Diff events after `history_from`, for resuming subscribers: boxed, and only once the
+    /// view has published a diff (most idle views never have).
+    history: Option<Box<History>>,
     history_from: u64,
-    /// Almost always one or a few: a `Vec` costs one small allocation.
-    subs: Vec<SubId>,
+    /// Almost always one: held inline then ([`Subs`]).
+    subs: Subs,
     /// How many of `subs` coalesce (have a [`Fold`]): 0 for almost every view, which then
     /// publishes without looking any subscriber up.
     folding: u32,
@@ -90,14 +109,21 @@ struct View {
     route: Route,
 }
 
+#[derive(Default)]
+struct History {
+    events: VecDeque<Arc<Event>>,
+    bytes: usize,
+}
+
 /// How commits find a view.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Route {
     /// Every change to the view's tables.
     Tables,
-    /// Changes to the view's one table whose old or new row has `value` at `column` (a
-    /// `column = value` conjunct of the view's `WHERE`).
-    Equal { column: usize, value: Value },
+    /// Changes to the view's one table whose old or new row has a value at a column (a
+    /// `column = value` conjunct of the view's `WHERE`): both found again from the shape and
+    /// the parameters ([`equality_route`]) rather than kept in every view.
+    Equal,
 }
 
 #[derive(Default)]
@@ -107,16 +133,19 @@ struct TableRoutes {
 }
 
 /// The views routed through one `(table, column, value)`: almost always exactly one, which
-/// then needs no allocation of its own (100 K scoped views are 100 K of these).
+/// then needs no allocation of its own (100 K scoped views are 100 K of these). 16 bytes:
+/// the rare list is boxed, so the common entry of the route's B-tree stays small.
+#[derive(Debug)]
 enum Ids {
     One(ViewId),
-    Many(Vec<ViewId>),
+    #[allow(clippy::box_collection)] // a Vec inline would make every entry 32 bytes
+    Many(Box<Vec<ViewId>>),
 }
 
 impl Ids {
     fn add(&mut self, id: ViewId) {
         match self {
-            Ids::One(first) => *self = Ids::Many(vec![*first, id]),
+            Ids::One(first) => *self = Ids::Many(Box::new(vec![*first, id])),
             Ids::Many(ids) => ids.push(id),
         }
     }
@@ -170,9 +199,13 @@ pub struct Live {
     /// Boxed: the map's spare slots then cost a pointer, not a whole view.
     views: HashMap<ViewId, Box<View>>,
     /// By normalised text and the canonical bytes of the parameters (so `1` and `1.0` differ).
-    by_query: HashMap<(Arc<str>, Vec<u8>), ViewId>,
-    /// By (planned for a client, query text).
-    plans: HashMap<(bool, String), Arc<Shape>>,
+    by_query: QueryIndex,
+    /// Views without subscribers, in the order they lost them (for expiry).
+    idle: IdleQueue,
+    /// By query text: `[0]` planned for the admin, `[1]` for a client.
+    plans: [HashMap<String, Arc<Shape>>; 2],
+    /// Scratch for a view's canonical parameter bytes.
+    key_buf: Vec<u8>,
     routes: HashMap<String, TableRoutes>,
     subs: HashMap<SubId, (ViewId, Arc<Sink>)>,
     /// The coalescing subscribers' windows, and when each open one is due.
@@ -182,7 +215,8 @@ pub struct Live {
     stats: LiveStats,
 }
 
-fn equality_route(select: &Select, params: &[Value]) -> Option<(usize, Value)> {
+/// A `column = literal/parameter` conjunct of a one-table `WHERE`, if there is one.
+fn route_of(select: &Select) -> Option<RouteOf> {
     if select.sources.len() != 1 {
         return None;
     }
@@ -197,19 +231,30 @@ fn equality_route(select: &Select, params: &[Value]) -> Option<(usize, Value)> {
                 // A literal already has the comparison's affinity applied; a parameter is
                 // wrapped in it (`a = $1` with "3" routes under a = 3).
                 let value = match val {
-                    Expr::Literal(v) => v.clone(),
-                    Expr::Param(p) => params[*p].clone(),
+                    Expr::Literal(v) => RouteValue::Literal(v.clone()),
+                    Expr::Param(p) => RouteValue::Param(*p),
                     Expr::Affinity(aff, e) => match &**e {
-                        Expr::Param(p) => aff.apply(params[*p].clone()),
+                        Expr::Param(p) => RouteValue::Affinity(*aff, *p),
                         _ => continue,
                     },
                     _ => continue,
                 };
-                return Some((col, value));
+                return Some(RouteOf { column: col, value });
             }
         }
     }
     None
+}
+
+/// The `(column, value)` a view of `shape` with `params` is routed under, if any.
+fn equality_route(shape: &Shape, params: &[Value]) -> Option<(usize, Value)> {
+    let r = shape.route.as_ref()?;
+    let value = match &r.value {
+        RouteValue::Literal(v) => v.clone(),
+        RouteValue::Param(p) => params[*p].clone(),
+        RouteValue::Affinity(aff, p) => aff.apply(params[*p].clone()),
+    };
+    Some((r.column, value))
 }
 
 fn tables_of(select: &Select, out: &mut BTreeSet<String>) {
@@ -279,7 +324,8 @@ fn planned_for(select: &Select, db: &Db) -> bool {
     select.sources.iter().all(|s| {
         db.tables
             .get(&s.schema.name)
-            .is_some_and(|t| t.schema == s.schema)
+            // The same `Arc` (as almost always) needs no field-by-field comparison.
+            .is_some_and(|t| Arc::ptr_eq(&t.schema, &s.schema) || t.schema == s.schema)
     }) && select.subqueries.iter().all(|q| planned_for(q, db))
 }
 
@@ -292,8 +338,10 @@ impl Live {
         Live {
             limits,
             views: HashMap::new(),
-            by_query: HashMap::new(),
-            plans: HashMap::new(),
+            by_query: QueryIndex::new(),
+            idle: IdleQueue::default(),
+            plans: Default::default(),
+            key_buf: Vec::new(),
             routes: HashMap::new(),
             subs: HashMap::new(),
             folds: HashMap::new(),
@@ -339,8 +387,7 @@ impl Live {
         let guard = read();
         let db: &Db = &guard;
         let client = req.claims.is_some();
-        let plan_key = (client, req.sql.clone());
-        let shape = match self.plans.get(&plan_key) {
+        let shape = match self.plans[usize::from(client)].get(req.sql.as_str()) {
             // A plan cached before DDL the live thread has not followed yet is not reused.
             Some(p) if planned_for(&p.plan.select, db) => p.clone(),
             _ => {
@@ -357,19 +404,21 @@ impl Live {
                         self.limits.view_tables_max
                     )));
                 }
-                if self.plans.len() >= self.limits.plans_max {
-                    self.plans.clear();
+                let plans = &mut self.plans[usize::from(client)];
+                if plans.len() >= self.limits.plans_max {
+                    plans.clear();
                 }
                 let shape = Arc::new(Shape::new(req.sql.clone(), client, plan));
-                self.plans.insert(plan_key, shape.clone());
+                plans.insert(req.sql.clone(), shape.clone());
                 shape
             }
         };
         let params = shape.plan.resolve_as(&req.params, req.claims.as_ref())?;
-        let qkey = query_key(&shape, &params);
+        let hash = self.key_hash(&shape.text, &params);
         let mut built = false;
-        let id = match self.by_query.get(&qkey) {
-            Some(&id) => id,
+        let found = self.find_view(hash, &shape.text, &params);
+        let id = match found {
+            Some(id) => id,
             None => {
                 built = true;
                 if self.views.len() >= self.limits.views_max {
@@ -382,12 +431,12 @@ impl Live {
                         )));
                     }
                 }
-                let view = self.build_released(guard, shape, params)?;
+                let view = self.build_released(guard, shape, params.into())?;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
                 self.views.insert(id, Box::new(view));
-                self.by_query.insert(qkey, id);
+                self.by_query.insert(hash, id);
                 id
             }
         };
@@ -406,7 +455,8 @@ impl Live {
             .filter(|&s| !built && s >= view.history_from && s <= view.seq);
         match resumable {
             Some(since) => {
-                for e in view.history.iter().filter(|e| e.seq > since) {
+                let past = view.history.iter().flat_map(|h| &h.events);
+                for e in past.filter(|e| e.seq > since) {
                     sink.push_reset(e.clone());
                 }
             }
@@ -428,7 +478,7 @@ impl Live {
         &self,
         guard: D,
         shape: Arc<Shape>,
-        params: Vec<Value>,
+        params: Box<[Value]>,
     ) -> Result<View, QueryError> {
         let select = &shape.plan.select;
         let mut op = Operator::for_select(select);
@@ -449,7 +499,7 @@ impl Live {
         Self::finish(shape, params, op, rows, seq, &self.limits)
     }
 
-    fn build(&self, db: &Db, shape: Arc<Shape>, params: Vec<Value>) -> Result<View, QueryError> {
+    fn build(&self, db: &Db, shape: Arc<Shape>, params: Box<[Value]>) -> Result<View, QueryError> {
         let (op, rows, seq) = self.load(db, &shape, &params)?;
         Self::finish(shape, params, op, rows, seq, &self.limits)
     }
@@ -471,7 +521,7 @@ impl Live {
     /// The rest of building a view, without the `Db`.
     fn finish(
         shape: Arc<Shape>,
-        params: Vec<Value>,
+        params: Box<[Value]>,
         op: Operator,
         rows: Vec<(crate::view::RKey, crate::view::Out)>,
         seq: u64,
@@ -491,10 +541,8 @@ impl Live {
         );
         mat.types = shape.types.clone();
         mat.load(rows);
-        let route = match (&op, equality_route(select, &params)) {
-            (Operator::Filter { .. } | Operator::Aggregate { .. }, Some((column, value))) => {
-                Route::Equal { column, value }
-            }
+        let route = match (&op, &shape.route) {
+            (Operator::Filter { .. } | Operator::Aggregate { .. }, Some(_)) => Route::Equal,
             _ => Route::Tables,
         };
         Ok(View {
@@ -503,10 +551,9 @@ impl Live {
             op,
             mat,
             seq,
-            history: VecDeque::new(),
-            history_bytes: 0,
+            history: None,
             history_from: seq,
-            subs: Vec::new(),
+            subs: Subs::default(),
             folding: 0,
             idle_since: Some(Instant::now()),
             route,
@@ -517,25 +564,35 @@ impl Live {
         match &view.route {
             Route::Tables => {
                 for t in &view.shape.tables {
-                    self.routes.entry(t.clone()).or_default().all.insert(id);
+                    self.table_routes(t).all.insert(id);
                 }
             }
-            Route::Equal { column, value } => {
+            Route::Equal => {
+                let (column, value) =
+                    equality_route(&view.shape, &view.params).expect("a routed shape");
                 let by_value = self
-                    .routes
-                    .entry(view.shape.plan.select.sources[0].schema.name.clone())
-                    .or_default()
+                    .table_routes(&view.shape.plan.select.sources[0].schema.name)
                     .equal
-                    .entry(*column)
+                    .entry(column)
                     .or_default();
-                match by_value.get_mut(value) {
+                match by_value.get_mut(&value) {
                     Some(ids) => ids.add(id),
                     None => {
-                        by_value.insert(value.clone(), Ids::One(id));
+                        by_value.insert(value, Ids::One(id));
                     }
                 }
             }
         }
+    }
+
+    /// The routes of `table`, registered on first use (without copying its name on every
+    /// subscribe, as `entry` would).
+    fn table_routes(&mut self, table: &str) -> &mut TableRoutes {
+        if !self.routes.contains_key(table) {
+            self.routes
+                .insert(table.to_string(), TableRoutes::default());
+        }
+        self.routes.get_mut(table).expect("inserted")
     }
 
     fn remove_routes(&mut self, id: ViewId, view: &View) {
@@ -547,15 +604,17 @@ impl Live {
                     }
                 }
             }
-            Route::Equal { column, value } => {
+            Route::Equal => {
+                let (column, value) =
+                    equality_route(&view.shape, &view.params).expect("a routed shape");
                 let table = &view.shape.plan.select.sources[0].schema.name;
                 if let Some(r) = self.routes.get_mut(table) {
-                    if let Some(by_value) = r.equal.get_mut(column) {
-                        if by_value.get_mut(value).is_some_and(|ids| ids.remove(id)) {
-                            by_value.remove(value);
+                    if let Some(by_value) = r.equal.get_mut(&column) {
+                        if by_value.get_mut(&value).is_some_and(|ids| ids.remove(id)) {
+                            by_value.remove(&value);
                         }
                         if by_value.is_empty() {
-                            r.equal.remove(column);
+                            r.equal.remove(&column);
                         }
                     }
                 }
@@ -568,40 +627,68 @@ impl Live {
             sink.close();
             let folded = self.folds.remove(&sub).is_some();
             if let Some(view) = self.views.get_mut(&view_id) {
-                view.subs.retain(|&s| s != sub);
+                view.subs.remove(sub);
                 view.folding -= u32::from(folded);
                 if view.subs.is_empty() {
-                    view.idle_since = Some(Instant::now());
+                    let now = Instant::now();
+                    view.idle_since = Some(now);
+                    self.note_idle(now, view_id);
                 }
             }
         }
     }
 
+    /// Puts a view that just lost its last subscriber on the expiry queue.
+    fn note_idle(&mut self, now: Instant, id: ViewId) {
+        let views = &self.views;
+        self.idle.push(now, id, views.len(), |t, i| {
+            views.get(&i).is_some_and(|v| v.idle_since == Some(t))
+        });
+    }
+
+    /// The hash of a view's sharing key: its normalised text and its parameters' canonical
+    /// bytes (so `1` and `1.0` differ).
+    fn key_hash(&mut self, text: &str, params: &[Value]) -> u64 {
+        self.key_buf.clear();
+        crate::checksum::canonical_bytes(params, &mut self.key_buf);
+        self.by_query.hash(text, &self.key_buf)
+    }
+
+    /// The view shared by `(text, params)` whose key hashed to `hash`, if any.
+    fn find_view(&self, hash: u64, text: &str, params: &[Value]) -> Option<ViewId> {
+        let views = &self.views;
+        self.by_query.find(hash, |id| {
+            views
+                .get(&id)
+                .is_some_and(|v| &*v.shape.text == text && same_params(&v.params, params))
+        })
+    }
+
     /// Drops views idle for longer than the TTL (all idle views if `all_idle`).
+    /// O(views expired), not O(views): the idle ones wait on a queue in the order they
+    /// became idle.
     pub fn expire(&mut self, now: Instant, all_idle: bool) -> usize {
         let ttl = self.limits.idle_ttl;
-        let dead: Vec<ViewId> = self
-            .views
-            .iter()
-            .filter(|(_, v)| {
-                v.idle_since
-                    .is_some_and(|t| all_idle || now.saturating_duration_since(t) >= ttl)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &dead {
-            self.drop_view(*id);
+        let mut n = 0;
+        for (at, id) in self.idle.due(now, ttl, all_idle) {
+            // Skip entries of views subscribed again (or dropped) since.
+            if self
+                .views
+                .get(&id)
+                .is_some_and(|v| v.idle_since == Some(at))
+            {
+                self.drop_view(id);
+                n += 1;
+            }
         }
-        dead.len()
+        n
     }
 
     fn drop_view(&mut self, id: ViewId) {
         if let Some(view) = self.views.remove(&id) {
             self.remove_routes(id, &view);
-            let key = query_key(&view.shape, &view.params);
-            if self.by_query.get(&key) == Some(&id) {
-                self.by_query.remove(&key);
-            }
+            let hash = self.key_hash(&view.shape.text, &view.params);
+            self.by_query.remove(hash, id);
             for s in &view.subs {
                 self.subs.remove(s);
                 self.folds.remove(s);
@@ -620,7 +707,7 @@ impl Live {
             CommitBody::Schema { changes, .. } => {
                 let touched: BTreeSet<String> =
                     changes.iter().map(|c| c.table().to_string()).collect();
-                self.plans.clear();
+                self.plans.iter_mut().for_each(HashMap::clear);
                 let ids: Vec<ViewId> = self
                     .views
                     .iter()
@@ -750,13 +837,14 @@ impl Live {
             json: view.mat.diff_json(seq, &ops),
             chunked: None,
         });
-        view.history_bytes += event.json.len();
-        view.history.push_back(event.clone());
-        while view.history.len() > self.limits.history_diffs_max
-            || view.history_bytes > self.limits.history_bytes_max
+        let history = view.history.get_or_insert_with(Default::default);
+        history.bytes += event.json.len();
+        history.events.push_back(event.clone());
+        while history.events.len() > self.limits.history_diffs_max
+            || history.bytes > self.limits.history_bytes_max
         {
-            let old = view.history.pop_front().expect("non-empty");
-            view.history_bytes -= old.json.len();
+            let old = history.events.pop_front().expect("non-empty");
+            history.bytes -= old.json.len();
             view.history_from = old.seq;
         }
         let mut gone = Vec::new();
@@ -851,24 +939,21 @@ impl Live {
         let rebuilt = sluice_query::prepare_as(&sql, db, client).and_then(|plan| {
             let params = rebind(before, &view.params, &plan.params)?;
             let shape = Arc::new(Shape::new(sql.clone(), client, plan));
-            self.build(db, shape, params)
+            self.build(db, shape, params.into())
         });
         match rebuilt {
             Err(e) => self.fail_view(id, &e),
             Ok(mut fresh) => {
                 let old = self.views.remove(&id).expect("present");
                 self.remove_routes(id, &old);
-                // Rebinding may reorder the claim values: the view's key follows.
-                let (old_key, new_key) = (
-                    query_key(&old.shape, &old.params),
-                    query_key(&fresh.shape, &fresh.params),
-                );
-                if old_key != new_key {
-                    if self.by_query.get(&old_key) == Some(&id) {
-                        self.by_query.remove(&old_key);
-                    }
-                    self.by_query.entry(new_key).or_insert(id);
-                }
+                // Rebinding may reorder the claim values: the view's key follows (registered
+                // unless another view already has the new key).
+                let old_hash = self.key_hash(&old.shape.text, &old.params);
+                self.by_query.remove(old_hash, id);
+                let new_hash = self.key_hash(&fresh.shape.text, &fresh.params);
+                let taken = self
+                    .find_view(new_hash, &fresh.shape.text, &fresh.params)
+                    .is_some();
                 fresh.subs = old.subs;
                 fresh.folding = old.folding;
                 fresh.idle_since = old.idle_since;
@@ -890,6 +975,9 @@ impl Live {
                     }
                 }
                 self.views.insert(id, Box::new(fresh));
+                if !taken {
+                    self.by_query.insert(new_hash, id);
+                }
                 for sub in gone {
                     self.stats.slow_closed += 1;
                     self.unsubscribe(sub);
@@ -961,14 +1049,89 @@ fn rebind(
     Ok(out)
 }
 
-fn query_key(shape: &Shape, params: &[Value]) -> (Arc<str>, Vec<u8>) {
-    let mut bytes = Vec::new();
-    crate::checksum::canonical_bytes(params, &mut bytes);
-    (shape.text.clone(), bytes)
+/// Whether two parameter lists have the same canonical bytes (so `1` and `1.0` differ).
+fn same_params(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| match (a, b) {
+            (Value::Null, Value::Null) => true,
+            (Value::Integer(x), Value::Integer(y)) => x == y,
+            (Value::Real(x), Value::Real(y)) => x.to_bits() == y.to_bits(),
+            (Value::Boolean(x), Value::Boolean(y)) => x == y,
+            (Value::Text(x), Value::Text(y)) | (Value::Json(x), Value::Json(y)) => x == y,
+            (Value::Blob(x), Value::Blob(y)) => x == y,
+            (Value::Timestamp(x), Value::Timestamp(y)) => x == y,
+            _ => false,
+        })
 }
 
 fn push_unique<'a>(v: &mut Vec<&'a Change>, c: &'a Change) {
     if !v.last().is_some_and(|l| std::ptr::eq(*l, c)) {
         v.push(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-view structures stay at the sizes the registry's memory budget assumes (a
+    /// million idle views: every 8 bytes here is 8 MB).
+    #[test]
+    fn per_view_structures_stay_small() {
+        use std::mem::size_of;
+        eprintln!(
+            "View {} (Materialized {}, Operator {}, Route {}, History {}), Ids {}, Sink {}",
+            size_of::<View>(),
+            size_of::<Materialized>(),
+            size_of::<Operator>(),
+            size_of::<Route>(),
+            size_of::<History>(),
+            size_of::<Ids>(),
+            size_of::<Sink>(),
+        );
+        assert_eq!(size_of::<Ids>(), 16);
+        assert_eq!(size_of::<Route>(), 1);
+        assert_eq!(size_of::<Operator>(), 16);
+        assert!(
+            size_of::<View>() <= 240,
+            "View is {} bytes",
+            size_of::<View>()
+        );
+    }
+
+    #[test]
+    fn ids_add_and_remove_down_to_one_then_none() {
+        let mut ids = Ids::One(1);
+        ids.add(2);
+        ids.add(3);
+        assert_eq!(ids.as_slice(), [1, 2, 3]);
+        assert!(!ids.remove(2));
+        assert!(!ids.remove(1));
+        assert!(matches!(ids, Ids::One(3)));
+        assert!(!ids.remove(9), "an absent id changes nothing");
+        assert!(ids.remove(3));
+    }
+
+    #[test]
+    fn same_params_is_canonical_equality() {
+        let cases = [
+            vec![Value::Integer(1)],
+            vec![Value::Real(1.0)],
+            vec![Value::Text("1".into())],
+            vec![Value::Json("1".into())],
+            vec![Value::Timestamp(1)],
+            vec![Value::Boolean(true)],
+            vec![Value::Null],
+            vec![Value::Blob(Box::new([1]))],
+            vec![Value::Integer(1), Value::Null],
+        ];
+        for a in &cases {
+            for b in &cases {
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                crate::checksum::canonical_bytes(a, &mut x);
+                crate::checksum::canonical_bytes(b, &mut y);
+                assert_eq!(same_params(a, b), x == y, "{a:?} vs {b:?}");
+            }
+        }
     }
 }

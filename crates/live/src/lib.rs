@@ -18,12 +18,14 @@
 //! - [`view`]: the materialised result, ordering, windows, diffs and their JSON.
 //! - [`checksum`]: the documented multiset hash.
 //! - [`chunked`]: large snapshots, frozen once and encoded chunk by chunk by the transport.
+//! - `compact`: the registry's per-view indexes in compact form (a million idle views).
 //! - [`sink`]: events and subscriber queues.
 //! - [`fold`]: opt-in coalescing (`coalesce_ms`): one net diff per subscriber per window.
 //! - [`thread`]: the live thread that owns a [`Live`] next to a server's writer.
 
 pub mod checksum;
 pub mod chunked;
+mod compact;
 pub mod engine;
 pub mod fold;
 pub mod operator;

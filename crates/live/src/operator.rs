@@ -35,15 +35,18 @@ pub(crate) enum Operator {
     Filter {
         identity: bool,
     },
+    /// Boxed, as the subquery's values: the enum (one per view) stays 16 bytes.
     Aggregate {
-        groups: BTreeMap<RKey, Group>,
+        #[allow(clippy::box_collection)] // inline, the map would make every view 16 bytes larger
+        groups: Box<BTreeMap<RKey, Group>>,
     },
     /// Joins whose `ON` keys are plain columns: see [`join_anchors`].
     Join,
     /// One table filtered by `column IN (SELECT …)`: see [`subquery_deltas`].
     Subquery {
         identity: bool,
-        values: Vec<SubqueryValues>,
+        #[allow(clippy::box_collection)] // inline, the Vec would make every view 16 bytes larger
+        values: Box<Vec<SubqueryValues>>,
     },
     Reeval,
 }
@@ -70,7 +73,7 @@ impl Operator {
             {
                 Operator::Subquery {
                     identity: is_identity(select),
-                    values: Vec::new(),
+                    values: Box::default(),
                 }
             } else {
                 Operator::Reeval
@@ -89,7 +92,7 @@ impl Operator {
         }
         if select.aggregate.is_some() {
             return Operator::Aggregate {
-                groups: BTreeMap::new(),
+                groups: Box::default(),
             };
         }
         Operator::Filter {
@@ -151,7 +154,7 @@ impl Operator {
             }
             Operator::Filter { .. } | Operator::Subquery { .. } => {
                 if let Operator::Subquery { values, .. } = self {
-                    *values = sluice_query::subquery_values(select, db, params)?;
+                    **values = sluice_query::subquery_values(select, db, params)?;
                 }
                 let identity = matches!(
                     self,
@@ -416,7 +419,7 @@ pub(crate) fn subquery_deltas(
             // `x IN (…)` for a NULL x depends on whether the set is empty, and `NOT IN` for
             // every x on whether it holds a NULL: then every row may flip.
             if old.has_null != new.has_null || old.values.is_empty() != new.values.is_empty() {
-                *values = fresh;
+                **values = fresh;
                 return Ok(None);
             }
             for v in old.values.symmetric_difference(&new.values) {
@@ -438,7 +441,7 @@ pub(crate) fn subquery_deltas(
                 }
             }
         }
-        *values = fresh;
+        **values = fresh;
     }
     let mut deltas = BTreeMap::new();
     for k in keys {

@@ -49,6 +49,11 @@ pub struct Event {
 impl Event {
     /// The body with `"type"` and `"qid"` members first (the WebSocket form).
     pub fn with_qid(&self, qid: &serde_json::Value) -> String {
+        self.with_qid_text(&qid.to_string())
+    }
+
+    /// [`Event::with_qid`] with the qid as JSON text.
+    pub fn with_qid_text(&self, qid: &str) -> String {
         let rest = self.json.strip_prefix('{').unwrap_or(&self.json);
         let sep = if rest.starts_with('}') { "" } else { "," };
         format!(
@@ -59,15 +64,70 @@ impl Event {
     }
 }
 
+/// A FIFO queue that keeps its first item inline and allocates only for a backlog (freed
+/// again once the queue is empty): an idle subscriber's queue costs 16 bytes, not a
+/// `VecDeque`'s 32 plus the buffer it keeps after its first event.
+///
+/// Invariant: `rest` is `None` or non-empty whenever `head` is `None` — so the queue is
+/// empty exactly when `head` is.
+struct Queue<T> {
+    head: Option<T>,
+    #[allow(clippy::box_collection)] // boxed: `None` for every subscriber without a backlog
+    rest: Option<Box<VecDeque<T>>>,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue {
+            head: None,
+            rest: None,
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    fn len(&self) -> usize {
+        usize::from(self.head.is_some()) + self.rest.as_ref().map_or(0, |r| r.len())
+    }
+
+    fn push_back(&mut self, item: T) {
+        if self.head.is_none() {
+            self.head = Some(item);
+        } else {
+            self.rest
+                .get_or_insert_with(Default::default)
+                .push_back(item);
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<T> {
+        let item = self.head.take()?;
+        self.head = self.rest.as_mut().and_then(|r| r.pop_front());
+        if self.head.is_none() {
+            self.rest = None;
+        }
+        Some(item)
+    }
+
+    fn clear(&mut self) {
+        self.head = None;
+        self.rest = None;
+    }
+}
+
 #[derive(Default)]
 struct State {
-    queue: VecDeque<Arc<Event>>,
+    queue: Queue<Arc<Event>>,
     bytes: usize,
     /// A reset snapshot replaced this subscriber's backlog and is not delivered yet.
     resetting: bool,
     closed: bool,
     /// The sink's token is on its [`Ready`] list and not yet taken.
     marked: bool,
+    /// The subscriber's coalescing window (`coalesce_ms`, 0 = a diff per commit), read by
+    /// the live thread when it registers the subscriber (see [`crate::fold`]); here, in the
+    /// state's padding, it costs the sink nothing.
+    coalesce_ms: u32,
 }
 
 /// The subscriptions of one connection that have events waiting: one forwarding task per
@@ -101,17 +161,24 @@ pub enum Pushed {
     Gone,
 }
 
-/// One subscriber's bounded queue of events.
+/// How a sink's consumer learns that events are waiting.
+enum Wake {
+    /// Its own consumer waits in [`Sink::recv`] (boxed: few sinks have one, see below).
+    Notify(Box<Notify>),
+    /// A consumer serving many sinks waits on their [`Ready`] list, where this sink puts its
+    /// token (once until the consumer calls [`Sink::unmark`]).
+    Ready(Arc<Ready>, u64),
+}
+
+/// One subscriber's bounded queue of events. 64 bytes and no other allocation while idle
+/// (a million idle WebSocket subscriptions are a million of these).
 pub struct Sink {
     state: Mutex<State>,
-    notify: Notify,
-    queue_max: usize,
-    bytes_max: usize,
-    /// The subscriber's coalescing window (`coalesce_ms`, 0 = a diff per commit), read by
-    /// the live thread when it registers the subscriber (see [`crate::fold`]).
-    coalesce_ms: u32,
-    /// Where to say that events are waiting, besides `notify` (see [`Ready`]).
-    ready: Option<(Arc<Ready>, u64)>,
+    wake: Wake,
+    /// [`Limits::subscriber_queue_max`] and [`Limits::subscriber_queue_bytes_max`], capped
+    /// at `u32::MAX`.
+    queue_max: u32,
+    bytes_max: u32,
 }
 
 impl Sink {
@@ -138,29 +205,36 @@ impl Sink {
     }
 
     fn build(limits: &Limits, coalesce_ms: u32, ready: Option<(Arc<Ready>, u64)>) -> Sink {
+        let cap = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Sink {
-            state: Mutex::new(State::default()),
-            notify: Notify::new(),
-            queue_max: limits.subscriber_queue_max,
-            bytes_max: limits.subscriber_queue_bytes_max,
-            coalesce_ms: coalesce_ms.min(crate::fold::COALESCE_MS_MAX),
-            ready,
+            state: Mutex::new(State {
+                coalesce_ms: coalesce_ms.min(crate::fold::COALESCE_MS_MAX),
+                ..State::default()
+            }),
+            wake: match ready {
+                Some((ready, token)) => Wake::Ready(ready, token),
+                None => Wake::Notify(Box::new(Notify::new())),
+            },
+            queue_max: cap(limits.subscriber_queue_max),
+            bytes_max: cap(limits.subscriber_queue_bytes_max),
         }
     }
 
     /// Whether this change must put the sink's token on its ready list (call with the state
     /// locked).
     fn mark(&self, s: &mut State) -> bool {
-        self.ready.is_some() && !std::mem::replace(&mut s.marked, true)
+        matches!(self.wake, Wake::Ready(..)) && !std::mem::replace(&mut s.marked, true)
     }
 
     /// Wakes the consumer (after the state lock is released).
     fn wake(&self, marked: bool) {
-        self.notify.notify_one();
-        if marked {
-            if let Some((ready, token)) = &self.ready {
-                ready.tokens.lock().push(*token);
-                ready.notify.notify_one();
+        match &self.wake {
+            Wake::Notify(notify) => notify.notify_one(),
+            Wake::Ready(ready, token) => {
+                if marked {
+                    ready.tokens.lock().push(*token);
+                    ready.notify.notify_one();
+                }
             }
         }
     }
@@ -171,9 +245,17 @@ impl Sink {
         self.state.lock().marked = false;
     }
 
+    /// The token this sink puts on its [`Ready`] list, for a [`Sink::forwarded`] one.
+    pub fn token(&self) -> Option<u64> {
+        match &self.wake {
+            Wake::Ready(_, token) => Some(*token),
+            Wake::Notify(_) => None,
+        }
+    }
+
     /// The subscriber's coalescing window in milliseconds (0: none).
     pub fn coalesce_ms(&self) -> u32 {
-        self.coalesce_ms
+        self.state.lock().coalesce_ms
     }
 
     /// Queues `event` unless that would exceed the sink's limits (then nothing is queued
@@ -183,7 +265,9 @@ impl Sink {
         if s.closed {
             return Pushed::Gone;
         }
-        if s.queue.len() >= self.queue_max || s.bytes + event.json.len() > self.bytes_max {
+        if s.queue.len() >= self.queue_max as usize
+            || s.bytes + event.json.len() > self.bytes_max as usize
+        {
             if s.resetting {
                 drop(s);
                 self.fail(
@@ -271,7 +355,9 @@ impl Sink {
         Some(event)
     }
 
-    /// The next event; `None` once the sink is closed and drained.
+    /// The next event; `None` once the sink is closed and drained. For a sink made with
+    /// [`Sink::new`] or [`Sink::coalescing`]; a [`Sink::forwarded`] one is drained with
+    /// [`Sink::try_recv`] by its [`Ready`] list's consumer (here it would wait on that list).
     pub async fn recv(&self) -> Option<Arc<Event>> {
         loop {
             if let Some(e) = self.try_recv() {
@@ -281,7 +367,80 @@ impl Sink {
                 return None;
             }
             // One consumer per sink: a notification that came before this wait left a permit.
-            self.notify.notified().await;
+            match &self.wake {
+                Wake::Notify(notify) => notify.notified().await,
+                Wake::Ready(ready, _) => ready.notified().await,
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The queue against `VecDeque` over random pushes, pops and clears, with bursts long
+    /// enough to use the backlog.
+    #[test]
+    fn queue_matches_a_vecdeque() {
+        let mut q: Queue<u64> = Queue::default();
+        let mut model: VecDeque<u64> = VecDeque::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in 0..50_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 16 {
+                0..=6 => {
+                    q.push_back(i);
+                    model.push_back(i);
+                }
+                7..=14 => assert_eq!(q.pop_front(), model.pop_front(), "step {i}"),
+                _ if x % 64 == 15 => {
+                    q.clear();
+                    model.clear();
+                }
+                _ => {}
+            }
+            assert_eq!(q.len(), model.len(), "step {i}");
+            assert_eq!(q.head.is_none(), model.is_empty());
+            assert!(
+                q.head.is_some() || q.rest.is_none(),
+                "an empty queue holds no backlog"
+            );
+        }
+    }
+
+    #[test]
+    fn an_idle_sink_is_small() {
+        let limits = Limits::default();
+        let ready = Arc::new(Ready::default());
+        let sink = Sink::forwarded(&limits, 0, ready.clone(), 7);
+        assert!(
+            std::mem::size_of::<Sink>() <= 64,
+            "{} bytes",
+            std::mem::size_of::<Sink>()
+        );
+        // Events in and out leave no allocation behind.
+        for seq in 1..=3 {
+            assert_eq!(
+                sink.push(Arc::new(Event {
+                    seq,
+                    kind: EventKind::Diff,
+                    json: "{}".into(),
+                    chunked: None,
+                })),
+                Pushed::Queued
+            );
+        }
+        assert_eq!(ready.take(), [7], "one token until the consumer unmarks");
+        sink.unmark();
+        let seqs: Vec<u64> = std::iter::from_fn(|| sink.try_recv())
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        let s = sink.state.lock();
+        assert!(s.queue.head.is_none() && s.queue.rest.is_none());
+        assert_eq!(s.bytes, 0);
     }
 }

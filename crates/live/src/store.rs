@@ -86,8 +86,9 @@ enum Repr {
     Large {
         rows: BTreeMap<RKey, Out>,
         /// Every row's position, when the view is ordered; ranked, so a change's `index`
-        /// costs O(rows / chunk), not O(position).
-        positions: Ranked<Pos>,
+        /// costs O(rows / chunk), not O(position). Boxed, so the enum — in every view, most
+        /// of them small — is 32 bytes rather than 64.
+        positions: Box<Ranked<Pos>>,
     },
 }
 
@@ -175,7 +176,7 @@ impl Store {
         };
         Repr::Large {
             rows: rows.into_iter().collect(),
-            positions,
+            positions: Box::new(positions),
         }
     }
 

@@ -175,8 +175,10 @@ fn run(
                     handoff.queued.lock().queued_commits -= commits.len();
                     handoff.applied.notify_all();
                 }
+                // The counters count a subscription before its subscriber hears of it.
                 Input::Subscribe { req, sink, reply } => {
                     let result = live.subscribe_with(|| db.read(), &req, sink);
+                    *stats.lock() = live.stats();
                     let _ = reply.send(result);
                 }
                 Input::SubscribeMany { reqs, reply } => {
@@ -184,6 +186,7 @@ fn run(
                         .into_iter()
                         .map(|(req, sink)| live.subscribe_with(|| db.read(), &req, sink))
                         .collect();
+                    *stats.lock() = live.stats();
                     let _ = reply.send(results);
                 }
                 Input::Unsubscribe(sub) => live.unsubscribe(sub),

@@ -373,8 +373,55 @@ impl Materialized {
         Json::Object(m)
     }
 
-    /// The snapshot message body at `seq`.
+    /// The snapshot message body at `seq`: written straight from the typed values (no
+    /// `serde_json::Value` per row, no copy of the column names and types), byte for byte
+    /// what [`Materialized::snapshot_json_built`] renders. Every subscribe renders one.
     pub fn snapshot_json(&self, seq: u64, reset: bool) -> String {
+        let names = &self.columns;
+        if (1..names.len()).any(|i| names[..i].contains(&names[i])) {
+            // A row object keeps one member per name: the built form says which.
+            return self.snapshot_json_built(seq, reset);
+        }
+        let (mut keys, mut rows) = (Vec::new(), Vec::new());
+        for (i, (k, o)) in self.visible().enumerate() {
+            if i > 0 {
+                keys.push(b',');
+                rows.push(b',');
+            }
+            crate::chunked::json_key(k, &mut keys);
+            rows.push(b'{');
+            for (c, (name, v)) in names.iter().zip(o.row.iter()).enumerate() {
+                if c > 0 {
+                    rows.push(b',');
+                }
+                crate::chunked::json_str(name, &mut rows);
+                rows.push(b':');
+                crate::chunked::json_value(v, &mut rows);
+            }
+            rows.push(b'}');
+        }
+        let mut out = Vec::with_capacity(keys.len() + rows.len() + 128);
+        out.extend_from_slice(b"{\"seq\":");
+        out.extend_from_slice(seq.to_string().as_bytes());
+        out.extend_from_slice(b",\"columns\":");
+        crate::chunked::json_strs(&self.columns, &mut out);
+        out.extend_from_slice(b",\"types\":");
+        crate::chunked::json_json(&self.types, &mut out);
+        out.extend_from_slice(b",\"keys\":[");
+        out.extend_from_slice(&keys);
+        out.extend_from_slice(b"],\"rows\":[");
+        out.extend_from_slice(&rows);
+        out.extend_from_slice(b"],\"checksum\":");
+        crate::chunked::json_str(&render(self.checksum), &mut out);
+        if reset {
+            out.extend_from_slice(b",\"reset\":true");
+        }
+        out.push(b'}');
+        String::from_utf8(out).expect("JSON is written from UTF-8 text only")
+    }
+
+    /// The snapshot message body at `seq`, built as a `serde_json::Value` first.
+    pub fn snapshot_json_built(&self, seq: u64, reset: bool) -> String {
         let mut keys = Vec::new();
         let mut rows = Vec::new();
         for (k, o) in self.visible() {
@@ -455,5 +502,68 @@ impl Materialized {
             })
             .collect();
         json!({"seq": seq, "changes": changes, "checksum": render(self.checksum)}).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(columns: &[&str], rows: Vec<Vec<Value>>) -> Materialized {
+        let columns: Arc<[String]> = columns.iter().map(|c| c.to_string()).collect();
+        let mut mat = Materialized::new(columns, Arc::new([]), 0, None, None);
+        mat.types = Arc::new(json!(["integer", {"t": "text"}]));
+        mat.load(
+            rows.into_iter()
+                .map(|r| {
+                    let key = vec![r[0].clone()];
+                    let out = Out {
+                        sort: Box::new([]),
+                        row: r.into(),
+                    };
+                    (key, out)
+                })
+                .collect(),
+        );
+        mat
+    }
+
+    /// The direct snapshot writer renders what the built form renders, byte for byte.
+    #[test]
+    fn snapshot_json_is_the_built_form() {
+        let values = [
+            Value::Null,
+            Value::Integer(-7),
+            Value::Real(1.5),
+            Value::Real(f64::NAN),
+            Value::Real(1e300),
+            Value::Boolean(true),
+            Value::Text("quote \" and \\ and \u{1}, ünï".into()),
+            Value::Blob(Box::new([0, 255, 3])),
+            Value::Json(r#"{"b": [1, 2.50, "x"]}"#.into()),
+            Value::Timestamp(1_700_000_000_000_000),
+        ];
+        let rows: Vec<Vec<Value>> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| vec![Value::Integer(i as i64), v.clone()])
+            .collect();
+        for columns in [
+            &["id", "v"][..],
+            &["id", "a \"name\""],
+            &["id", "id"],
+            &["id"],
+        ] {
+            for n in [0, 1, rows.len()] {
+                let mat = view(columns, rows[..n].to_vec());
+                for (seq, reset) in [(0, false), (41, true)] {
+                    assert_eq!(
+                        mat.snapshot_json(seq, reset),
+                        mat.snapshot_json_built(seq, reset),
+                        "columns {columns:?}, {n} rows"
+                    );
+                }
+            }
+        }
     }
 }

@@ -699,7 +699,7 @@ impl Subscriptions {
             .ok_or_else(|| ApiError::bad_request("a subscribe needs \"qid\" (a string or number)"))?
             .clone();
         let name = qid.to_string();
-        self.by_qid.retain(|_, task| !task.is_finished());
+        self.prune_finished();
         if self.by_qid.contains_key(&name) || watches.has_qid(&name) {
             return Err(ApiError::bad_request(format!(
                 "qid {name} is already subscribed on this connection; unsubscribe it first"
