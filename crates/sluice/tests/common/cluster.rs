@@ -111,10 +111,15 @@ pub fn random_write(rng: &mut Rng, n: u64, tagged: bool) -> Value {
     json!({"ops": ops, "durability": CLASSES[rng.below(4) as usize]})
 }
 
-/// Whether a refused write is one the random workload expects (an insert of a key that
-/// exists, a patch of one that does not…): a transaction error, never a server fault.
+/// Whether a refused write is one the random workload expects — an insert of a key that
+/// exists (`already_exists`), a patch or delete of one that does not (`not_found`) — and
+/// never a server fault, a refused token or `not_leader`.
 pub fn expected_refusal(status: u16, body: &Value) -> bool {
-    (400..500).contains(&status) && status != 401 && status != 403 && !body["error"].is_null()
+    (400..500).contains(&status)
+        && matches!(
+            body["error"]["code"].as_str(),
+            Some("already_exists" | "not_found")
+        )
 }
 
 /// A `/v1/ws` connection that sends `mutate`s one at a time and waits for each reply.
