@@ -147,6 +147,8 @@ async fn run_cases(
         // Room for the views-over-nodes case on every node.
         let per_conn = p.views_per_node.max(1024).to_string();
         v.extend(["--live-subscriptions-per-connection".to_string(), per_conn]);
+        // The views' rooms are preloaded in mutates of 50 000 rows.
+        v.extend(["--max-ops".to_string(), "50000".to_string()]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
