@@ -37,8 +37,7 @@ use crate::harness::{measure, runtime, Bench};
 use crate::hist::{fmt_si, fmt_us, Latency};
 use crate::live::client::Api as LiveApi;
 use crate::live::load::{
-    mix, preload_rooms, subscriber, until, write_open_loop, Reader, WsSink, ROOM_VIEW,
-    SUBS_PER_FRAME,
+    mix, subscriber, until, write_open_loop, Reader, WsSink, MSG_SCHEMA, ROOM_VIEW, SUBS_PER_FRAME,
 };
 use crate::live::Dist;
 use crate::report::{Table, Target};
@@ -147,8 +146,6 @@ async fn run_cases(
         // Room for the views-over-nodes case on every node.
         let per_conn = p.views_per_node.max(1024).to_string();
         v.extend(["--live-subscriptions-per-connection".to_string(), per_conn]);
-        // The views' rooms are preloaded in mutates of 50 000 rows.
-        v.extend(["--max-ops".to_string(), "50000".to_string()]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
@@ -297,6 +294,8 @@ async fn subscribe_range(
     Ok((sink, reader))
 }
 
+/// Rows per preload mutate of the views' rooms (≈ 100 KB a commit).
+const VIEWS_PRELOAD_BATCH: usize = 2_000;
 /// How long subscribing one node's views may take.
 const VIEWS_SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long the last diffs may take after the writer stopped.
@@ -311,7 +310,17 @@ async fn views_over_nodes(
 ) -> anyhow::Result<()> {
     let v = p.views_per_node;
     let leader = &nodes[0].base_url;
-    preload_rooms(&LiveApi::new(leader)?, v * nodes.len()).await?;
+    // One message per room, in commits small enough for one NATS message each (a commit
+    // is published whole; nats-server's max_payload is 1 MiB by default).
+    let api = LiveApi::new(leader)?;
+    api.sql(MSG_SCHEMA).await?;
+    api.preload(
+        "msg",
+        (0..v * nodes.len())
+            .map(|room| format!("{{\"id\":{room},\"room\":{room},\"ts\":0,\"body\":\"hi\"}}")),
+        VIEWS_PRELOAD_BATCH,
+    )
+    .await?;
     let target = nodes[0].health_seq().await?;
     for n in &nodes[1..] {
         let deadline = Instant::now() + Duration::from_secs(300);

@@ -55,7 +55,8 @@ const MILLION_RATE: usize = 1_000;
 /// Preload rows per mutate.
 const PRELOAD_BATCH: usize = 50_000;
 
-const MSG_SCHEMA: &str = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, \
+pub(crate) const MSG_SCHEMA: &str =
+    "CREATE TABLE msg (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, \
     ts INTEGER NOT NULL, body TEXT); CREATE INDEX msg_room ON msg (room)";
 pub(crate) const ROOM_VIEW: &str = "SELECT * FROM msg WHERE room = $1";
 const HOT_SCHEMA: &str =
