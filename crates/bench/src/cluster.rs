@@ -10,8 +10,17 @@
 //!   the follower every 20 ms: the time from the kill to the first write accepted (the
 //!   lease's time to live, `--lease-ms`, is most of it).
 //!
-//! Not measured yet: live views spread over nodes (views held and write→diff latency by
-//! node count).
+//! - **views over nodes**: `--views-per-node` (100 000) scoped live views (`SELECT * FROM msg
+//!   WHERE room = $1`, one room each, subscribed with `subscribe_many` over one WebSocket)
+//!   held on the leader, then also on a follower, then on a second follower (each node its
+//!   own rooms); at each node count a writer sends one-row upserts to the leader over
+//!   WebSocket at a fixed open-loop rate (`--views-rate`, 1 000/s) to random rooms among all
+//!   the views held, for `--views-seconds`. Reports views held, their ratio to one node, and
+//!   write→diff p50/p99 per node (measured from each write's scheduled time, so a writer
+//!   that falls behind counts). Every acknowledged write must arrive as exactly one diff.
+//!   The live client code is `live::load`'s (`subscriber`, `write_open_loop`). All nodes
+//!   share the machine's cores: on one machine this shows that views spread and replicate,
+//!   not the capacity of three machines.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,8 +29,17 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use futures_util::SinkExt;
+use std::sync::atomic::Ordering;
+use tokio_tungstenite::tungstenite::Message;
+
 use crate::harness::{measure, runtime, Bench};
 use crate::hist::{fmt_si, fmt_us, Latency};
+use crate::live::client::Api as LiveApi;
+use crate::live::load::{
+    mix, subscriber, until, write_open_loop, Reader, WsSink, MSG_SCHEMA, ROOM_VIEW, SUBS_PER_FRAME,
+};
+use crate::live::Dist;
 use crate::report::{Table, Target};
 use crate::svg::{BarChart, BarSeries};
 use crate::CommonArgs;
@@ -42,6 +60,15 @@ pub struct ClusterArgs {
     /// The leader lease's time to live (failover waits for it to lapse).
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
+    /// Live views each node holds in the views-over-nodes case (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    pub views_per_node: usize,
+    /// Writes per second (open loop, to the leader) while the views are held.
+    #[arg(long, default_value_t = 1_000)]
+    pub views_rate: usize,
+    /// Seconds of writes at each node count.
+    #[arg(long, default_value_t = 10.0)]
+    pub views_seconds: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -50,6 +77,9 @@ struct Params {
     seconds: f64,
     rows: u64,
     lease_ms: u64,
+    views_per_node: usize,
+    views_rate: usize,
+    views_seconds: f64,
     quick: bool,
 }
 
@@ -72,18 +102,32 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<bool> {
         seconds: if quick { 1.0 } else { args.seconds },
         rows: if quick { 500 } else { args.rows },
         lease_ms: if quick { 1500 } else { args.lease_ms },
+        views_per_node: if quick {
+            args.views_per_node.min(300)
+        } else {
+            args.views_per_node
+        },
+        views_rate: if quick { 200 } else { args.views_rate },
+        views_seconds: if quick { 1.0 } else { args.views_seconds },
         quick,
     };
     let mut bench = Bench::new("cluster", &args.common, &params)?;
     let rt = runtime()?;
-    let (cases, failover_ms) = rt.block_on(run_cases(&bench, &params))?;
-    let failed =
-        cases.iter().filter(|c| c.error.is_some()).count() + usize::from(failover_ms.is_none());
-    fill_report(&mut bench, &params, &cases, failover_ms);
+    let (cases, views, failover_ms) = rt.block_on(run_cases(&bench, &params))?;
+    let failed = cases.iter().filter(|c| c.error.is_some()).count()
+        + views
+            .iter()
+            .filter(|c| c.error.is_some() || !c.verified)
+            .count()
+        + usize::from(failover_ms.is_none());
+    fill_report(&mut bench, &params, &cases, &views, failover_ms);
     bench.finish(failed)
 }
 
-async fn run_cases(bench: &Bench, p: &Params) -> anyhow::Result<(Vec<Case>, Option<f64>)> {
+async fn run_cases(
+    bench: &Bench,
+    p: &Params,
+) -> anyhow::Result<(Vec<Case>, Vec<ViewsCase>, Option<f64>)> {
     let nats = sluice_cluster::testkit::NatsCluster::start(3)
         .await
         .context("cannot start the NATS cluster (Debian package nats-server)")?;
@@ -99,6 +143,9 @@ async fn run_cases(bench: &Bench, p: &Params) -> anyhow::Result<(Vec<Case>, Opti
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // Room for the views-over-nodes case on every node.
+        let per_conn = p.views_per_node.max(1024).to_string();
+        v.extend(["--live-subscriptions-per-connection".to_string(), per_conn]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
@@ -160,6 +207,24 @@ async fn run_cases(bench: &Bench, p: &Params) -> anyhow::Result<(Vec<Case>, Opti
         .await;
         cases.push(named(name.into(), case));
     }
+    let mut views = Vec::new();
+    if p.views_per_node > 0 {
+        // A second follower for the views (a read replica: it never takes the lease).
+        let follower2 = bench
+            .sluice(
+                "cluster-follower-2",
+                &cluster(&["--follower", "--no-takeover"]),
+            )
+            .await?;
+        let nodes = [&leader.server, &follower.server, &follower2.server];
+        if let Err(e) = views_over_nodes(bench, p, &nodes, &mut views).await {
+            views.push(ViewsCase {
+                error: Some(format!("{e:#}")),
+                ..ViewsCase::default()
+            });
+        }
+        drop(follower2);
+    }
     // Failover: the follower takes the lease once it lapses.
     let mutate = follower.url("/v1/mutate");
     let body = json!({"ops": [{"op": "upsert", "table": "t", "row": {"id": 0, "v": -1}}],
@@ -176,7 +241,174 @@ async fn run_cases(bench: &Bench, p: &Params) -> anyhow::Result<(Vec<Case>, Opti
     }
     drop(follower);
     drop(nats);
-    Ok((cases, failover_ms))
+    Ok((cases, views, failover_ms))
+}
+
+/// One node count of the views-over-nodes case.
+#[derive(Clone, Debug, Default, Serialize)]
+struct ViewsCase {
+    nodes: usize,
+    /// Views subscribed (their snapshot received) over all nodes.
+    views_held: u64,
+    /// `views_held` over the one-node case's.
+    ratio_to_one: f64,
+    rate_target: usize,
+    rate_achieved: f64,
+    writes_acked: u64,
+    diffs: u64,
+    /// write→diff over every node, then per node (leader first).
+    write_to_diff: Dist,
+    per_node: Vec<Dist>,
+    verified: bool,
+    detail: String,
+    error: Option<String>,
+}
+
+/// Subscribes rooms `rooms` to [`ROOM_VIEW`] on one connection to `base` with
+/// `subscribe_many` frames; returns once every snapshot arrived.
+async fn subscribe_range(
+    base: &str,
+    epoch: Instant,
+    rooms: std::ops::Range<usize>,
+) -> anyhow::Result<(WsSink, Reader)> {
+    let (mut sink, reader) = subscriber(base, epoch, false).await?;
+    let want = rooms.len() as u64;
+    let rooms: Vec<usize> = rooms.collect();
+    for (f, chunk) in rooms.chunks(SUBS_PER_FRAME).enumerate() {
+        let subs: Vec<Value> = chunk
+            .iter()
+            .map(|&room| json!({"qid": room, "sql": ROOM_VIEW, "params": [room]}))
+            .collect();
+        let frame = json!({"id": f, "type": "subscribe_many", "subs": subs});
+        sink.send(Message::Text(frame.to_string().into())).await?;
+    }
+    let live = reader.live.clone();
+    until(VIEWS_SUBSCRIBE_TIMEOUT, "the views' snapshots", || {
+        live.snapshots.load(Ordering::Relaxed) >= want || live.failures.load(Ordering::Relaxed) > 0
+    })
+    .await?;
+    anyhow::ensure!(
+        live.failures.load(Ordering::Relaxed) == 0,
+        "a subscription on {base} was refused"
+    );
+    Ok((sink, reader))
+}
+
+/// Rows per preload mutate of the views' rooms (≈ 100 KB a commit).
+const VIEWS_PRELOAD_BATCH: usize = 2_000;
+/// How long subscribing one node's views may take.
+const VIEWS_SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the last diffs may take after the writer stopped.
+const VIEWS_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The views-over-nodes case: `nodes[0]` is the leader; node count 1, 2, 3 in turn.
+async fn views_over_nodes(
+    bench: &Bench,
+    p: &Params,
+    nodes: &[&crate::server::SluiceServer],
+    cases: &mut Vec<ViewsCase>,
+) -> anyhow::Result<()> {
+    let v = p.views_per_node;
+    let leader = &nodes[0].base_url;
+    // One message per room, in commits small enough for one NATS message each (a commit
+    // is published whole; nats-server's max_payload is 1 MiB by default).
+    let api = LiveApi::new(leader)?;
+    api.sql(MSG_SCHEMA).await?;
+    api.preload(
+        "msg",
+        (0..v * nodes.len())
+            .map(|room| format!("{{\"id\":{room},\"room\":{room},\"ts\":0,\"body\":\"hi\"}}")),
+        VIEWS_PRELOAD_BATCH,
+    )
+    .await?;
+    let target = nodes[0].health_seq().await?;
+    for n in &nodes[1..] {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while n.health_seq().await? < target {
+            anyhow::ensure!(Instant::now() < deadline, "a follower did not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let epoch = Instant::now();
+    let mut held: Vec<(WsSink, Reader)> = Vec::new();
+    for (k, node) in nodes.iter().enumerate() {
+        let count = k + 1;
+        let started = Instant::now();
+        held.push(subscribe_range(&node.base_url, epoch, k * v..(k + 1) * v).await?);
+        bench.progress.say(format!(
+            "  views: {v} on node {count} in {:.1}s; writing at {}/s to {} rooms",
+            started.elapsed().as_secs_f64(),
+            p.views_rate,
+            count * v
+        ));
+        let readers: Vec<&Reader> = held.iter().map(|(_, r)| r).collect();
+        let diffs_now = || {
+            readers
+                .iter()
+                .map(|r| r.live.diffs.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let diffs_before = diffs_now();
+        let warm_us = (p.views_seconds * 0.2).min(1.0) * 1e6;
+        let from = epoch.elapsed().as_micros() as u64 + warm_us as u64;
+        for r in &readers {
+            r.measure_from_us.store(from, Ordering::Relaxed);
+            r.lat_us.lock().expect("not poisoned").clear();
+        }
+        let rooms = (count * v) as u64;
+        let salt = epoch.elapsed().as_nanos() as u64;
+        let row = move |i: u64, stamp: u64| {
+            let room = mix(i ^ salt) % rooms;
+            format!("{{\"id\":{room},\"room\":{room},\"ts\":{stamp},\"body\":\"w{i}\"}}")
+        };
+        let (acked, _, achieved) =
+            write_open_loop(leader, epoch, p.views_rate, p.views_seconds, "msg", row).await?;
+        let drained = until(VIEWS_DRAIN_TIMEOUT, "every write's diff", || {
+            diffs_now() - diffs_before >= acked
+        })
+        .await;
+        let diffs = diffs_now() - diffs_before;
+        let mut all = Vec::new();
+        let mut per_node = Vec::new();
+        for r in &readers {
+            let lat = std::mem::take(&mut *r.lat_us.lock().expect("not poisoned"));
+            per_node.push(Dist::of(&lat));
+            all.extend(lat);
+        }
+        let views_held: u64 = readers
+            .iter()
+            .map(|r| r.live.snapshots.load(Ordering::Relaxed))
+            .sum();
+        let one = cases.first().map_or(views_held, |c| c.views_held);
+        cases.push(ViewsCase {
+            nodes: count,
+            views_held,
+            ratio_to_one: views_held as f64 / one.max(1) as f64,
+            rate_target: p.views_rate,
+            rate_achieved: achieved,
+            writes_acked: acked,
+            diffs,
+            write_to_diff: Dist::of(&all),
+            per_node,
+            verified: drained.is_ok() && diffs == acked && views_held == (count * v) as u64,
+            detail: format!("{diffs} diffs for {acked} acknowledged writes"),
+            error: None,
+        });
+    }
+    for (sink, reader) in held {
+        drop(sink);
+        let seen = reader.finish().await?;
+        if seen.resets > 0 || !seen.errors.is_empty() {
+            for c in cases.iter_mut() {
+                c.verified = false;
+                c.detail.push_str(&format!(
+                    "; {} resets, errors {:?}",
+                    seen.resets, seen.errors
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn named(name: String, result: anyhow::Result<(u64, f64, Latency)>) -> Case {
@@ -249,10 +481,17 @@ where
     Ok((ops, seconds, latency))
 }
 
-fn fill_report(bench: &mut Bench, p: &Params, cases: &[Case], failover_ms: Option<f64>) {
+fn fill_report(
+    bench: &mut Bench,
+    p: &Params,
+    cases: &[Case],
+    views: &[ViewsCase],
+    failover_ms: Option<f64>,
+) {
     let report = &mut bench.report;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     report.intro.push(format!(
-        "A 3-node NATS JetStream cluster (R3) on loopback, a `sluice serve --cluster` leader and one `--follower`; {} HTTP clients per case, {} s measured per case.",
+        "A 3-node NATS JetStream cluster (R3) on loopback, a `sluice serve --cluster` leader and one `--follower` (a second follower for the views over nodes); {} HTTP clients per case, {} s measured per case. Every process — the Sluice nodes, the NATS nodes and the bench's clients — shares this machine's {cores} cores, so more nodes here add no CPU: the views-over-nodes rows show that views spread and stay exact, and what the spreading costs in latency, not three machines' capacity.",
         p.clients, p.seconds
     ));
     let per_sec = |name: &str| cases.iter().find(|c| c.name == name).map(|c| c.per_sec);
@@ -271,11 +510,35 @@ fn fill_report(bench: &mut Bench, p: &Params, cases: &[Case], failover_ms: Optio
         measured: failover_ms.map_or("failed".into(), |ms| format!("{ms:.0} ms")),
         met: None,
     });
-    report.targets.push(Target {
-        what: "live views held: 3 nodes vs 1".into(),
-        goal: "≥ 2.7×".into(),
-        measured: "not measured yet".into(),
-        met: None,
+    let ok = |c: &&ViewsCase| c.error.is_none() && c.verified;
+    let by_nodes = |n: usize| views.iter().filter(ok).find(|c| c.nodes == n);
+    report.targets.push(match (by_nodes(1), by_nodes(3)) {
+        (Some(one), Some(three)) => {
+            let (p1, p3) = (one.write_to_diff.p50_us, three.write_to_diff.p50_us);
+            Target {
+                what: "live views held: 3 nodes vs 1, at the same write→diff latency (p50 within 1.5×)".into(),
+                goal: "≥ 2.7×".into(),
+                measured: format!(
+                    "{:.2}× ({} vs {} views; p50 {} vs {})",
+                    three.ratio_to_one,
+                    three.views_held,
+                    one.views_held,
+                    fmt_us(p3 as u64),
+                    fmt_us(p1 as u64)
+                ),
+                met: Some(three.ratio_to_one >= 2.7 && p3 <= 1.5 * p1.max(1.0)),
+            }
+        }
+        _ => Target {
+            what: "live views held: 3 nodes vs 1".into(),
+            goal: "≥ 2.7×".into(),
+            measured: if p.views_per_node == 0 {
+                "not run (--views-per-node 0)".into()
+            } else {
+                "failed".into()
+            },
+            met: if p.views_per_node == 0 { None } else { Some(false) },
+        },
     });
     let mut t = Table::new("Cases", &["case", "per second", "p50", "p99", "ops"]);
     for c in cases {
@@ -292,6 +555,94 @@ fn fill_report(bench: &mut Bench, p: &Params, cases: &[Case], failover_ms: Optio
         }
     }
     report.tables.push(t);
+    if !views.is_empty() {
+        let mut t = Table::new(
+            format!(
+                "Live views spread over nodes ({} views per node, writes at {}/s to the leader, {} s per node count; write→diff p50 / p99)",
+                p.views_per_node, p.views_rate, p.views_seconds
+            ),
+            &[
+                "nodes",
+                "views held",
+                "× 1 node",
+                "writes/s",
+                "all nodes",
+                "leader",
+                "follower 1",
+                "follower 2",
+                "verified",
+            ],
+        );
+        for c in views {
+            if c.error.is_some() {
+                t.failed_row(vec![c.nodes.to_string()]);
+                continue;
+            }
+            let pair =
+                |d: &Dist| format!("{} / {}", fmt_us(d.p50_us as u64), fmt_us(d.p99_us as u64));
+            let node = |i: usize| c.per_node.get(i).map_or("—".to_string(), pair);
+            t.row(vec![
+                c.nodes.to_string(),
+                c.views_held.to_string(),
+                format!("{:.2}×", c.ratio_to_one),
+                format!("{:.0}", c.rate_achieved),
+                pair(&c.write_to_diff),
+                node(0),
+                node(1),
+                node(2),
+                if c.verified {
+                    "yes".into()
+                } else {
+                    format!("NO: {}", c.detail)
+                },
+            ]);
+        }
+        report.tables.push(t);
+        let done: Vec<&ViewsCase> = views.iter().filter(ok).collect();
+        report.chart(
+            "views.svg",
+            "live views held, by node count",
+            BarChart {
+                title: "Cluster: live views held by node count".into(),
+                x_label: "nodes".into(),
+                y_label: "views held".into(),
+                categories: done.iter().map(|c| c.nodes.to_string()).collect(),
+                series: vec![BarSeries {
+                    name: "sluice".into(),
+                    values: done.iter().map(|c| Some(c.views_held as f64)).collect(),
+                }],
+            }
+            .render(),
+        );
+        report.chart(
+            "views-latency.svg",
+            "write→diff p50 (ms) over all nodes, by node count",
+            BarChart {
+                title: "Cluster: write→diff p50 by node count".into(),
+                x_label: "nodes".into(),
+                y_label: "ms".into(),
+                categories: done.iter().map(|c| c.nodes.to_string()).collect(),
+                series: vec![BarSeries {
+                    name: "sluice".into(),
+                    values: done
+                        .iter()
+                        .map(|c| Some(c.write_to_diff.p50_us / 1e3))
+                        .collect(),
+                }],
+            }
+            .render(),
+        );
+        for c in views {
+            if let Some(e) = &c.error {
+                report.notes.push(format!("FAILED: views over nodes: {e}"));
+            } else if !c.verified {
+                report.notes.push(format!(
+                    "FAILED: views over {} nodes: {}",
+                    c.nodes, c.detail
+                ));
+            }
+        }
+    }
     report.chart(
         "throughput.svg",
         "operations per second by case",
@@ -326,6 +677,7 @@ fn fill_report(bench: &mut Bench, p: &Params, cases: &[Case], failover_ms: Optio
         "suite": "cluster",
         "params": p,
         "cases": cases,
+        "views": views,
         "failover_ms": failover_ms,
     });
 }
@@ -352,5 +704,31 @@ pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
         samples["failover_ms"].as_f64().unwrap_or(0.0) > 0.0,
         "failover was not measured"
     );
+    let per_node = samples["params"]["views_per_node"].as_u64().unwrap_or(0);
+    if per_node > 0 {
+        let views = samples["views"]
+            .as_array()
+            .context("samples.json has no views cases")?;
+        for n in 1..=3u64 {
+            let c = views
+                .iter()
+                .find(|c| c["nodes"] == n)
+                .with_context(|| format!("no views case over {n} nodes"))?;
+            anyhow::ensure!(c["error"].is_null(), "views case failed: {c}");
+            anyhow::ensure!(c["verified"] == true, "views case not verified: {c}");
+            anyhow::ensure!(
+                c["views_held"].as_u64() == Some(n * per_node),
+                "{n} nodes hold {} views, not {}",
+                c["views_held"],
+                n * per_node
+            );
+            anyhow::ensure!(
+                c["writes_acked"].as_u64().unwrap_or(0) > 0
+                    && c["diffs"] == c["writes_acked"]
+                    && c["per_node"].as_array().map(Vec::len) == Some(n as usize),
+                "views case over {n} nodes: {c}"
+            );
+        }
+    }
     Ok(())
 }

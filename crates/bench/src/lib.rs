@@ -33,7 +33,8 @@
 //! - [`transfer`]: `sluice bench transfer` — the SpacetimeDB keynote-2 transfer workload
 //!   against Sluice (WebSocket and HTTP), PostgreSQL and SQLite behind HTTP RPC servers.
 //! - [`cluster`]: `sluice bench cluster` — `replicated` vs `fsync` writes, reads over a
-//!   leader and a follower, failover time, on a loopback NATS JetStream cluster.
+//!   leader and a follower, live views spread over 1 / 2 / 3 nodes, failover time, on a
+//!   loopback NATS JetStream cluster.
 //! - [`harness`]: what every suite shares — runtime, the server under test with its own
 //!   data dir, warm-up + measured window, notes, writing and printing the report.
 //! - [`load`]: the closed-loop load driver (warm-up, measured window, per-second samples).

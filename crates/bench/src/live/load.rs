@@ -41,7 +41,7 @@ use crate::report::{Report, Table, Target};
 use crate::transfer::clients::connect_ws_as;
 
 /// Subscriptions per `subscribe_many` frame.
-const SUBS_PER_FRAME: usize = 5_000;
+pub(crate) const SUBS_PER_FRAME: usize = 5_000;
 /// Subscriptions per WebSocket connection.
 const SUBS_PER_CONNECTION: usize = 250_000;
 /// Writes per second one writer connection sends at most (more connections above).
@@ -55,9 +55,10 @@ const MILLION_RATE: usize = 1_000;
 /// Preload rows per mutate.
 const PRELOAD_BATCH: usize = 50_000;
 
-const MSG_SCHEMA: &str = "CREATE TABLE msg (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, \
+pub(crate) const MSG_SCHEMA: &str =
+    "CREATE TABLE msg (id INTEGER PRIMARY KEY, room INTEGER NOT NULL, \
     ts INTEGER NOT NULL, body TEXT); CREATE INDEX msg_room ON msg (room)";
-const ROOM_VIEW: &str = "SELECT * FROM msg WHERE room = $1";
+pub(crate) const ROOM_VIEW: &str = "SELECT * FROM msg WHERE room = $1";
 const HOT_SCHEMA: &str =
     "CREATE TABLE items (id INTEGER PRIMARY KEY, grp INTEGER NOT NULL, val INTEGER NOT NULL)";
 const HOT_VIEW: &str = "SELECT * FROM items WHERE grp = 1";
@@ -113,39 +114,44 @@ pub struct CoalesceCase {
 
 /// What one subscribing connection saw.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     snapshots: u64,
     diffs: u64,
     changes: u64,
     bytes: u64,
-    errors: Vec<String>,
-    resets: u64,
+    pub(crate) errors: Vec<String>,
+    pub(crate) resets: u64,
     mats: HashMap<u64, Mat>,
 }
 
 /// Counters a reader keeps live, for waiting.
 #[derive(Default)]
-struct Live {
-    snapshots: AtomicU64,
-    diffs: AtomicU64,
+pub(crate) struct Live {
+    pub(crate) snapshots: AtomicU64,
+    pub(crate) diffs: AtomicU64,
     /// The newest seq a diff or snapshot carried.
     seq: AtomicU64,
-    failures: AtomicU64,
+    pub(crate) failures: AtomicU64,
 }
 
-struct Reader {
-    live: Arc<Live>,
+pub(crate) struct Reader {
+    pub(crate) live: Arc<Live>,
     /// write→diff of rows stamped at or after `measure_from_us`, taken by each run.
-    lat_us: Arc<std::sync::Mutex<Vec<f64>>>,
-    measure_from_us: Arc<AtomicU64>,
+    pub(crate) lat_us: Arc<std::sync::Mutex<Vec<f64>>>,
+    pub(crate) measure_from_us: Arc<AtomicU64>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<Seen>>,
 }
 
-type WsSink = futures_util::stream::SplitSink<crate::transfer::clients::WsStream, Message>;
+pub(crate) type WsSink =
+    futures_util::stream::SplitSink<crate::transfer::clients::WsStream, Message>;
 
 /// Opens a subscribing connection; its reader files events (keeping views when `mats`).
-async fn subscriber(base: &str, epoch: Instant, mats: bool) -> anyhow::Result<(WsSink, Reader)> {
+pub(crate) async fn subscriber(
+    base: &str,
+    epoch: Instant,
+    mats: bool,
+) -> anyhow::Result<(WsSink, Reader)> {
     let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
     let ws = connect_ws_as(&url, "sluice.json.v1", crate::server::admin_token()).await?;
     let (sink, mut stream) = ws.split();
@@ -239,7 +245,7 @@ async fn subscriber(base: &str, epoch: Instant, mats: bool) -> anyhow::Result<(W
 }
 
 impl Reader {
-    async fn finish(mut self) -> anyhow::Result<Seen> {
+    pub(crate) async fn finish(mut self) -> anyhow::Result<Seen> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -248,7 +254,11 @@ impl Reader {
 }
 
 /// Waits until `done()` holds, or fails after `timeout` saying `what`.
-async fn until(timeout: Duration, what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {
+pub(crate) async fn until(
+    timeout: Duration,
+    what: &str,
+    done: impl Fn() -> bool,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     while !done() {
         anyhow::ensure!(started.elapsed() < timeout, "timed out waiting for {what}");
@@ -312,7 +322,7 @@ async fn subscribe_rooms(
 /// Sends one-row `mutate`s at `rate` per second for `seconds`, open loop, over enough
 /// connections; `row(i, stamp_us)` renders the i-th write's row. Returns (acked, the last
 /// acked seq, achieved writes/s).
-async fn write_open_loop(
+pub(crate) async fn write_open_loop(
     base: &str,
     epoch: Instant,
     rate: usize,
@@ -384,7 +394,7 @@ async fn write_open_loop(
 }
 
 /// A tiny deterministic generator.
-fn mix(i: u64) -> u64 {
+pub(crate) fn mix(i: u64) -> u64 {
     let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -392,7 +402,7 @@ fn mix(i: u64) -> u64 {
 }
 
 /// Preloads one message per room.
-async fn preload_rooms(api: &Api, v: usize) -> anyhow::Result<()> {
+pub(crate) async fn preload_rooms(api: &Api, v: usize) -> anyhow::Result<()> {
     api.sql(MSG_SCHEMA).await?;
     api.preload(
         "msg",
