@@ -199,9 +199,11 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1 << 20)]
     max_row_bytes: usize,
     /// Largest transaction, as the encoded size of its commit record in bytes (a mutate, a
-    /// function call); checked op by op while the transaction is built. At most 32 MiB.
-    #[arg(long, default_value_t = sluice_engine::Limits::default().commit_bytes_max)]
-    max_commit_bytes: usize,
+    /// function call); checked op by op while the transaction is built. At most 32 MiB;
+    /// default 16 MiB, and in a cluster (`--cluster`) 1 MiB − 8 KiB, at most, as each
+    /// commit travels as one NATS message (nats-server's `max_payload`, 1 MiB by default).
+    #[arg(long)]
+    max_commit_bytes: Option<usize>,
     /// Most columns in one table.
     #[arg(long, default_value_t = 256)]
     max_columns: usize,
@@ -382,6 +384,11 @@ struct ServeArgs {
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
 const BODY_BYTES_MAX_CEILING: usize = 32 << 20;
 
+/// Largest commit in a cluster: one NATS message of at most nats-server's default
+/// `max_payload` (1 MiB), less room for the frame header and the message's headers. A
+/// larger commit could not be replicated, and its leader would lose its lease over it.
+const CLUSTER_COMMIT_BYTES_MAX: usize = (1 << 20) - (8 << 10);
+
 impl ServeArgs {
     fn config(&self) -> anyhow::Result<Config> {
         anyhow::ensure!(
@@ -390,10 +397,17 @@ impl ServeArgs {
             self.max_body_bytes
         );
         let ceiling = sluice_engine::db::COMMIT_BYTES_MAX_CEILING;
+        let max_commit_bytes = match (self.max_commit_bytes, &self.cluster) {
+            (Some(n), Some(_)) if n > CLUSTER_COMMIT_BYTES_MAX => anyhow::bail!(
+                "--max-commit-bytes {n} is above {CLUSTER_COMMIT_BYTES_MAX} bytes, the most a commit may be in a cluster: each commit is one NATS message, and nats-server's max_payload is 1 MiB by default"
+            ),
+            (Some(n), _) => n,
+            (None, Some(_)) => CLUSTER_COMMIT_BYTES_MAX,
+            (None, None) => sluice_engine::Limits::default().commit_bytes_max,
+        };
         anyhow::ensure!(
-            self.max_commit_bytes <= ceiling,
-            "--max-commit-bytes {} is above the ceiling of {ceiling} bytes (a commit must fit in one log frame)",
-            self.max_commit_bytes
+            max_commit_bytes <= ceiling,
+            "--max-commit-bytes {max_commit_bytes} is above the ceiling of {ceiling} bytes (a commit must fit in one log frame)"
         );
         anyhow::ensure!(
             self.max_ops > 0 && self.max_page_rows > 0 && self.retain_commits > 0,
@@ -414,7 +428,7 @@ impl ServeArgs {
         config.ops_per_mutate_max = self.max_ops;
         config.limits.row_bytes_max = self.max_row_bytes;
         config.limits.columns_per_table_max = self.max_columns;
-        config.limits.commit_bytes_max = self.max_commit_bytes;
+        config.limits.commit_bytes_max = max_commit_bytes;
         config.page_rows_max = self.max_page_rows;
         config.retention.commits_max = self.retain_commits;
         config.retention.bytes_max = self.retain_bytes;
