@@ -6,7 +6,7 @@ use sluice_server::Core;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::backbone::{Backbone, Lease};
+use crate::backbone::Backbone;
 use crate::follower::Followed;
 use crate::jetstream::{ClusterOptions, JetStream};
 use crate::ClusterError;
@@ -90,19 +90,28 @@ pub async fn start_on<B: Backbone>(
         crate::follower::check_position(&*backbone, &core, false).await?;
         let address = opts.takeover.then_some(opts.address);
         let task = tokio::spawn(async move {
-            let followed = crate::follower::follow(
-                backbone.clone(),
-                core.clone(),
-                stop_rx.clone(),
-                address.clone(),
-            )
-            .await?;
+            let followed =
+                crate::follower::follow(backbone.clone(), core.clone(), stop_rx.clone(), address)
+                    .await?;
             match followed {
                 Followed::Stopped => Ok(()),
                 Followed::TookLease(lease) => {
-                    let seq = start_leading(&backbone, &core, &lease);
-                    lead_and_follow(backbone, core, lease, seq, cluster, address, ttl, stop_rx)
-                        .await
+                    let seq =
+                        crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
+                    tracing::info!(
+                        term = lease.holder.term,
+                        seq,
+                        "took the leader lease: leading"
+                    );
+                    tokio::spawn(crate::snapshots::keep_storing(
+                        backbone.clone(),
+                        core.clone(),
+                        lease.holder.term,
+                        seq,
+                        cluster,
+                        stop_rx.clone(),
+                    ));
+                    hold_lease(backbone, core, lease, ttl, stop_rx).await
                 }
             }
         });
@@ -129,10 +138,15 @@ pub async fn start_on<B: Backbone>(
         core.replication_failed(reason.clone());
         return Err(ClusterError::Core(reason));
     }
-    let address = opts.takeover.then_some(opts.address);
-    let task = tokio::spawn(lead_and_follow(
-        backbone, core, lease, seq, cluster, address, ttl, stop_rx,
+    tokio::spawn(crate::snapshots::keep_storing(
+        backbone.clone(),
+        core.clone(),
+        lease.holder.term,
+        seq,
+        cluster,
+        stop_rx.clone(),
     ));
+    let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
     Ok(Node { stop, task })
 }
 
@@ -153,95 +167,6 @@ async fn start_stream_after_local_data<B: Backbone>(
         );
     }
     Ok(())
-}
-
-/// Makes `core` the leader of `lease`'s term; returns the seq it starts after.
-fn start_leading<B: Backbone>(backbone: &Arc<B>, core: &Core, lease: &Lease) -> u64 {
-    let seq = crate::leader::start(backbone.clone(), core.clone(), lease.holder.term);
-    tracing::info!(
-        term = lease.holder.term,
-        seq,
-        "took the leader lease: leading"
-    );
-    seq
-}
-
-/// Leads while the lease holds, then follows again, and leads again if it takes the lease
-/// back, until stopped. A leader that loses its lease (the log unreachable for longer than
-/// the lease, or its appends refused) stops taking writes at once
-/// (`Core::replication_failed`) and rejoins as a follower when its state is a prefix of
-/// the cluster's log; when it is not (it committed seqs the log never took), the position
-/// check's error ends the task and the node needs `--discard-diverged` to rejoin.
-#[allow(clippy::too_many_arguments)]
-async fn lead_and_follow<B: Backbone>(
-    backbone: Arc<B>,
-    core: Core,
-    mut lease: Lease,
-    mut seq: u64,
-    cluster: ClusterOptions,
-    address: Option<String>,
-    ttl: std::time::Duration,
-    stop_rx: watch::Receiver<bool>,
-) -> Result<(), ClusterError> {
-    loop {
-        tokio::spawn(crate::snapshots::keep_storing(
-            backbone.clone(),
-            core.clone(),
-            lease.holder.term,
-            seq,
-            cluster.clone(),
-            stop_rx.clone(),
-        ));
-        let term = lease.holder.term;
-        match hold_lease(backbone.clone(), core.clone(), lease, ttl, stop_rx.clone()).await {
-            Ok(()) => return Ok(()),
-            Err(e) => tracing::warn!(term, "{e}; rejoining as a follower"),
-        }
-        if *stop_rx.borrow() {
-            return Ok(());
-        }
-        rejoin(&*backbone, &core, ttl, &stop_rx).await?;
-        match crate::follower::follow(
-            backbone.clone(),
-            core.clone(),
-            stop_rx.clone(),
-            address.clone(),
-        )
-        .await?
-        {
-            Followed::Stopped => return Ok(()),
-            Followed::TookLease(taken) => {
-                seq = start_leading(&backbone, &core, &taken);
-                lease = taken;
-            }
-        }
-    }
-}
-
-/// Turns a deposed leader into a follower: names the new holder, then checks that its
-/// state is a prefix of the log. Appends still in flight when it lost the lease may land
-/// or fail for a moment, so an `Ahead` answer is asked again for up to the lease's time.
-async fn rejoin<B: Backbone>(
-    backbone: &B,
-    core: &Core,
-    ttl: std::time::Duration,
-    stop_rx: &watch::Receiver<bool>,
-) -> Result<u64, ClusterError> {
-    let deadline = tokio::time::Instant::now() + ttl;
-    loop {
-        core.set_follower(backbone.holder().await.ok().flatten().map(|h| h.address));
-        match crate::follower::check_position(backbone, core, false).await {
-            Ok(applied) => {
-                tracing::info!(applied, "rejoined the cluster as a follower");
-                return Ok(applied);
-            }
-            Err(e) if tokio::time::Instant::now() < deadline && !*stop_rx.borrow() => {
-                tracing::debug!("rejoining: {e}; asking again");
-                tokio::time::sleep(ttl / 10).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// Renews the leader lease every third of its time to live until stopped; a renewal that

@@ -651,8 +651,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 let role = if args.follower { "follower" } else { "leader" };
                 tracing::info!(%address, urls = %urls, database = %args.cluster_database, "joined the cluster as {role}");
                 // The node's task ends only when it cannot go on (a follower that cannot
-                // follow, a deposed leader whose state left the cluster's log): say why;
-                // reads go on being served.
+                // follow, a leader that lost its lease): say why; reads go on being served.
                 Some(tokio::spawn(async move {
                     let mut node = node;
                     if let Err(e) = node.finished().await {
