@@ -103,15 +103,7 @@ pub async fn start_on<B: Backbone>(
                         seq,
                         "took the leader lease: leading"
                     );
-                    tokio::spawn(crate::snapshots::keep_storing(
-                        backbone.clone(),
-                        core.clone(),
-                        lease.holder.term,
-                        seq,
-                        cluster,
-                        stop_rx.clone(),
-                    ));
-                    hold_lease(backbone, core, lease, ttl, stop_rx).await
+                    lead(backbone, core, lease, seq, cluster, ttl, stop_rx).await
                 }
             }
         });
@@ -138,6 +130,21 @@ pub async fn start_on<B: Backbone>(
         core.replication_failed(reason.clone());
         return Err(ClusterError::Core(reason));
     }
+    let task = tokio::spawn(lead(backbone, core, lease, seq, cluster, ttl, stop_rx));
+    Ok(Node { stop, task })
+}
+
+/// Leads from `seq` on: stores snapshots in the background and holds the lease until
+/// stopped or lost.
+async fn lead<B: Backbone>(
+    backbone: Arc<B>,
+    core: Core,
+    lease: crate::backbone::Lease,
+    seq: u64,
+    cluster: ClusterOptions,
+    ttl: std::time::Duration,
+    stop_rx: watch::Receiver<bool>,
+) -> Result<(), ClusterError> {
     tokio::spawn(crate::snapshots::keep_storing(
         backbone.clone(),
         core.clone(),
@@ -146,8 +153,7 @@ pub async fn start_on<B: Backbone>(
         cluster,
         stop_rx.clone(),
     ));
-    let task = tokio::spawn(hold_lease(backbone, core, lease, ttl, stop_rx));
-    Ok(Node { stop, task })
+    hold_lease(backbone, core, lease, ttl, stop_rx).await
 }
 
 /// A leader that holds commits when the cluster's log was never written (a database
