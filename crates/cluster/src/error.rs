@@ -61,6 +61,14 @@ fn newest_text(newest: &Option<u64>) -> String {
 }
 
 impl ClusterError {
+    /// Whether retrying the same request later may succeed: a JetStream request that
+    /// failed or timed out (while NATS elects a stream's leader after losing a node, it
+    /// answers late or "no stream found" for a few seconds). Every other error needs an
+    /// operator.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClusterError::JetStream { .. })
+    }
+
     pub(crate) fn js(what: &'static str, e: impl std::fmt::Display) -> Self {
         ClusterError::JetStream {
             what,

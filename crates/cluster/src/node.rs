@@ -1,6 +1,7 @@
 //! A node of the cluster: starts it as the leader or a follower and keeps it there.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sluice_server::Core;
 use tokio::sync::watch;
@@ -65,7 +66,34 @@ pub async fn prepare(
         });
     }
     let backbone = JetStream::connect(&opts.cluster).await?;
-    crate::snapshots::prepare_on(&backbone, dir, opts.cluster.discard_diverged).await
+    joining("preparing the data directory", || {
+        crate::snapshots::prepare_on(&backbone, dir, opts.cluster.discard_diverged)
+    })
+    .await
+}
+
+/// How long a joining node retries JetStream requests that fail or time out before it
+/// gives up (NATS needs a few seconds to elect new stream leaders after losing a node).
+pub const JOIN_RETRY_WINDOW: Duration = Duration::from_secs(30);
+
+/// Runs one step of joining, again after transient JetStream failures (see
+/// [`ClusterError::is_transient`]) for up to [`JOIN_RETRY_WINDOW`]. Each step retried must
+/// change nothing before its JetStream requests succeed.
+async fn joining<T, F, Fut>(what: &str, mut step: F) -> Result<T, ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClusterError>>,
+{
+    let since = Instant::now();
+    loop {
+        match step().await {
+            Err(e) if e.is_transient() && since.elapsed() < JOIN_RETRY_WINDOW => {
+                tracing::warn!("{what}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Joins `core` to the cluster. Returns once it leads (its writer's rounds go to the log)
@@ -86,8 +114,12 @@ pub async fn start_on<B: Backbone>(
     let ttl = opts.cluster.lease_ttl;
     let cluster = opts.cluster.clone();
     if opts.follower {
-        core.set_follower(backbone.holder().await?.map(|h| h.address));
-        crate::follower::check_position(&*backbone, &core, false).await?;
+        let holder = joining("looking up the leader", || backbone.holder()).await?;
+        core.set_follower(holder.map(|h| h.address));
+        joining("checking this node's position", || {
+            crate::follower::check_position(&*backbone, &core, false)
+        })
+        .await?;
         let address = opts.takeover.then_some(opts.address);
         let task = tokio::spawn(async move {
             let followed =
@@ -109,7 +141,10 @@ pub async fn start_on<B: Backbone>(
         });
         return Ok(Node { stop, task });
     }
-    let lease = backbone.acquire_lease(&opts.address).await?;
+    let lease = joining("taking the leader lease", || {
+        backbone.acquire_lease(&opts.address)
+    })
+    .await?;
     if let Err(e) = start_stream_after_local_data(&*backbone, &core).await {
         core.set_follower(None);
         return Err(e);
@@ -224,5 +259,37 @@ async fn hold_lease<B: Backbone>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test]
+    async fn joining_retries_jetstream_failures_and_not_others() {
+        let tries = AtomicU32::new(0);
+        let joined = joining("listing", || async {
+            match tries.fetch_add(1, Ordering::Relaxed) {
+                0 | 1 => Err(ClusterError::js("snapshot list", "timed out")),
+                n => Ok(n),
+            }
+        })
+        .await;
+        assert_eq!(joined.unwrap(), 2, "two timeouts, then the answer");
+
+        let tries = AtomicU32::new(0);
+        let refused: Result<(), _> = joining("checking", || async {
+            tries.fetch_add(1, Ordering::Relaxed);
+            Err(ClusterError::Diverged { seq: 7 })
+        })
+        .await;
+        assert!(matches!(refused, Err(ClusterError::Diverged { seq: 7 })));
+        assert_eq!(
+            tries.load(Ordering::Relaxed),
+            1,
+            "a diverged node is not retried"
+        );
     }
 }

@@ -50,7 +50,9 @@ async fn writer(k: u64, shared: Arc<Shared>) {
                 Ok((200, _)) => {
                     shared.acked.lock().unwrap().insert(id);
                     shared.acked_count.fetch_add(1, Ordering::Relaxed);
-                    if let Some(at) = *shared.killed_at.lock().unwrap() {
+                    // Node 0 is the killed leader: an ack from it raced the kill.
+                    let killed = *shared.killed_at.lock().unwrap();
+                    if let (Some(at), true) = (killed, target != 0) {
                         let ms = at.elapsed().as_millis() as u64;
                         let _ = shared.first_ack_after_kill_ms.compare_exchange(
                             u64::MAX,
