@@ -31,6 +31,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::http1::Http1;
 use super::ledger::{ClientGuard, Ledger, Transfer};
 use super::workload::{Pairs, AMOUNT};
 use crate::hist::Latency;
@@ -335,15 +336,11 @@ impl WsClient {
 // ---------------------------------------------------------------------------------------
 // HTTP request/response.
 
-/// A keep-alive client for `in_flight` concurrent requests (one connection each).
-pub fn http_client(in_flight: usize) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .default_headers(crate::server::auth_headers())
-        .no_proxy()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(in_flight)
-        .timeout(HTTP_TIMEOUT)
-        .build()?)
+/// A keep-alive connection to `url` for one [`http_worker`] (see [`super::http1`] for why
+/// not `reqwest`).
+pub async fn http_connect(url: &str) -> anyhow::Result<Http1> {
+    let authorization = crate::server::bearer(crate::server::admin_token());
+    Http1::connect(url, &authorization, HTTP_TIMEOUT).await
 }
 
 /// The body of `POST /v1/call/transfer`, written directly.
@@ -357,7 +354,7 @@ pub fn call_body(from: u32, to: u32, durability: Durability) -> String {
 /// One request/response task: takes the next pair from its client's `cursor`, posts it,
 /// waits for the answer, until the meter stops.
 pub fn http_worker(
-    client: reqwest::Client,
+    mut client: Http1,
     url: Arc<str>,
     shared: Shared,
     cursor: Arc<AtomicUsize>,
@@ -379,18 +376,7 @@ pub fn http_worker(
             );
             let body = call_body(from, to, shared.durability);
             let t = Instant::now();
-            let answer = async {
-                let resp = client
-                    .post(&*url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let bytes = resp.bytes().await?;
-                anyhow::Ok((status, bytes))
-            }
-            .await;
+            let answer = client.post_json(body.as_bytes()).await;
             let (status, bytes) = match answer {
                 Ok(a) => a,
                 Err(e) => {
@@ -398,7 +384,7 @@ pub fn http_worker(
                     return Err(e.context(format!("POST {url}")));
                 }
             };
-            if status.is_success() {
+            if (200..300).contains(&status) {
                 guard.answered(0, true);
                 shared.meter.acked(1, t.elapsed(), &mut latency);
                 continue;
@@ -408,7 +394,7 @@ pub fn http_worker(
                 #[serde(borrow)]
                 error: ErrorBody<'a>,
             }
-            match serde_json::from_slice::<ErrorReply<'_>>(&bytes) {
+            match serde_json::from_slice::<ErrorReply<'_>>(bytes) {
                 Ok(r) => {
                     if outcome_known(&r.error.code) {
                         guard.answered(0, false);
@@ -419,7 +405,7 @@ pub fn http_worker(
                 }
                 Err(_) => {
                     guard.unknown(0);
-                    shared.refused(&format!("http_{}", status.as_u16()))
+                    shared.refused(&format!("http_{status}"))
                 }
             }
         }

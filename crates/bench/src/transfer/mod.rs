@@ -54,6 +54,7 @@ use crate::CommonArgs;
 
 pub mod clients;
 pub mod cpu;
+pub mod http1;
 pub mod ledger;
 pub mod profile;
 pub mod rpc;
@@ -61,7 +62,7 @@ pub mod summary;
 pub mod targets;
 pub mod workload;
 
-use clients::{connect_ws, http_client, http_worker, ws_worker, Failures, Shared};
+use clients::{connect_ws, http_connect, http_worker, ws_worker, Failures, Shared};
 use cpu::CpuSample;
 use ledger::{AccountCheck, Ledger};
 use targets::{Balances, Running};
@@ -783,11 +784,10 @@ async fn drive(
     } else {
         let url: Arc<str> = running.call_url().into();
         for c in 0..clients {
-            let client = http_client(in_flight)?;
             let cursor = Arc::new(AtomicUsize::new(pairs.start_of(c, clients)));
             for _ in 0..in_flight {
                 workers.push(http_worker(
-                    client.clone(),
+                    http_connect(&url).await?,
                     url.clone(),
                     shared.clone(),
                     cursor.clone(),

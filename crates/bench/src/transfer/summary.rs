@@ -150,7 +150,9 @@ fn intro(report: &mut Report, params: &Params) {
          sit behind an HTTP RPC server with the same API (Rust, axum; PostgreSQL through a \
          pool of {} connections, SQLite through one connection). {} clients; HTTP clients \
          keep {} request(s) in flight each, every one on its own keep-alive connection \
-         (HTTP/1.1 has no usable pipelining). Each case: {:.0}s warm-up, then {:.0}s \
+         (HTTP/1.1 has no usable pipelining), written and read by a lean HTTP/1.1 client \
+         (`transfer/http1.rs`, not reqwest: the clients share the machine's CPUs with the \
+         server, and a real client runs elsewhere). Each case: {:.0}s warm-up, then {:.0}s \
          measured; TPS counts transfers whose success reply arrived in the window; TPS \
          stddev is the sample standard deviation of the per-second series.",
         params.pipeline,
