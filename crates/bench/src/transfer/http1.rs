@@ -41,7 +41,11 @@ pub struct Http1 {
 impl Http1 {
     /// Connects to `url` (`http://HOST:PORT/PATH`); every request carries
     /// `Authorization: <authorization>` and must complete within `timeout`.
-    pub async fn connect(url: &str, authorization: &str, timeout: Duration) -> anyhow::Result<Self> {
+    pub async fn connect(
+        url: &str,
+        authorization: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let Some(rest) = url.strip_prefix("http://") else {
             bail!("{url}: only http:// URLs are supported");
         };
@@ -199,7 +203,8 @@ mod tests {
         for cut in 0..head_len {
             assert!(parse_head(&ok[..cut]).unwrap().is_none(), "cut at {cut}");
         }
-        let closing = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}";
+        let closing =
+            b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}";
         assert_eq!(parse_head(closing).unwrap().unwrap().3, true);
         let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
         assert!(parse_head(chunked).is_err());
