@@ -205,7 +205,10 @@ mod tests {
         }
         let closing =
             b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_head(closing).unwrap().unwrap().3, true);
+        assert!(
+            parse_head(closing).unwrap().unwrap().3,
+            "connection: close is read"
+        );
         let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
         assert!(parse_head(chunked).is_err());
         let unframed = b"HTTP/1.1 200 OK\r\n\r\n";
