@@ -865,7 +865,7 @@ pub fn run(params: &Params, bin: &Path, out: &Path) -> anyhow::Result<bool> {
 
 fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCase]) {
     report.intro.push(
-        "Live queries under sustained load (`sluice bench live --families load,million,coalesce`), against the real `sluice serve` binary on loopback with `--durability memory` and `--count-allocations`. Writers are open loop: each one-row upsert is sent at its scheduled time over WebSocket `mutate`s, and its row carries that time, so write→diff counts from the schedule (a writer held back by the server counts against it). Views are subscribed with `subscribe_many` frames of 5 000.".into(),
+        "Live queries under sustained load (`sluice bench live --families load,million,coalesce`), against the real `sluice serve` binary on loopback with `--durability memory` and `--count-allocations`. Writers are open loop: a pacing thread (OS timer) hands each one-row upsert to its WebSocket connection at its scheduled time, and its row carries that time, so write→diff counts from the schedule (a writer held back by the server counts against it; how late the client itself sent each write is reported as *sent late*). Views are subscribed with `subscribe_many` frames of 5 000.".into(),
     );
     for c in loads {
         let p = fmt_us;
@@ -959,7 +959,11 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
             fmt_us(c.write_to_diff.p95_us),
             fmt_us(c.write_to_diff.p99_us),
             fmt_us(c.write_to_diff.max_us),
-            format!("{} / {}", fmt_us(c.sent_late.p50_us), fmt_us(c.sent_late.p99_us)),
+            format!(
+                "{} / {}",
+                fmt_us(c.sent_late.p50_us),
+                fmt_us(c.sent_late.p99_us)
+            ),
             {
                 let g = |k: &str| c.cpu_us_per_write.get(k).copied().unwrap_or(f64::NAN);
                 format!(
