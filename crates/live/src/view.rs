@@ -633,7 +633,9 @@ mod tests {
             Value::Json(r#"{"b": [1, 2.50, "x"]}"#.into()),
             Value::Timestamp(1_700_000_000_000_000),
         ];
-        let row = |i: usize, v: &Value| -> Arc<[Value]> { vec![Value::Integer(i as i64), v.clone()].into() };
+        let row = |i: usize, v: &Value| -> Arc<[Value]> {
+            vec![Value::Integer(i as i64), v.clone()].into()
+        };
         let mut ops = Vec::new();
         for (i, v) in values.iter().enumerate() {
             let key = if i % 2 == 0 {
@@ -643,12 +645,25 @@ mod tests {
             };
             let index = (i % 3 == 0).then_some(i * 1000);
             ops.push(match i % 3 {
-                0 => Op::Add { key, row: row(i, v), index },
-                1 => Op::Change { key, row: row(i, v), index },
+                0 => Op::Add {
+                    key,
+                    row: row(i, v),
+                    index,
+                },
+                1 => Op::Change {
+                    key,
+                    row: row(i, v),
+                    index,
+                },
                 _ => Op::Remove { key, index },
             });
         }
-        for columns in [&["id", "v"][..], &["id", "a \"name\""], &["id", "id"], &["id"]] {
+        for columns in [
+            &["id", "v"][..],
+            &["id", "a \"name\""],
+            &["id", "id"],
+            &["id"],
+        ] {
             let mat = view(columns, vec![vec![Value::Integer(1), Value::Integer(2)]]);
             for n in [0, 1, ops.len()] {
                 for seq in [0, 41, u64::MAX] {
