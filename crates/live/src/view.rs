@@ -9,6 +9,7 @@
 //! costs O(offset + limit) per commit that touches the view, not O(view).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value as Json};
@@ -480,7 +481,59 @@ impl Materialized {
     }
 
     /// The diff message body at `seq`.
+    /// Written straight from the typed values, byte for byte what
+    /// [`Materialized::diff_json_built`] renders: every diff of every view is rendered here,
+    /// on the live thread, and the built form cost a map, a copy of each column's name and a
+    /// `serde_json::Value` per value of each changed row.
     pub fn diff_json(&self, seq: u64, ops: &[Op]) -> String {
+        let names = &self.columns;
+        if (1..names.len()).any(|i| names[..i].contains(&names[i])) {
+            // A row object keeps one member per name: the built form says which.
+            return self.diff_json_built(seq, ops);
+        }
+        let mut out = Vec::with_capacity(64 + ops.len() * (48 + 16 * names.len()));
+        out.extend_from_slice(b"{\"seq\":");
+        let _ = write!(out, "{seq}");
+        out.extend_from_slice(b",\"changes\":[");
+        for (i, op) in ops.iter().enumerate() {
+            let (name, key, row, index) = match op {
+                Op::Add { key, row, index } => (&b"add"[..], key, Some(row), index),
+                Op::Change { key, row, index } => (&b"change"[..], key, Some(row), index),
+                Op::Remove { key, index } => (&b"remove"[..], key, None, index),
+            };
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"op\":\"");
+            out.extend_from_slice(name);
+            out.extend_from_slice(b"\",\"key\":");
+            crate::chunked::json_key(key, &mut out);
+            if let Some(row) = row {
+                out.extend_from_slice(b",\"row\":{");
+                for (c, (name, v)) in names.iter().zip(row.iter()).enumerate() {
+                    if c > 0 {
+                        out.push(b',');
+                    }
+                    crate::chunked::json_str(name, &mut out);
+                    out.push(b':');
+                    crate::chunked::json_value(v, &mut out);
+                }
+                out.push(b'}');
+            }
+            if let Some(index) = index {
+                out.extend_from_slice(b",\"index\":");
+                let _ = write!(out, "{index}");
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],\"checksum\":\"");
+        out.extend_from_slice(render(self.checksum).as_bytes());
+        out.extend_from_slice(b"\"}");
+        String::from_utf8(out).expect("JSON is written from UTF-8 text only")
+    }
+
+    /// The diff message body at `seq`, built as a `serde_json::Value` first.
+    pub fn diff_json_built(&self, seq: u64, ops: &[Op]) -> String {
         let changes: Vec<Json> = ops
             .iter()
             .map(|op| {
@@ -561,6 +614,63 @@ mod tests {
                         mat.snapshot_json(seq, reset),
                         mat.snapshot_json_built(seq, reset),
                         "columns {columns:?}, {n} rows"
+                    );
+                }
+            }
+        }
+    }
+    #[test]
+    fn diff_json_is_the_built_form() {
+        let values = [
+            Value::Null,
+            Value::Integer(-7),
+            Value::Real(1.5),
+            Value::Real(f64::NAN),
+            Value::Real(1e300),
+            Value::Boolean(true),
+            Value::Text("quote \" and \\ and \u{1}, ünï".into()),
+            Value::Blob(Box::new([0, 255, 3])),
+            Value::Json(r#"{"b": [1, 2.50, "x"]}"#.into()),
+            Value::Timestamp(1_700_000_000_000_000),
+        ];
+        let row = |i: usize, v: &Value| -> Arc<[Value]> {
+            vec![Value::Integer(i as i64), v.clone()].into()
+        };
+        let mut ops = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let key = if i % 2 == 0 {
+                vec![Value::Integer(i as i64)]
+            } else {
+                vec![Value::Integer(i as i64), v.clone()]
+            };
+            let index = (i % 3 == 0).then_some(i * 1000);
+            ops.push(match i % 3 {
+                0 => Op::Add {
+                    key,
+                    row: row(i, v),
+                    index,
+                },
+                1 => Op::Change {
+                    key,
+                    row: row(i, v),
+                    index,
+                },
+                _ => Op::Remove { key, index },
+            });
+        }
+        for columns in [
+            &["id", "v"][..],
+            &["id", "a \"name\""],
+            &["id", "id"],
+            &["id"],
+        ] {
+            let mat = view(columns, vec![vec![Value::Integer(1), Value::Integer(2)]]);
+            for n in [0, 1, ops.len()] {
+                for seq in [0, 41, u64::MAX] {
+                    assert_eq!(
+                        mat.diff_json(seq, &ops[..n]),
+                        mat.diff_json_built(seq, &ops[..n]),
+                        "columns {columns:?}, {n} ops"
                     );
                 }
             }

@@ -180,6 +180,8 @@ fn quick_load_families_verify_every_write_and_fold_hot_rows() {
     for c in load {
         assert!(c["writes_acked"].as_u64().unwrap_or(0) > 0, "{c}");
         assert_eq!(c["writes_acked"], c["diffs"], "a diff per write: {c}");
+        // The pacer reports how late the client sent the measured writes.
+        assert!(c["sent_late"]["n"].as_u64().unwrap_or(0) > 0, "{c}");
     }
     let coalesce = samples["coalesce"].as_array().expect("coalesce cases");
     assert_eq!(coalesce.len(), 3, "windows 0, 10 and 100 ms");

@@ -39,6 +39,7 @@ use super::{fmt_bytes, Ctx, Dist, Params};
 use crate::progress::Progress;
 use crate::report::{Report, Table, Target};
 use crate::transfer::clients::connect_ws_as;
+use crate::transfer::cpu::{CpuSample, Usage};
 
 /// Subscriptions per `subscribe_many` frame.
 pub(crate) const SUBS_PER_FRAME: usize = 5_000;
@@ -85,6 +86,12 @@ pub struct LoadCase {
     pub writes_acked: u64,
     pub diffs: u64,
     pub write_to_diff: Dist,
+    /// How late the client sent each measured write after its schedule (its own share of
+    /// write→diff).
+    pub sent_late: Dist,
+    /// CPU µs per write over the run: the server's threads by group (`writer`, `live`,
+    /// `tokio`, `other`) and the bench client (`bench`: writers and subscribers' sockets).
+    pub cpu_us_per_write: std::collections::BTreeMap<String, f64>,
     /// Subscribe all views: seconds and subscriptions/s.
     pub subscribe_s: Option<f64>,
     pub subscribes_per_s: Option<f64>,
@@ -175,6 +182,27 @@ pub(crate) async fn subscriber(
             };
             let now_us = epoch.elapsed().as_micros() as f64;
             seen.bytes += text.len() as u64;
+            // Without materialised views, a diff is read by scanning its text (the client
+            // shares the CPUs with the server: a `Value` per diff was its largest cost).
+            if !mats && text.starts_with("{\"type\":\"diff\"") {
+                if let Some(seq) = lean_u64(&text, "\"seq\":") {
+                    seen.diffs += 1;
+                    seen.changes += text.matches("{\"op\":").count() as u64;
+                    let from = m.load(Ordering::Relaxed);
+                    let mut rest = text.as_str();
+                    while let Some(at) = rest.find("\"ts\":") {
+                        rest = &rest[at + 5..];
+                        if let Some(ts) = lean_u64(rest, "") {
+                            if ts >= from {
+                                lat.lock().expect("not poisoned").push(now_us - ts as f64);
+                            }
+                        }
+                    }
+                    l.seq.fetch_max(seq, Ordering::Relaxed);
+                    l.diffs.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             let v: Value = serde_json::from_str(text.as_str()).context("a frame")?;
             let qid = v["qid"].as_u64();
             let seq = v["seq"].as_u64().unwrap_or(0);
@@ -330,67 +358,173 @@ pub(crate) async fn write_open_loop(
     table: &'static str,
     row: impl Fn(u64, u64) -> String + Send + Sync + Clone + 'static,
 ) -> anyhow::Result<(u64, u64, f64)> {
+    let run = write_paced(base, epoch, rate, seconds, table, row).await?;
+    Ok((run.acked, run.last_seq, run.achieved))
+}
+
+/// What an open-loop run did.
+pub(crate) struct OpenLoop {
+    pub(crate) acked: u64,
+    pub(crate) last_seq: u64,
+    pub(crate) achieved: f64,
+    /// How late each write left the client after its scheduled time, µs: the client's own
+    /// share of write→diff (measured from the schedule).
+    pub(crate) late_us: Vec<f64>,
+}
+
+/// Below this, the pacer sends what is due instead of sleeping (a sleep costs a wake-up and
+/// `nanosleep` overshoots by ~50–60 µs of timer slack anyway).
+const PACER_SLEEP_MIN: Duration = Duration::from_micros(40);
+
+/// [`write_open_loop`], and how late each write left. A pacing thread sleeps until each
+/// write's scheduled time with the OS timer (~60 µs late) and hands the writes that are due to
+/// the connections' tasks, which send each batch in one flush. (The tasks used to pace
+/// themselves with `tokio::time::sleep`, whose 1 ms timer wheel sent writes up to a
+/// millisecond after their stamp: at 1 000 writes/s that was most of the measured p50.)
+pub(crate) async fn write_paced(
+    base: &str,
+    epoch: Instant,
+    rate: usize,
+    seconds: f64,
+    table: &'static str,
+    row: impl Fn(u64, u64) -> String + Send + Sync + Clone + 'static,
+) -> anyhow::Result<OpenLoop> {
     let writers = rate.div_ceil(RATE_PER_WRITER).max(1);
     let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
     let total = (rate as f64 * seconds) as u64;
-    let started = Instant::now();
-    let start_us = epoch.elapsed().as_micros() as u64;
     let mut tasks = Vec::new();
+    let mut queues = Vec::new();
     for w in 0..writers {
         let ws = connect_ws_as(&url, "sluice.json.v1", crate::server::admin_token()).await?;
         let (mut sink, mut stream) = ws.split();
-        let mine: Vec<u64> = (0..total)
-            .filter(|i| i % writers as u64 == w as u64)
-            .collect();
-        let n = mine.len() as u64;
+        let n = (total + (writers - 1 - w) as u64) / writers as u64;
         let acks = tokio::spawn(async move {
             let (mut acked, mut last) = (0u64, 0u64);
             while acked < n {
                 let Some(m) = stream.next().await else { break };
                 if let Message::Text(t) = m? {
-                    let v: Value = serde_json::from_str(t.as_str())?;
-                    anyhow::ensure!(v["type"] == "result", "a write failed: {v}");
-                    last = last.max(v["seq"].as_u64().unwrap_or(0));
+                    let (ok, seq) = lean_result(t.as_str())?;
+                    anyhow::ensure!(ok, "a write failed: {t}");
+                    last = last.max(seq);
                     acked += 1;
                 }
             }
             anyhow::Ok((acked, last))
         });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+        queues.push(tx);
         let row = row.clone();
         let send = tokio::spawn(async move {
-            let per_us = 1e6 / rate as f64;
-            for (k, i) in mine.into_iter().enumerate() {
-                let due_us = start_us + (i as f64 * per_us) as u64;
-                let now_us = epoch.elapsed().as_micros() as u64;
-                if due_us > now_us + 500 {
-                    sink.flush().await?;
-                    tokio::time::sleep(Duration::from_micros(due_us - now_us)).await;
+            let mut late = Vec::with_capacity(n as usize);
+            while let Some(first) = rx.recv().await {
+                let mut next = Some(first);
+                while let Some((i, due_us)) = next {
+                    let frame = format!(
+                        "{{\"type\":\"mutate\",\"id\":{i},\"ops\":[{{\"op\":\"upsert\",\"table\":\"{table}\",\"row\":{}}}]}}",
+                        row(i, due_us)
+                    );
+                    late.push(epoch.elapsed().as_micros() as f64 - due_us as f64);
+                    sink.feed(Message::Text(frame.into())).await?;
+                    next = rx.try_recv().ok();
                 }
-                let frame = format!(
-                    "{{\"type\":\"mutate\",\"id\":{i},\"ops\":[{{\"op\":\"upsert\",\"table\":\"{table}\",\"row\":{}}}]}}",
-                    row(i, due_us)
-                );
-                sink.feed(Message::Text(frame.into())).await?;
-                if k % 64 == 63 {
-                    sink.flush().await?;
-                }
+                sink.flush().await?;
             }
-            sink.flush().await?;
-            anyhow::Ok(sink)
+            anyhow::Ok((sink, late))
         });
         tasks.push((send, acks));
     }
-    let (mut acked, mut last) = (0, 0);
+    let started = Instant::now();
+    let start_us = epoch.elapsed().as_micros() as u64;
+    let pacer = std::thread::Builder::new()
+        .name("bench-pacer".into())
+        .spawn(move || {
+            let per_us = 1e6 / rate as f64;
+            for i in 0..total {
+                let due_us = start_us + (i as f64 * per_us) as u64;
+                let now_us = epoch.elapsed().as_micros() as u64;
+                if due_us > now_us + PACER_SLEEP_MIN.as_micros() as u64 {
+                    std::thread::sleep(Duration::from_micros(due_us - now_us));
+                }
+                if queues[(i % writers as u64) as usize]
+                    .send((i, due_us))
+                    .is_err()
+                {
+                    return; // a writer failed; its error is reported below
+                }
+            }
+        })?;
+    let mut run = OpenLoop {
+        acked: 0,
+        last_seq: 0,
+        achieved: 0.0,
+        late_us: Vec::new(),
+    };
     let mut sinks = Vec::new();
     for (send, acks) in tasks {
-        sinks.push(send.await??);
+        let (sink, mut late) = send.await??;
+        sinks.push(sink);
+        run.late_us.append(&mut late);
         let (a, l) = acks.await??;
-        acked += a;
-        last = last.max(l);
+        run.acked += a;
+        run.last_seq = run.last_seq.max(l);
     }
+    let _ = pacer.join();
     let secs = started.elapsed().as_secs_f64();
     drop(sinks);
-    Ok((acked, last, acked as f64 / secs))
+    run.achieved = run.acked as f64 / secs;
+    Ok(run)
+}
+
+/// Whether a reply is a `result`, and its seq, read without building a `Value` for the
+/// common case (`{"id":…,"type":"result",…,"seq":N,…}`); anything else is parsed.
+fn lean_result(text: &str) -> anyhow::Result<(bool, u64)> {
+    if text.starts_with("{\"type\":\"result\"") {
+        if let Some(seq) = lean_u64(text, "\"seq\":") {
+            return Ok((true, seq));
+        }
+    }
+    let v: Value = serde_json::from_str(text)?;
+    Ok((v["type"] == "result", v["seq"].as_u64().unwrap_or(0)))
+}
+
+/// The unsigned integer after the first `key` (e.g. `"seq":`) in `text`.
+fn lean_u64(text: &str, key: &str) -> Option<u64> {
+    let at = text.find(key)? + key.len();
+    let digits = text[at..].bytes().take_while(u8::is_ascii_digit).count();
+    text[at..at + digits].parse().ok()
+}
+
+/// Thread groups of the CPU columns: (group, prefix of the server thread's name).
+const CPU_GROUPS: [(&str, &str); 3] = [
+    ("writer", "sluice-writer"),
+    ("live", "sluice-live"),
+    ("tokio", "tokio-"),
+];
+
+/// CPU µs per write by server thread group (the rest as `other`) and for the bench itself.
+fn cpu_per_write(usage: &Usage, writes_per_s: f64) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    if writes_per_s <= 0.0 {
+        return out;
+    }
+    let us = |cores: f64| cores * 1e6 / writes_per_s + 0.0;
+    let mut named = 0.0;
+    for (group, prefix) in CPU_GROUPS {
+        let cores: f64 = usage
+            .server_threads_cores
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, c)| c)
+            .sum();
+        named += cores;
+        out.insert(group.to_string(), us(cores));
+    }
+    let all: f64 = usage.server_threads_cores.values().sum();
+    out.insert("other".into(), us((all - named).max(0.0)));
+    if let Some(bench) = usage.bench_cores {
+        out.insert("bench".into(), us(bench));
+    }
+    out
 }
 
 /// A tiny deterministic generator.
@@ -414,8 +548,10 @@ pub(crate) async fn preload_rooms(api: &Api, v: usize) -> anyhow::Result<()> {
 }
 
 /// One open-loop run over rooms `0..v` already subscribed by `readers`.
+#[allow(clippy::too_many_arguments)]
 async fn load_run(
     base: &str,
+    pid: u32,
     epoch: Instant,
     readers: &[Reader],
     v: usize,
@@ -439,9 +575,20 @@ async fn load_run(
         let room = mix(i ^ salt) % v as u64;
         format!("{{\"id\":{room},\"room\":{room},\"ts\":{stamp},\"body\":\"w{i}\"}}")
     };
-    let (acked, _, achieved) = write_open_loop(base, epoch, rate, seconds, "msg", row).await?;
+    let cpu_before = CpuSample::take(Some(pid), true);
+    let run = write_paced(base, epoch, rate, seconds, "msg", row).await?;
+    let cpu = CpuSample::take(Some(pid), true).since(&cpu_before);
+    let (acked, achieved) = (run.acked, run.achieved);
     case.writes_acked = acked;
     case.rate_achieved = achieved;
+    case.cpu_us_per_write = cpu_per_write(&cpu, achieved);
+    let late: Vec<f64> = run
+        .late_us
+        .iter()
+        .skip((run.late_us.len() as f64 * 0.2).min(rate as f64) as usize)
+        .copied()
+        .collect();
+    case.sent_late = Dist::of(&late);
     let lives: Vec<Arc<Live>> = readers.iter().map(|r| r.live.clone()).collect();
     let diffs = || {
         lives
@@ -484,6 +631,7 @@ async fn load_family(
         };
         let outcome = load_run(
             &server.base_url,
+            server.pid(),
             epoch,
             &readers,
             v,
@@ -554,6 +702,7 @@ async fn million_family(
     let seconds = lp.seconds.min(5.0);
     if let Err(e) = load_run(
         &server.base_url,
+        server.pid(),
         epoch,
         &readers,
         v,
@@ -716,7 +865,7 @@ pub fn run(params: &Params, bin: &Path, out: &Path) -> anyhow::Result<bool> {
 
 fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCase]) {
     report.intro.push(
-        "Live queries under sustained load (`sluice bench live --families load,million,coalesce`), against the real `sluice serve` binary on loopback with `--durability memory` and `--count-allocations`. Writers are open loop: each one-row upsert is sent at its scheduled time over WebSocket `mutate`s, and its row carries that time, so write→diff counts from the schedule (a writer held back by the server counts against it). Views are subscribed with `subscribe_many` frames of 5 000.".into(),
+        "Live queries under sustained load (`sluice bench live --families load,million,coalesce`), against the real `sluice serve` binary on loopback with `--durability memory` and `--count-allocations`. Writers are open loop: a pacing thread (OS timer) hands each one-row upsert to its WebSocket connection at its scheduled time, and its row carries that time, so write→diff counts from the schedule (a writer held back by the server counts against it; how late the client itself sent each write is reported as *sent late*). Views are subscribed with `subscribe_many` frames of 5 000.".into(),
     );
     for c in loads {
         let p = fmt_us;
@@ -791,6 +940,8 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
             "p95",
             "p99",
             "max",
+            "sent late p50 / p99",
+            "CPU µs / write: writer, live, tokio, other | bench",
             "subscribe all",
             "heap / view",
             "verified",
@@ -808,6 +959,22 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
             fmt_us(c.write_to_diff.p95_us),
             fmt_us(c.write_to_diff.p99_us),
             fmt_us(c.write_to_diff.max_us),
+            format!(
+                "{} / {}",
+                fmt_us(c.sent_late.p50_us),
+                fmt_us(c.sent_late.p99_us)
+            ),
+            {
+                let g = |k: &str| c.cpu_us_per_write.get(k).copied().unwrap_or(f64::NAN);
+                format!(
+                    "{:.1}, {:.1}, {:.1}, {:.1} | {:.1}",
+                    g("writer"),
+                    g("live"),
+                    g("tokio"),
+                    g("other"),
+                    g("bench")
+                )
+            },
             c.subscribe_s.map_or("—".into(), |s| {
                 format!("{s:.2} s ({:.0}/s)", c.subscribes_per_s.unwrap_or(0.0))
             }),
@@ -820,7 +987,7 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
             },
         ]);
     }
-    t.note = Some("Each write upserts the one row of a random room (`SELECT * FROM msg WHERE room = $1`, one view per room), so every write is one diff at one subscriber; verified = every acknowledged write's diff arrived, with no reset or error.".into());
+    t.note = Some("Each write upserts the one row of a random room (`SELECT * FROM msg WHERE room = $1`, one view per room), so every write is one diff at one subscriber; verified = every acknowledged write's diff arrived, with no reset or error. Sent late: how long after its scheduled time the client sent a write (a pacing thread with the OS timer; the client's own share of write→diff). CPU: µs of CPU per write over the run, by server thread group and for the bench process (writers and every subscriber's socket), which shares the CPUs with the server.".into());
     report.tables.push(t);
     let mut t = Table::new(
         "Coalescing: hot rows (10 % of the rows take 90 % of the writes)",
