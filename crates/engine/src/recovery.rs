@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_log::segment::{list_segments, scan, truncate};
-use sluice_log::snapshot::{list_snapshots, SnapshotFile};
+use sluice_log::snapshot::{list_snapshots, SnapshotReader};
 use sluice_log::LogError;
 
 use crate::changelog::{Changelog, Retention};
@@ -122,13 +122,19 @@ pub fn recover(dir: &Path, opts: &RecoveryOptions) -> Result<Recovered, Recovery
 /// seq, an end frame. It stays the base of the next snapshot (and of deleting segments)
 /// when the whole log is replayed in its place, so a damaged one must not.
 fn snapshot_is_intact(path: &Path, snapshot_seq: u64) -> bool {
-    SnapshotFile::read(path).is_ok_and(|file| {
-        file.seq == snapshot_seq
-            && file
-                .frames()
-                .last()
-                .is_some_and(|(_, payload)| payload.first() == Some(&crate::codec::SNAP_END))
-    })
+    // Streamed through one reused buffer: the file is never in memory whole.
+    let Ok(mut reader) = SnapshotReader::open(path) else {
+        return false;
+    };
+    let (mut buf, mut last_kind) = (Vec::new(), None);
+    loop {
+        match reader.next_frame(&mut buf) {
+            Ok(Some(_)) => last_kind = buf.first().copied(),
+            Ok(None) => break,
+            Err(_) => return false,
+        }
+    }
+    reader.seq == snapshot_seq && last_kind == Some(crate::codec::SNAP_END)
 }
 
 /// The seq of the newest snapshot if replaying the whole log costs less than loading that
@@ -555,14 +561,15 @@ fn decode_in_order<I: Sync, T: Send, E>(
 }
 
 fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryError> {
-    let file = SnapshotFile::read(path)?;
-    if file.seq > COUNTER_MAX {
+    let reader = SnapshotReader::open(path)?;
+    if reader.seq > COUNTER_MAX {
         return Err(RecoveryError::Corrupt {
             path: path.to_path_buf(),
             offset: sluice_log::snapshot::SNAPSHOT_MAGIC.len() as u64,
-            reason: format!("implausible snapshot seq {}", file.seq),
+            reason: format!("implausible snapshot seq {}", reader.seq),
         });
     }
+    let seq = reader.seq;
     let mut db = Db::new(opts.limits.clone(), Changelog::new(opts.retention));
     let mut loader = SnapshotLoader::new();
     let mut last_offset = 0;
@@ -571,15 +578,14 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
         offset,
         reason,
     };
-    // Frames (~1 MiB of rows each) are decoded on worker threads while this one builds
-    // the tables.
-    let frames: Vec<(u64, &[u8])> = file.frames().collect();
-    decode_in_order(
-        &frames,
-        1, // a snapshot frame holds ~1 MiB of rows
+    // Frames (~1 MiB of rows each) are read and checked on one thread, decoded on worker
+    // threads and applied (the tables built) on this one, all at once: the file is never
+    // in memory whole.
+    stream_in_order(
+        reader,
         decode_threads(),
-        |(_, payload)| decode_snapshot_frame(payload),
-        |&(offset, _), decoded| {
+        |payload| decode_snapshot_frame(payload),
+        |offset, decoded| {
             last_offset = offset;
             let frame = decoded.map_err(|r| corrupt(offset, r))?;
             loader.apply(&mut db, frame).map_err(|r| corrupt(offset, r))
@@ -592,10 +598,87 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
             reason: "snapshot has no end frame".into(),
         });
     }
-    db.seq = file.seq;
-    db.changelog.reset_to(file.seq);
+    db.seq = seq;
+    db.changelog.reset_to(seq);
     Ok(db)
 }
+
+/// Reads the frames of `reader` on a thread of its own, decodes them with `decode` on
+/// `threads` worker threads (frame `i` on worker `i % threads`, so results come back in
+/// order without reordering) and hands each to `apply` in file order on the calling thread.
+///
+/// Errors come in the order a check-everything-first pass would report them (what
+/// `SnapshotFile::read` then decoding did): after `apply`'s first error the rest of the
+/// file is still read and checked, and damage found there is the error.
+fn stream_in_order<R: std::io::Read + Send, T: Send>(
+    mut reader: SnapshotReader<R>,
+    threads: usize,
+    decode: impl Fn(&[u8]) -> T + Sync,
+    mut apply: impl FnMut(u64, T) -> Result<(), RecoveryError>,
+) -> Result<(), RecoveryError> {
+    type Read = Result<(u64, Vec<u8>), LogError>;
+    let threads = threads.max(1);
+    let decode = &decode;
+    std::thread::scope(|scope| {
+        // Payload buffers go back to the reader once decoded (at most a few per thread).
+        let (spare_tx, spare_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let mut to_workers = Vec::with_capacity(threads);
+        let mut from_workers = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(SNAPSHOT_FRAMES_AHEAD);
+            let (out_tx, out_rx) =
+                std::sync::mpsc::sync_channel::<Result<(u64, T), LogError>>(SNAPSHOT_FRAMES_AHEAD);
+            to_workers.push(tx);
+            from_workers.push(out_rx);
+            let spare_tx = spare_tx.clone();
+            scope.spawn(move || {
+                for read in rx {
+                    let out = read.map(|(offset, payload)| {
+                        let decoded = decode(&payload);
+                        let _ = spare_tx.send(payload);
+                        (offset, decoded)
+                    });
+                    if out_tx.send(out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(spare_tx);
+        scope.spawn(move || {
+            for i in 0.. {
+                let mut buf = spare_rx.try_recv().unwrap_or_default();
+                let read = match reader.next_frame(&mut buf) {
+                    Ok(Some(offset)) => Ok((offset, buf)),
+                    Ok(None) => return,
+                    Err(e) => Err(e),
+                };
+                let stop = read.is_err();
+                if to_workers[i % threads].send(read).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        let mut failed = None;
+        for i in 0.. {
+            // Closed: the reader reached the end (or stopped at damage already returned).
+            let Ok(out) = from_workers[i % threads].recv() else {
+                break;
+            };
+            let (offset, decoded) = out?;
+            // After a failed apply the rest is only checked (decoded frames are dropped).
+            if failed.is_none() {
+                if let Err(e) = apply(offset, decoded) {
+                    failed = Some(e);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    })
+}
+
+/// Snapshot frames (~1 MiB each) each decoding thread may hold read or decoded ahead.
+const SNAPSHOT_FRAMES_AHEAD: usize = 2;
 
 /// Frames decoded per batch handed from a decoding thread to the applying one.
 const REPLAY_DECODE_BATCH_FRAMES: usize = 32;
