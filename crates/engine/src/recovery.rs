@@ -225,13 +225,12 @@ fn recover_from(
     if db.seq > 0 {
         let mut chain = SeqChain::new(db.seq);
         let mut before: Vec<(u64, usize)> = Vec::new();
-        for (i, seg) in segments.iter().enumerate() {
+        for i in 0..segments.len() {
             let t = Instant::now();
             let state_seq = db.seq;
             scan_segment(
-                seg,
+                &segments,
                 i,
-                i + 1 == segments.len(),
                 &mut chain,
                 opts,
                 SEGMENT_PIECE_BYTES,
@@ -292,11 +291,10 @@ fn recover_from(
         let segments = &segments;
         let mut chain = SeqChain::new(db.seq);
         let reader = scope.spawn(move || {
-            for (i, seg) in segments.iter().enumerate() {
+            for i in 0..segments.len() {
                 let scanned = scan_segment(
-                    seg,
+                    segments,
                     i,
-                    i + 1 == segments.len(),
                     &mut chain,
                     opts,
                     SEGMENT_PIECE_BYTES,
@@ -468,20 +466,20 @@ impl SeqChain {
     }
 }
 
-/// Reads segment `seg` (`index` in the list) piece by piece — about `piece_bytes`
+/// Reads segment `segments[index]` piece by piece — about `piece_bytes`
 /// ([`SEGMENT_PIECE_BYTES`]) at a time, more for a larger frame — and checks every frame
 /// (checksums, seq chain) with the verdicts `segment::scan` gives on the whole file; cuts a
-/// torn tail when repairing. Each piece's buffer comes from `next_buf` (`None`: stop) and
-/// goes with its whole frames to `emit`, which hands it back for the next piece, keeps it
-/// (`Some(None)`) or stops recovery (`None`). Returns whether the whole segment was read.
+/// torn tail of the newest (last) segment when repairing. Each piece's buffer comes from
+/// `next_buf` (`None`: stop) and goes with its whole frames to `emit`, which hands it back
+/// for the next piece, keeps it (`Some(None)`) or stops recovery (`None`). Returns whether
+/// the whole segment was read.
 ///
 /// Why pieces: whole segments (64 MiB each) took two or three 64 MiB buffers of fresh
-/// memory — each page zeroed by the kernel on first touch, ~16 % of recovery's CPU at 1 M
-/// rows — where two pieces' buffers do.
+/// memory — each page zeroed by the kernel on first touch, ~17 % of recovery's CPU at 1 M
+/// rows with a snapshot — where two pieces' buffers (16 MiB) do.
 fn scan_segment(
-    seg: &sluice_log::segment::SegmentFile,
+    segments: &[sluice_log::segment::SegmentFile],
     index: usize,
-    is_newest: bool,
     chain: &mut SeqChain,
     opts: &RecoveryOptions,
     piece_bytes: usize,
@@ -489,6 +487,7 @@ fn scan_segment(
     mut emit: impl FnMut(ScannedPiece) -> Option<Option<Vec<u8>>>,
 ) -> Result<bool, RecoveryError> {
     use std::io::Read;
+    let (seg, is_newest) = (&segments[index], index + 1 == segments.len());
     let io = |source| LogError::Io {
         path: seg.path.clone(),
         source,
@@ -690,7 +689,7 @@ fn load_snapshot(path: &Path, opts: &RecoveryOptions) -> Result<Db, RecoveryErro
     stream_in_order(
         reader,
         decode_threads(),
-        |payload| decode_snapshot_frame(payload),
+        decode_snapshot_frame,
         |offset, decoded| {
             last_offset = offset;
             let frame = decoded.map_err(|r| corrupt(offset, r))?;
@@ -1051,10 +1050,14 @@ mod tests {
     }
 
     fn pieces(path: &Path, is_newest: bool, piece_bytes: usize) -> Outcome {
-        let seg = sluice_log::segment::SegmentFile {
-            first_seq: 1,
-            path: path.to_path_buf(),
-        };
+        // Another segment after it, unless it is the newest.
+        let segments = vec![
+            sluice_log::segment::SegmentFile {
+                first_seq: 1,
+                path: path.to_path_buf(),
+            };
+            if is_newest { 1 } else { 2 }
+        ];
         let opts = RecoveryOptions {
             limits: Limits::default(),
             retention: Retention::default(),
@@ -1064,9 +1067,8 @@ mod tests {
         let mut frames = Vec::new();
         let mut torn = None;
         let read = scan_segment(
-            &seg,
+            &segments,
             0,
-            is_newest,
             &mut chain,
             &opts,
             piece_bytes,
