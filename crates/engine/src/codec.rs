@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::cow::CowMapBuilder;
 use crate::db::{ChangeOp, Commit, CommitBody, Db, ReplayBody, ReplayRow, TopicChange};
 use crate::schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};
 use crate::table::{RowEntry, Table};
@@ -1182,7 +1183,9 @@ pub struct SnapshotLoader {
     /// Each topic's declared next offset, checked at the end.
     topics_next: Vec<(String, u64)>,
     done: bool,
-    pending: Option<(String, Vec<(Key, RowEntry)>)>,
+    /// The table whose rows are arriving, its row map built as they come (no `Vec` of
+    /// all its rows, which doubled its way up and was then copied into the map).
+    pending: Option<(String, CowMapBuilder<Key, RowEntry>)>,
 }
 
 impl SnapshotLoader {
@@ -1251,12 +1254,21 @@ impl SnapshotLoader {
                     ));
                 }
                 self.rows += rows.len() as u64;
-                match &mut self.pending {
-                    Some((name, pending)) if *name == table => pending.extend(rows),
-                    _ => {
-                        self.flush(db)?;
-                        self.pending = Some((table, rows));
+                if self.pending.as_ref().is_none_or(|(name, _)| *name != table) {
+                    self.flush(db)?;
+                    if !db.tables[&table].rows.is_empty() {
+                        return Err(format!(
+                            "rows for table {table:?} come in two separate runs"
+                        ));
                     }
+                    self.pending = Some((table, CowMapBuilder::new()));
+                }
+                let (name, pending) = self.pending.as_mut().expect("set above");
+                for (key, row) in rows {
+                    if pending.last_key().is_some_and(|last| *last >= key) {
+                        return Err(format!("rows of table {name:?} are not in key order"));
+                    }
+                    pending.push(key, row);
                 }
             }
             SnapFrame::Topic {
@@ -1335,13 +1347,8 @@ impl SnapshotLoader {
             .tables
             .get_mut(&name)
             .expect("checked when the rows came");
-        if !table.rows.is_empty() {
-            return Err(format!("rows for table {name:?} come in two separate runs"));
-        }
-        if rows.windows(2).any(|w| w[0].0 >= w[1].0) {
-            return Err(format!("rows of table {name:?} are not in key order"));
-        }
-        table.load_sorted(rows);
+        // Checked when the run began: the table was empty then, and only this run fills it.
+        table.load_map(rows.finish());
         Ok(())
     }
 

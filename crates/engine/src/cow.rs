@@ -611,13 +611,8 @@ impl<K: Ord + Clone, V> CowMapBuilder<K, V> {
 
     /// Appends an entry; its key must be above every key pushed before (asserted).
     pub fn push(&mut self, key: K, value: V) {
-        let prev = self
-            .current
-            .last()
-            .map(|e| &e.0)
-            .or_else(|| self.chunks.last().map(|c| &c[c.len() - 1].0));
         assert!(
-            prev.is_none_or(|p| *p < key),
+            self.last_key().is_none_or(|p| *p < key),
             "CowMapBuilder::push takes keys in strictly ascending order"
         );
         if self.current.len() == CHUNK_MAX {
@@ -634,6 +629,14 @@ impl<K: Ord + Clone, V> CowMapBuilder<K, V> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The last (greatest) key pushed so far.
+    pub fn last_key(&self) -> Option<&K> {
+        self.current
+            .last()
+            .map(|e| &e.0)
+            .or_else(|| self.chunks.last().map(|c| &c[c.len() - 1].0))
     }
 
     pub fn finish(mut self) -> CowMap<K, V> {

@@ -68,24 +68,39 @@ pub fn scan<E: From<LogError>>(
     path: &Path,
     bytes: &[u8],
     is_newest: bool,
+    on_frame: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<ScanEnd, E> {
+    scan_at(path, bytes, 0, is_newest, on_frame)
+}
+
+/// [`scan`] of the end of a file: `bytes` are the file's bytes from offset `base` to its
+/// end, and every offset reported (to `on_frame`, in errors, `valid_len`, the torn-tail
+/// message) is one in the file. Recovery reads segments piece by piece and scans whole
+/// frames itself; where a piece's frames stop at damage it reads the rest of the file and
+/// lets this give the verdict `scan` of the whole file would.
+pub fn scan_at<E: From<LogError>>(
+    path: &Path,
+    bytes: &[u8],
+    base: u64,
+    is_newest: bool,
     mut on_frame: impl FnMut(u64, &[u8]) -> Result<(), E>,
 ) -> Result<ScanEnd, E> {
     let mut offset = 0usize;
     let corrupt = |offset: usize, reason: &str| LogError::Corrupt {
         path: path.to_path_buf(),
-        offset: offset as u64,
+        offset: base + offset as u64,
         reason: reason.to_string(),
     };
     loop {
         let torn_reason = match frame::decode(bytes, offset) {
             Decoded::Frame { payload, next } => {
-                on_frame(offset as u64, payload)?;
+                on_frame(base + offset as u64, payload)?;
                 offset = next;
                 continue;
             }
             Decoded::End => {
                 return Ok(ScanEnd {
-                    valid_len: offset as u64,
+                    valid_len: base + offset as u64,
                     torn: None,
                 })
             }
@@ -113,10 +128,11 @@ pub fn scan<E: From<LogError>>(
             }
         };
         return Ok(ScanEnd {
-            valid_len: offset as u64,
+            valid_len: base + offset as u64,
             torn: Some(format!(
-                "{}: torn tail at byte offset {offset} ({torn_reason}); {} bytes after it",
+                "{}: torn tail at byte offset {} ({torn_reason}); {} bytes after it",
                 path.display(),
+                base + offset as u64,
                 bytes.len() - offset
             )),
         });
