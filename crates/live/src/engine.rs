@@ -12,7 +12,8 @@ use sluice_query::expr::BinOp;
 use sluice_query::{Expr, Params, Plan, QueryError, Select};
 
 use crate::fold::Fold;
-use crate::operator::Operator;
+use crate::chunked::FrozenTable;
+use crate::operator::{FrozenRows, Operator, RowPick};
 use crate::sink::{Event, EventKind, Pushed, Sink};
 use crate::view::Materialized;
 use crate::Limits;
@@ -33,13 +34,13 @@ pub struct Subscribe {
 }
 
 /// What every view of one query text shares: the plan and what is derived from it.
-struct Shape {
+pub(crate) struct Shape {
     sql: String,
     /// Planned for a client (through the row policies).
     client: bool,
     /// The normalised statement (`Plan::text`), shared by every view's registry key.
     text: Arc<str>,
-    plan: Plan,
+    pub(crate) plan: Plan,
     columns: Arc<[String]>,
     /// The output types as a snapshot sends them.
     types: Arc<serde_json::Value>,
@@ -416,6 +417,8 @@ impl Live {
         let params = shape.plan.resolve_as(&req.params, req.claims.as_ref())?;
         let hash = self.key_hash(&shape.text, &params);
         let mut built = false;
+        // The table version a view built now was read from, for its snapshot.
+        let mut frozen = None;
         let found = self.find_view(hash, &shape.text, &params);
         let id = match found {
             Some(id) => id,
@@ -431,7 +434,8 @@ impl Live {
                         )));
                     }
                 }
-                let view = self.build_released(guard, shape, params.into())?;
+                let (view, table) = self.build_released(guard, shape, params.into())?;
+                frozen = table;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
@@ -461,7 +465,15 @@ impl Live {
                 }
             }
             None => {
-                let event = view.mat.snapshot_event(view.seq, req.since.is_some());
+                let reset = req.since.is_some();
+                let pick = frozen.and_then(|rows| {
+                    let pick = RowPick::new(&view.op, view.shape.clone(), view.params.clone())?;
+                    Some(FrozenTable { rows, pick })
+                });
+                let event = match pick {
+                    Some(table) => view.mat.snapshot_event_from(view.seq, reset, table),
+                    None => view.mat.snapshot_event(view.seq, reset),
+                };
                 sink.push_reset(Arc::new(event));
             }
         }
@@ -479,24 +491,26 @@ impl Live {
         guard: D,
         shape: Arc<Shape>,
         params: Box<[Value]>,
-    ) -> Result<View, QueryError> {
+    ) -> Result<(View, Option<FrozenRows>), QueryError> {
         let select = &shape.plan.select;
         let mut op = Operator::for_select(select);
         let rows_max = self.limits.view_rows_max;
-        let (rows, seq) = match op.freeze(select, &guard) {
+        let (rows, seq, frozen) = match op.freeze(select, &guard) {
             Some(frozen) => {
                 let seq = guard.seq;
                 drop(guard);
-                (op.load_frozen(select, &frozen, &params, rows_max)?, seq)
+                let rows = op.load_frozen(select, &frozen, &params, rows_max)?;
+                (rows, seq, Some(frozen))
             }
             None => {
                 let rows = op.load(select, &guard, &params, rows_max)?;
                 let seq = guard.seq;
                 drop(guard);
-                (rows, seq)
+                (rows, seq, None)
             }
         };
-        Self::finish(shape, params, op, rows, seq, &self.limits)
+        let view = Self::finish(shape, params, op, rows, seq, &self.limits)?;
+        Ok((view, frozen))
     }
 
     fn build(&self, db: &Db, shape: Arc<Shape>, params: Box<[Value]>) -> Result<View, QueryError> {
