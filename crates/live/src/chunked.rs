@@ -55,7 +55,25 @@ pub struct ChunkedSnapshot {
     source: Source,
     /// Rows in the whole snapshot.
     len: usize,
-    checksum: u64,
+    checksum: Checksum,
+}
+
+/// The checksum of all the rows, for the last chunk: known when the snapshot is made, or —
+/// a snapshot streamed while its view is built ([`ChunkedSnapshot::streaming`]) — once the
+/// build has hashed the rows. `None` inside: the build failed and the snapshot is abandoned
+/// (its subscriber is sent an error instead).
+#[derive(Debug, Default)]
+struct Checksum {
+    value: std::sync::OnceLock<Option<u64>>,
+    set: tokio::sync::Notify,
+}
+
+impl Checksum {
+    fn known(sum: u64) -> Checksum {
+        let c = Checksum::default();
+        let _ = c.value.set(Some(sum));
+        c
+    }
 }
 
 /// Where a snapshot's rows come from.
@@ -94,6 +112,8 @@ pub struct Cursor {
     next: usize,
     /// The key of the next table row to look at ([`Source::Table`]; `None`: the first).
     key: Option<sluice_engine::Key>,
+    /// Rows encoded so far.
+    sent: usize,
     done: bool,
 }
 
@@ -114,7 +134,57 @@ impl ChunkedSnapshot {
         checksum: u64,
     ) -> ChunkedSnapshot {
         let len = rows.len();
+        let checksum = Checksum::known(checksum);
         Self::with_source(seq, reset, columns, types, Source::Rows(rows), len, checksum)
+    }
+
+    /// A snapshot of the `len` rows `table.pick` takes from `table.rows`, made before the
+    /// view is built from the same rows — so its chunks go out while the live thread builds
+    /// — and whose checksum the build supplies ([`ChunkedSnapshot::set_checksum`]). A
+    /// transport waits for it before a chunk that may be the last ([`ChunkedSnapshot::ready`]).
+    pub(crate) fn streaming(
+        seq: u64,
+        reset: bool,
+        columns: Arc<[String]>,
+        types: Arc<Json>,
+        table: FrozenTable,
+        len: usize,
+    ) -> ChunkedSnapshot {
+        let checksum = Checksum::default();
+        Self::with_source(seq, reset, columns, types, Source::Table(table), len, checksum)
+    }
+
+    /// The build's checksum of all the rows (`None`: the build failed; the snapshot will
+    /// not be finished).
+    pub(crate) fn set_checksum(&self, sum: Option<u64>) {
+        let _ = self.checksum.value.set(sum);
+        self.checksum.set.notify_waiters();
+    }
+
+    /// Waits, if the chunk at `cursor` may be the last, until the checksum is known.
+    /// `false`: the snapshot was abandoned (send the subscriber's next event instead).
+    pub async fn ready(&self, cursor: &Cursor) -> bool {
+        loop {
+            // Registered before the check, so a `set_checksum` between the two wakes it.
+            let set = self.checksum.set.notified();
+            if let Some(sum) = self.checksum.value.get() {
+                return sum.is_some();
+            }
+            if self.len.saturating_sub(cursor.sent) > CHUNK_ROWS_MAX {
+                return true;
+            }
+            set.await;
+        }
+    }
+
+    /// The checksum the last chunk carries.
+    fn final_checksum(&self) -> u64 {
+        self.checksum
+            .value
+            .get()
+            .copied()
+            .flatten()
+            .expect("a transport waits for ChunkedSnapshot::ready before a last chunk")
     }
 
     /// A snapshot of the `len` rows `table.pick` takes from `table.rows`, in key order.
@@ -127,6 +197,7 @@ impl ChunkedSnapshot {
         len: usize,
         checksum: u64,
     ) -> ChunkedSnapshot {
+        let checksum = Checksum::known(checksum);
         Self::with_source(seq, reset, columns, types, Source::Table(table), len, checksum)
     }
 
@@ -137,7 +208,7 @@ impl ChunkedSnapshot {
         types: Arc<Json>,
         source: Source,
         len: usize,
-        checksum: u64,
+        checksum: Checksum,
     ) -> ChunkedSnapshot {
         let names_json = columns
             .iter()
@@ -223,6 +294,7 @@ impl ChunkedSnapshot {
                 }
             }
         }
+        cursor.sent += taken;
         (taken, cursor.done)
     }
 
@@ -271,7 +343,7 @@ impl ChunkedSnapshot {
             out.extend_from_slice(b",\"more\":true");
         } else {
             out.extend_from_slice(b",\"checksum\":");
-            push_json!(&render(self.checksum), &mut out);
+            push_json!(&render(self.final_checksum()), &mut out);
             if self.reset {
                 out.extend_from_slice(b",\"reset\":true");
             }
@@ -334,7 +406,7 @@ impl ChunkedSnapshot {
         out[0] = 0x80 | fields as u8;
         if last {
             mp::str("checksum", &mut out);
-            mp::str(&render(self.checksum), &mut out);
+            mp::str(&render(self.final_checksum()), &mut out);
             if self.reset {
                 mp::str("reset", &mut out);
                 mp::bool(true, &mut out);
@@ -605,7 +677,7 @@ mod tests {
             assert_eq!(c.get("checksum").is_some(), last);
             assert_eq!(c.get("reset").is_some(), last && s.reset);
             if last {
-                assert_eq!(c["checksum"], render(s.checksum));
+                assert_eq!(c["checksum"], render(s.final_checksum()));
             }
             let k = c["keys"].as_array().unwrap().clone();
             let r = c["rows"].as_array().unwrap().clone();

@@ -105,6 +105,11 @@ impl Materialized {
         }
     }
 
+    /// The checksum of the rows a subscriber sees.
+    pub fn checksum(&self) -> u64 {
+        self.checksum
+    }
+
     /// Rows in the full result (not only the window).
     pub fn len(&self) -> usize {
         self.store.len()

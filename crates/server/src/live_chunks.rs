@@ -34,6 +34,19 @@ impl SseChunks {
     }
 }
 
+impl SseChunks {
+    /// Waits until the next chunk can be encoded (a snapshot streamed while its view is
+    /// built waits for the build's checksum before its last chunk); an abandoned snapshot
+    /// is not sent on (the subscriber's error follows).
+    pub(crate) async fn ready(&mut self) {
+        if let (Some(snapshot), Some(cursor)) = (&self.event.chunked, &self.next) {
+            if !snapshot.ready(cursor).await {
+                self.next = None;
+            }
+        }
+    }
+}
+
 impl Iterator for SseChunks {
     type Item = SseEvent;
 
@@ -72,6 +85,11 @@ pub(crate) async fn send_ws(
 ) -> bool {
     let mut cursor = Cursor::default();
     loop {
+        // A snapshot streamed while its view is built: the last chunk needs the build's
+        // checksum. Abandoned (the build failed): the subscriber's error follows.
+        if !snapshot.ready(&cursor).await {
+            return true;
+        }
         let Ok(permit) = out.reserve().await else {
             return false;
         };
