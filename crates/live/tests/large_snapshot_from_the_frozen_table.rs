@@ -182,3 +182,80 @@ fn a_new_views_chunked_snapshot_is_the_tables_rows_at_its_seq() {
         check(&got_joined, &expected(&table, star), star);
     }
 }
+
+/// Polls `f` once.
+fn poll_once<F: std::future::Future>(f: F) -> std::task::Poll<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    f.as_mut().poll(&mut cx)
+}
+
+/// A `SELECT *` view's snapshot streams before the view is built (the live thread answers
+/// the subscribe first): every chunk but the last can be encoded at once, the last waits
+/// for the build's checksum, and a commit the thread takes next finishes the build first,
+/// so the view starts exactly at the snapshot's seq.
+#[test]
+fn a_streamed_snapshot_waits_for_the_builds_checksum_only_at_its_end() {
+    let mut db = db();
+    let mut live = Live::new(sluice_live::Limits::default());
+    let mut table: BTreeMap<i64, Json> = BTreeMap::new();
+    let first: Vec<Json> = (1..=ROWS).map(|i| row(i, 0)).collect();
+    for r in &first {
+        table.insert(r["id"].as_i64().unwrap(), r.clone());
+    }
+    write(&mut db, &mut live, &first, &[]);
+    let sink = Sink::new(live.limits());
+    let req = Subscribe {
+        sql: "SELECT * FROM msg".into(),
+        params: Params::from_json(None).unwrap(),
+        since: None,
+        claims: None,
+    };
+    live.subscribe_streaming(|| &db, &req, sink.clone()).unwrap();
+    assert_eq!(live.stats().views, 1, "the pending view is counted");
+    let e: Arc<Event> = sink.try_recv().expect("the snapshot, before the build");
+    let s = e.chunked.as_ref().unwrap().clone();
+    let qid = json!(1);
+    let mut cursor = Cursor::default();
+    let mut rows = 0;
+    loop {
+        match poll_once(s.ready(&cursor)) {
+            std::task::Poll::Ready(ready) => assert!(ready),
+            std::task::Poll::Pending => break,
+        }
+        let c: Json = serde_json::from_str(&s.json_chunk(&mut cursor, Some(&qid))).unwrap();
+        assert_eq!(c["more"], true, "no last chunk before the build");
+        rows += c["rows"].as_array().unwrap().len();
+    }
+    assert!(rows > 0 && rows < ROWS as usize, "{rows} rows before the wait");
+    // The next commit: the live thread builds the pending view before applying it.
+    let seq = e.seq;
+    write(&mut db, &mut live, &[row(1, 9)], &[]);
+    assert!(matches!(poll_once(s.ready(&cursor)), std::task::Poll::Ready(true)));
+    let mut sum = Json::Null;
+    while !cursor.done() {
+        let c: Json = serde_json::from_str(&s.json_chunk(&mut cursor, Some(&qid))).unwrap();
+        rows += c["rows"].as_array().unwrap().len();
+        sum = c["checksum"].clone();
+    }
+    assert_eq!(rows, ROWS as usize);
+    let values: Vec<Vec<Value>> = table
+        .values()
+        .map(|r| {
+            vec![
+                Value::Integer(r["id"].as_i64().unwrap()),
+                Value::Text(r["room"].as_str().unwrap().into()),
+                Value::Integer(r["ts"].as_i64().unwrap()),
+                Value::Text(r["body"].as_str().unwrap().into()),
+            ]
+        })
+        .collect();
+    assert_eq!(sum, json!(render(checksum(values.iter().map(|v| &v[..])))));
+    // Then exactly the commit after the snapshot, as a diff.
+    let d: Arc<Event> = sink.try_recv().expect("the diff after the snapshot");
+    assert_eq!(d.seq, seq + 1);
+    let d: Json = serde_json::from_str(&d.json).unwrap();
+    assert_eq!(d["changes"][0]["op"], "change");
+    assert_eq!(d["changes"][0]["key"], 1);
+    assert!(sink.try_recv().is_none());
+}
