@@ -778,7 +778,9 @@ impl Operator {
         match self {
             Operator::Filter { identity } => {
                 let identity = *identity;
-                let mut out = Vec::new();
+                // Sized once (untouched capacity costs address space, not memory): grown by
+                // doubling, a 5 M-row view copied ~600 MB on the live thread.
+                let mut out = Vec::with_capacity(rows.len().min(rows_max.saturating_add(1)));
                 for (k, r) in rows.iter() {
                     if !passes(select, params, &r.values) {
                         continue;
