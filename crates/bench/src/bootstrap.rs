@@ -839,7 +839,11 @@ mod walk {
         fn skip(&mut self, depth: usize) -> anyhow::Result<()> {
             ensure!(depth < DEPTH_MAX, "MessagePack nested too deep");
             if let Some((map, n)) = self.header()? {
-                let items = if map { n.checked_mul(2).context("length overflow")? } else { n };
+                let items = if map {
+                    n.checked_mul(2).context("length overflow")?
+                } else {
+                    n
+                };
                 for _ in 0..items {
                     self.skip(depth + 1)?;
                 }
@@ -947,7 +951,10 @@ mod walk {
                 assert_eq!(walked.error.is_some(), serde.error.is_some());
                 // Every proper prefix is refused (truncated), and so is a trailing byte.
                 for cut in 0..bytes.len() {
-                    assert!(super::chunk(&bytes[..cut]).is_err(), "prefix of {cut} bytes");
+                    assert!(
+                        super::chunk(&bytes[..cut]).is_err(),
+                        "prefix of {cut} bytes"
+                    );
                 }
                 let mut longer = bytes.clone();
                 longer.push(0);

@@ -135,7 +135,15 @@ impl ChunkedSnapshot {
     ) -> ChunkedSnapshot {
         let len = rows.len();
         let checksum = Checksum::known(checksum);
-        Self::with_source(seq, reset, columns, types, Source::Rows(rows), len, checksum)
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Rows(rows),
+            len,
+            checksum,
+        )
     }
 
     /// A snapshot of the `len` rows `table.pick` takes from `table.rows`, made before the
@@ -151,7 +159,15 @@ impl ChunkedSnapshot {
         len: usize,
     ) -> ChunkedSnapshot {
         let checksum = Checksum::default();
-        Self::with_source(seq, reset, columns, types, Source::Table(table), len, checksum)
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Table(table),
+            len,
+            checksum,
+        )
     }
 
     /// The build's checksum of all the rows (`None`: the build failed; the snapshot will
@@ -198,7 +214,15 @@ impl ChunkedSnapshot {
         checksum: u64,
     ) -> ChunkedSnapshot {
         let checksum = Checksum::known(checksum);
-        Self::with_source(seq, reset, columns, types, Source::Table(table), len, checksum)
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Table(table),
+            len,
+            checksum,
+        )
     }
 
     fn with_source(

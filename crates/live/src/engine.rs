@@ -11,8 +11,8 @@ use sluice_engine::{Change, Commit, CommitBody, Db, Value};
 use sluice_query::expr::BinOp;
 use sluice_query::{Expr, Params, Plan, QueryError, Select};
 
-use crate::fold::Fold;
 use crate::chunked::FrozenTable;
+use crate::fold::Fold;
 use crate::operator::{FrozenRows, Operator, RowPick};
 use crate::sink::{Event, EventKind, Pushed, Sink};
 use crate::view::Materialized;
@@ -497,7 +497,15 @@ impl Live {
                 if let Some(frozen) = streams(&shape, &params, &guard, &self.limits) {
                     let seq = guard.seq;
                     drop(guard);
-                    return Ok(self.start_streaming(shape, params.into(), hash, frozen, seq, req, sink));
+                    return Ok(self.start_streaming(
+                        shape,
+                        params.into(),
+                        hash,
+                        frozen,
+                        seq,
+                        req,
+                        sink,
+                    ));
                 }
                 let (view, table) = self.build_released(guard, shape, params.into())?;
                 frozen = table;
@@ -563,7 +571,8 @@ impl Live {
         let sub = self.next_id + 1;
         self.next_id += 2;
         let op = Operator::for_select(&shape.plan.select);
-        let pick = RowPick::new(&op, shape.clone(), params.clone()).expect("streams() takes filters");
+        let pick =
+            RowPick::new(&op, shape.clone(), params.clone()).expect("streams() takes filters");
         let table = FrozenTable {
             rows: frozen.clone(),
             pick,

@@ -124,9 +124,15 @@ fn check(got: &(u64, Vec<Json>, Vec<Json>, Json, usize), want: &BTreeMap<i64, Js
     let mut seen = BTreeMap::new();
     for (k, r) in keys.iter().zip(rows) {
         assert_eq!(k, &r["id"], "keys[i] is rows[i]'s key");
-        assert!(seen.insert(k.as_i64().unwrap(), r.clone()).is_none(), "a key twice");
+        assert!(
+            seen.insert(k.as_i64().unwrap(), r.clone()).is_none(),
+            "a key twice"
+        );
     }
-    assert!(&seen == want, "the snapshot's rows are the view's at its seq");
+    assert!(
+        &seen == want,
+        "the snapshot's rows are the view's at its seq"
+    );
     let values: Vec<Vec<Value>> = want
         .values()
         .map(|r| {
@@ -211,27 +217,31 @@ fn a_streamed_snapshot_waits_for_the_builds_checksum_only_at_its_end() {
         since: None,
         claims: None,
     };
-    live.subscribe_streaming(|| &db, &req, sink.clone()).unwrap();
+    live.subscribe_streaming(|| &db, &req, sink.clone())
+        .unwrap();
     assert_eq!(live.stats().views, 1, "the pending view is counted");
     let e: Arc<Event> = sink.try_recv().expect("the snapshot, before the build");
     let s = e.chunked.as_ref().unwrap().clone();
     let qid = json!(1);
     let mut cursor = Cursor::default();
     let mut rows = 0;
-    loop {
-        match poll_once(s.ready(&cursor)) {
-            std::task::Poll::Ready(ready) => assert!(ready),
-            std::task::Poll::Pending => break,
-        }
+    while let std::task::Poll::Ready(ready) = poll_once(s.ready(&cursor)) {
+        assert!(ready);
         let c: Json = serde_json::from_str(&s.json_chunk(&mut cursor, Some(&qid))).unwrap();
         assert_eq!(c["more"], true, "no last chunk before the build");
         rows += c["rows"].as_array().unwrap().len();
     }
-    assert!(rows > 0 && rows < ROWS as usize, "{rows} rows before the wait");
+    assert!(
+        rows > 0 && rows < ROWS as usize,
+        "{rows} rows before the wait"
+    );
     // The next commit: the live thread builds the pending view before applying it.
     let seq = e.seq;
     write(&mut db, &mut live, &[row(1, 9)], &[]);
-    assert!(matches!(poll_once(s.ready(&cursor)), std::task::Poll::Ready(true)));
+    assert!(matches!(
+        poll_once(s.ready(&cursor)),
+        std::task::Poll::Ready(true)
+    ));
     let mut sum = Json::Null;
     while !cursor.done() {
         let c: Json = serde_json::from_str(&s.json_chunk(&mut cursor, Some(&qid))).unwrap();
