@@ -40,7 +40,8 @@ pub const CHUNK_BYTES_TARGET: usize = 256 << 10;
 /// …or hold this many rows, whichever comes first.
 pub const CHUNK_ROWS_MAX: usize = SNAPSHOT_MESSAGE_ROWS_MAX;
 
-/// The rows of one snapshot at one seq, frozen (the values are the view's `Arc`s).
+/// The rows of one snapshot at one seq, frozen (the values are the view's `Arc`s, or the
+/// table's).
 #[derive(Debug)]
 pub struct ChunkedSnapshot {
     pub seq: u64,
@@ -49,8 +50,78 @@ pub struct ChunkedSnapshot {
     types: Arc<Json>,
     /// `"name":` of each column, escaped once.
     names_json: Vec<String>,
-    rows: Vec<(RKey, Arc<[Value]>)>,
-    checksum: u64,
+    /// Each column's name as a MessagePack string, encoded once.
+    names_mp: Vec<Vec<u8>>,
+    source: Source,
+    /// Rows in the whole snapshot.
+    len: usize,
+    checksum: Checksum,
+}
+
+/// The checksum of all the rows, for the last chunk: known when the snapshot is made, or —
+/// a snapshot streamed while its view is built ([`ChunkedSnapshot::streaming`]) — once the
+/// build has hashed the rows. `None` inside: the build failed and the snapshot is abandoned
+/// (its subscriber is sent an error instead).
+#[derive(Debug, Default)]
+struct Checksum {
+    value: std::sync::OnceLock<Option<u64>>,
+    set: tokio::sync::Notify,
+}
+
+impl Checksum {
+    fn known(sum: u64) -> Checksum {
+        let c = Checksum::default();
+        let _ = c.value.set(Some(sum));
+        c
+    }
+}
+
+/// Where a snapshot's rows come from.
+enum Source {
+    /// Copied out of the view: its visible rows, in order (a view that was already there,
+    /// an ordered or windowed one, a reset).
+    Rows(Vec<(RKey, Arc<[Value]>)>),
+    /// The frozen version of its one table the view was just built from (an unordered
+    /// filter over a full scan): each chunk tests and projects the table's rows as the
+    /// build did, so the live thread copies nothing for the snapshot — a 5 M-row view's
+    /// snapshot was 5 M key allocations and a 200 MB vec on the live thread.
+    Table(FrozenTable),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Rows(rows) => write!(f, "Rows({})", rows.len()),
+            Source::Table(t) => write!(f, "Table({})", t.rows.len()),
+        }
+    }
+}
+
+/// A frozen version of a table's rows and the filter that picks and projects a view's rows
+/// from it ([`crate::operator::RowPick`]).
+pub(crate) struct FrozenTable {
+    pub(crate) rows: crate::operator::FrozenRows,
+    pub(crate) pick: crate::operator::RowPick,
+}
+
+/// How far one subscriber's connection has sent a [`ChunkedSnapshot`]: each transport
+/// keeps its own (the snapshot is shared by every subscriber of the event).
+#[derive(Clone, Debug, Default)]
+pub struct Cursor {
+    /// The next row ([`Source::Rows`]).
+    next: usize,
+    /// The key of the next table row to look at ([`Source::Table`]; `None`: the first).
+    key: Option<sluice_engine::Key>,
+    /// Rows encoded so far.
+    sent: usize,
+    done: bool,
+}
+
+impl Cursor {
+    /// The last chunk was encoded.
+    pub fn done(&self) -> bool {
+        self.done
+    }
 }
 
 impl ChunkedSnapshot {
@@ -62,9 +133,118 @@ impl ChunkedSnapshot {
         rows: Vec<(RKey, Arc<[Value]>)>,
         checksum: u64,
     ) -> ChunkedSnapshot {
+        let len = rows.len();
+        let checksum = Checksum::known(checksum);
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Rows(rows),
+            len,
+            checksum,
+        )
+    }
+
+    /// A snapshot of the `len` rows `table.pick` takes from `table.rows`, made before the
+    /// view is built from the same rows — so its chunks go out while the live thread builds
+    /// — and whose checksum the build supplies ([`ChunkedSnapshot::set_checksum`]). A
+    /// transport waits for it before a chunk that may be the last ([`ChunkedSnapshot::ready`]).
+    pub(crate) fn streaming(
+        seq: u64,
+        reset: bool,
+        columns: Arc<[String]>,
+        types: Arc<Json>,
+        table: FrozenTable,
+        len: usize,
+    ) -> ChunkedSnapshot {
+        let checksum = Checksum::default();
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Table(table),
+            len,
+            checksum,
+        )
+    }
+
+    /// The build's checksum of all the rows (`None`: the build failed; the snapshot will
+    /// not be finished).
+    pub(crate) fn set_checksum(&self, sum: Option<u64>) {
+        let _ = self.checksum.value.set(sum);
+        self.checksum.set.notify_waiters();
+    }
+
+    /// Waits, if the chunk at `cursor` may be the last, until the checksum is known.
+    /// `false`: the snapshot was abandoned (send the subscriber's next event instead).
+    pub async fn ready(&self, cursor: &Cursor) -> bool {
+        loop {
+            // Registered before the check, so a `set_checksum` between the two wakes it.
+            let set = self.checksum.set.notified();
+            if let Some(sum) = self.checksum.value.get() {
+                return sum.is_some();
+            }
+            if self.len.saturating_sub(cursor.sent) > CHUNK_ROWS_MAX {
+                return true;
+            }
+            set.await;
+        }
+    }
+
+    /// The checksum the last chunk carries.
+    fn final_checksum(&self) -> u64 {
+        self.checksum
+            .value
+            .get()
+            .copied()
+            .flatten()
+            .expect("a transport waits for ChunkedSnapshot::ready before a last chunk")
+    }
+
+    /// A snapshot of the `len` rows `table.pick` takes from `table.rows`, in key order.
+    pub(crate) fn from_table(
+        seq: u64,
+        reset: bool,
+        columns: Arc<[String]>,
+        types: Arc<Json>,
+        table: FrozenTable,
+        len: usize,
+        checksum: u64,
+    ) -> ChunkedSnapshot {
+        let checksum = Checksum::known(checksum);
+        Self::with_source(
+            seq,
+            reset,
+            columns,
+            types,
+            Source::Table(table),
+            len,
+            checksum,
+        )
+    }
+
+    fn with_source(
+        seq: u64,
+        reset: bool,
+        columns: Arc<[String]>,
+        types: Arc<Json>,
+        source: Source,
+        len: usize,
+        checksum: Checksum,
+    ) -> ChunkedSnapshot {
         let names_json = columns
             .iter()
             .map(|c| format!("{}:", Json::from(c.as_str())))
+            .collect();
+        let names_mp = columns
+            .iter()
+            .map(|c| {
+                let mut b = Vec::with_capacity(c.len() + 5);
+                mp::str(c, &mut b);
+                b
+            })
             .collect();
         ChunkedSnapshot {
             seq,
@@ -72,39 +252,84 @@ impl ChunkedSnapshot {
             columns,
             types,
             names_json,
-            rows,
+            names_mp,
+            source,
+            len,
             checksum,
         }
     }
 
     /// Rows in the whole snapshot.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len == 0
     }
 
-    /// Where the chunk starting at row `from` ends: the encoded bytes of its keys and rows
-    /// reach [`CHUNK_BYTES_TARGET`] or it holds [`CHUNK_ROWS_MAX`] rows.
-    fn chunk_end(&self, from: usize, mut encoded: impl FnMut(usize) -> usize) -> usize {
-        let end = (from + CHUNK_ROWS_MAX).min(self.rows.len());
-        (from..end)
-            .find(|&i| encoded(i) >= CHUNK_BYTES_TARGET)
-            .map_or(end, |i| i + 1)
+    /// Calls `encode(key, row)` for the rows of the chunk at `cursor`, until it returns the
+    /// chunk's encoded bytes at or past [`CHUNK_BYTES_TARGET`] or [`CHUNK_ROWS_MAX`] rows
+    /// were taken; moves the cursor past them. Returns the rows taken and whether the chunk
+    /// is the last.
+    fn chunk_rows(
+        &self,
+        cursor: &mut Cursor,
+        mut encode: impl FnMut(&[Value], &[Value]) -> usize,
+    ) -> (usize, bool) {
+        let mut taken = 0;
+        match &self.source {
+            Source::Rows(rows) => {
+                let from = cursor.next.min(rows.len());
+                let end = (from + CHUNK_ROWS_MAX).min(rows.len());
+                let mut at = from;
+                while at < end {
+                    let (k, r) = &rows[at];
+                    at += 1;
+                    if encode(k, r) >= CHUNK_BYTES_TARGET {
+                        break;
+                    }
+                }
+                taken = at - from;
+                cursor.next = at;
+                cursor.done = at >= rows.len();
+            }
+            Source::Table(t) => {
+                let mut rows = match &cursor.key {
+                    None => t.rows.iter(),
+                    Some(k) => t.rows.range(k..),
+                };
+                let mut full = false;
+                let mut key = [Value::Null];
+                cursor.done = true;
+                for (k, entry) in rows.by_ref() {
+                    let Some(row) = t.pick.pick(&entry.values) else {
+                        continue;
+                    };
+                    if full {
+                        // The next chunk starts at the next row this view takes.
+                        cursor.key = Some(k.clone());
+                        cursor.done = false;
+                        break;
+                    }
+                    key[0] = k.to_value();
+                    taken += 1;
+                    full = encode(&key, &row) >= CHUNK_BYTES_TARGET || taken == CHUNK_ROWS_MAX;
+                }
+            }
+        }
+        cursor.sent += taken;
+        (taken, cursor.done)
     }
 
-    /// The JSON message of the chunk starting at row `from`, and the row the next chunk
-    /// starts at (`len()` after the last). With `qid`, in the WebSocket form (`"type"` and
-    /// `"qid"` first); without, the SSE form. `from` must be below `len()` unless the
-    /// snapshot is empty.
-    pub fn json_chunk(&self, from: usize, qid: Option<&Json>) -> (String, usize) {
+    /// The JSON message of the chunk at `cursor`, which it moves past it (see
+    /// [`Cursor::done`]). With `qid`, in the WebSocket form (`"type"` and `"qid"` first);
+    /// without, the SSE form.
+    pub fn json_chunk(&self, cursor: &mut Cursor, qid: Option<&Json>) -> String {
         let mut keys = Vec::with_capacity(CHUNK_BYTES_TARGET / 8);
         let mut rows = Vec::with_capacity(CHUNK_BYTES_TARGET + CHUNK_BYTES_TARGET / 8);
-        let end = self.chunk_end(from, |at| {
-            let (k, r) = &self.rows[at];
-            if at > from {
+        let (_, last) = self.chunk_rows(cursor, |k, r| {
+            if !rows.is_empty() {
                 keys.push(b',');
                 rows.push(b',');
             }
@@ -138,48 +363,29 @@ impl ChunkedSnapshot {
         out.extend_from_slice(b"],\"rows\":[");
         out.extend_from_slice(&rows);
         out.push(b']');
-        if end < self.rows.len() {
+        if !last {
             out.extend_from_slice(b",\"more\":true");
         } else {
             out.extend_from_slice(b",\"checksum\":");
-            push_json!(&render(self.checksum), &mut out);
+            push_json!(&render(self.final_checksum()), &mut out);
             if self.reset {
                 out.extend_from_slice(b",\"reset\":true");
             }
         }
         out.push(b'}');
-        let text = String::from_utf8(out).expect("JSON is written from UTF-8 text only");
-        (text, end)
+        String::from_utf8(out).expect("JSON is written from UTF-8 text only")
     }
 
-    /// The MessagePack message (WebSocket form, `"type"` and `"qid"` first) of the chunk
-    /// starting at row `from`, and the row the next chunk starts at: the same map as
-    /// [`ChunkedSnapshot::json_chunk`]'s, with MessagePack integers, floats and strings.
-    pub fn msgpack_chunk(&self, from: usize, qid: &Json) -> (Vec<u8>, usize) {
-        let mut keys = Vec::with_capacity(CHUNK_BYTES_TARGET / 8);
+    /// The MessagePack message (WebSocket form, `"type"` and `"qid"` first) of the chunk at
+    /// `cursor`, which it moves past it: the same map as [`ChunkedSnapshot::json_chunk`]'s,
+    /// with MessagePack integers, floats and strings. The keys are written straight into
+    /// the message (their array's length is filled in after them, in the fixed 5-byte
+    /// form); the rows go through one more buffer.
+    pub fn msgpack_chunk(&self, cursor: &mut Cursor, qid: &Json) -> Vec<u8> {
+        let mut out = Vec::with_capacity(CHUNK_BYTES_TARGET + CHUNK_BYTES_TARGET / 4);
         let mut rows = Vec::with_capacity(CHUNK_BYTES_TARGET + CHUNK_BYTES_TARGET / 8);
-        let end = self.chunk_end(from, |at| {
-            let (k, r) = &self.rows[at];
-            match &k[..] {
-                [one] => mp::value(one, &mut keys),
-                many => {
-                    mp::array_len(many.len(), &mut keys);
-                    for v in many {
-                        mp::value(v, &mut keys);
-                    }
-                }
-            }
-            mp::map_len(self.columns.len().min(r.len()), &mut rows);
-            for (name, v) in self.columns.iter().zip(r.iter()) {
-                mp::str(name, &mut rows);
-                mp::value(v, &mut rows);
-            }
-            keys.len() + rows.len()
-        });
-        let last = end == self.rows.len();
-        let fields = 7 + if last { 1 + usize::from(self.reset) } else { 1 };
-        let mut out = Vec::with_capacity(keys.len() + rows.len() + 256);
-        mp::map_len(fields, &mut out);
+        // The map's length is known once the chunk is: a fixmap either way, patched below.
+        out.push(0x80);
         mp::str("type", &mut out);
         mp::str("snapshot", &mut out);
         mp::str("qid", &mut out);
@@ -188,20 +394,43 @@ impl ChunkedSnapshot {
         mp::uint(self.seq, &mut out);
         mp::str("columns", &mut out);
         mp::array_len(self.columns.len(), &mut out);
-        for c in self.columns.iter() {
-            mp::str(c, &mut out);
+        for c in self.names_mp.iter() {
+            out.extend_from_slice(c);
         }
         mp::str("types", &mut out);
         mp::json(&self.types, &mut out);
         mp::str("keys", &mut out);
-        mp::array_len(end - from, &mut out);
-        out.extend_from_slice(&keys);
+        let keys_len_at = out.len();
+        out.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
+        let keys_from = out.len();
+        let columns = self.columns.len();
+        let (n, last) = self.chunk_rows(cursor, |k, r| {
+            match k {
+                [one] => mp::value(one, &mut out),
+                many => {
+                    mp::array_len(many.len(), &mut out);
+                    for v in many {
+                        mp::value(v, &mut out);
+                    }
+                }
+            }
+            mp::map_len(columns.min(r.len()), &mut rows);
+            for (name, v) in self.names_mp.iter().zip(r.iter()) {
+                rows.extend_from_slice(name);
+                mp::value(v, &mut rows);
+            }
+            (out.len() - keys_from) + rows.len()
+        });
+        out[keys_len_at + 1..keys_len_at + 5].copy_from_slice(&(n as u32).to_be_bytes());
         mp::str("rows", &mut out);
-        mp::array_len(end - from, &mut out);
+        mp::array_len(n, &mut out);
         out.extend_from_slice(&rows);
+        drop(rows);
+        let fields = 7 + if last { 1 + usize::from(self.reset) } else { 1 };
+        out[0] = 0x80 | fields as u8;
         if last {
             mp::str("checksum", &mut out);
-            mp::str(&render(self.checksum), &mut out);
+            mp::str(&render(self.final_checksum()), &mut out);
             if self.reset {
                 mp::str("reset", &mut out);
                 mp::bool(true, &mut out);
@@ -210,7 +439,7 @@ impl ChunkedSnapshot {
             mp::str("more", &mut out);
             mp::bool(true, &mut out);
         }
-        (out, end)
+        out
     }
 }
 
@@ -437,13 +666,14 @@ mod tests {
 
     /// The body the one-message path renders for the same rows (`Materialized::snapshot_json`).
     fn one_message(s: &ChunkedSnapshot) -> Json {
-        let keys: Vec<Json> = s
-            .rows
+        let Source::Rows(source) = &s.source else {
+            panic!("the test's snapshots hold rows")
+        };
+        let keys: Vec<Json> = source
             .iter()
             .map(|(k, _)| crate::view::key_json(k))
             .collect();
-        let rows: Vec<Json> = s
-            .rows
+        let rows: Vec<Json> = source
             .iter()
             .map(|(_, r)| {
                 let mut m = serde_json::Map::new();
@@ -471,7 +701,7 @@ mod tests {
             assert_eq!(c.get("checksum").is_some(), last);
             assert_eq!(c.get("reset").is_some(), last && s.reset);
             if last {
-                assert_eq!(c["checksum"], render(s.checksum));
+                assert_eq!(c["checksum"], render(s.final_checksum()));
             }
             let k = c["keys"].as_array().unwrap().clone();
             let r = c["rows"].as_array().unwrap().clone();
@@ -489,13 +719,11 @@ mod tests {
             let s = snapshot(n, reset);
             let qid = Json::from("q1");
             let mut chunks = Vec::new();
-            let mut from = 0;
+            let mut cursor = Cursor::default();
             loop {
-                let (text, next) = s.json_chunk(from, Some(&qid));
+                let text = s.json_chunk(&mut cursor, Some(&qid));
                 chunks.push(serde_json::from_str::<Json>(&text).expect("valid JSON"));
-                assert!(next > from || n == 0);
-                from = next;
-                if from >= n {
+                if cursor.done() {
                     break;
                 }
             }
@@ -515,7 +743,7 @@ mod tests {
                 assert_eq!(g, w);
             }
             // The SSE form is the same body without type and qid.
-            let (sse, _) = s.json_chunk(0, None);
+            let sse = s.json_chunk(&mut Cursor::default(), None);
             let sse: Json = serde_json::from_str(&sse).unwrap();
             assert!(sse.get("type").is_none() && sse.get("qid").is_none());
         }
@@ -526,23 +754,21 @@ mod tests {
         for (n, reset) in [(0, true), (2, false), (40_000, true)] {
             let s = snapshot(n, reset);
             let qid = Json::from("q1");
-            let (mut from_mp, mut from_json) = (0, 0);
+            let (mut at_mp, mut at_json) = (Cursor::default(), Cursor::default());
             let (mut mp_chunks, mut json_chunks) = (Vec::new(), Vec::new());
             loop {
-                let (bytes, next) = s.msgpack_chunk(from_mp, &qid);
+                let bytes = s.msgpack_chunk(&mut at_mp, &qid);
                 // Through the same float parser as the JSON side.
                 let decoded = decode(&bytes).to_string();
                 mp_chunks.push(serde_json::from_str::<Json>(&decoded).unwrap());
-                from_mp = next;
-                if from_mp >= n {
+                if at_mp.done() {
                     break;
                 }
             }
             loop {
-                let (text, next) = s.json_chunk(from_json, Some(&qid));
+                let text = s.json_chunk(&mut at_json, Some(&qid));
                 json_chunks.push(serde_json::from_str::<Json>(&text).unwrap());
-                from_json = next;
-                if from_json >= n {
+                if at_json.done() {
                     break;
                 }
             }

@@ -11,8 +11,9 @@ use sluice_engine::{Change, Commit, CommitBody, Db, Value};
 use sluice_query::expr::BinOp;
 use sluice_query::{Expr, Params, Plan, QueryError, Select};
 
+use crate::chunked::FrozenTable;
 use crate::fold::Fold;
-use crate::operator::Operator;
+use crate::operator::{FrozenRows, Operator, RowPick};
 use crate::sink::{Event, EventKind, Pushed, Sink};
 use crate::view::Materialized;
 use crate::Limits;
@@ -33,13 +34,13 @@ pub struct Subscribe {
 }
 
 /// What every view of one query text shares: the plan and what is derived from it.
-struct Shape {
+pub(crate) struct Shape {
     sql: String,
     /// Planned for a client (through the row policies).
     client: bool,
     /// The normalised statement (`Plan::text`), shared by every view's registry key.
     text: Arc<str>,
-    plan: Plan,
+    pub(crate) plan: Plan,
     columns: Arc<[String]>,
     /// The output types as a snapshot sends them.
     types: Arc<serde_json::Value>,
@@ -213,6 +214,24 @@ pub struct Live {
     fold_due: BinaryHeap<Reverse<(Instant, SubId)>>,
     next_id: u64,
     stats: LiveStats,
+    /// A view whose snapshot is streaming while it waits to be built
+    /// ([`Live::finish_pending`]).
+    pending: Option<Box<Pending>>,
+}
+
+/// A new view registered by [`Live::subscribe_streaming`] and built by
+/// [`Live::finish_pending`]: its one subscriber already holds the snapshot, encoded from
+/// `frozen` (the table at `seq`) while the view is built from the same rows.
+struct Pending {
+    id: ViewId,
+    sub: SubId,
+    hash: u64,
+    shape: Arc<Shape>,
+    params: Box<[Value]>,
+    frozen: FrozenRows,
+    seq: u64,
+    snapshot: Arc<crate::chunked::ChunkedSnapshot>,
+    sink: Arc<Sink>,
 }
 
 /// A `column = literal/parameter` conjunct of a one-table `WHERE`, if there is one.
@@ -329,6 +348,27 @@ fn planned_for(select: &Select, db: &Db) -> bool {
     }) && select.subqueries.iter().all(|q| planned_for(q, db))
 }
 
+/// The frozen table a new view's snapshot can stream from while the view is built (see
+/// [`Live::subscribe_streaming`]): a filter over a full scan of one table with no `WHERE`
+/// (so its rows are the table's, counted before they are read, and within
+/// `view_rows_max`), unordered and without a window, too large for one message.
+fn streams(shape: &Shape, params: &[Value], db: &Db, limits: &Limits) -> Option<FrozenRows> {
+    let select = &shape.plan.select;
+    let op = Operator::for_select(select);
+    let plain = matches!(op, Operator::Filter { .. })
+        && select.base_filter.is_none()
+        && select.filter.is_none()
+        && shape.order.is_empty()
+        && matches!(sluice_query::window(select, params), Ok((0, None)));
+    if !plain {
+        return None;
+    }
+    let frozen = op.freeze(select, db)?;
+    let rows = frozen.len();
+    (rows > crate::chunked::SNAPSHOT_MESSAGE_ROWS_MAX && rows <= limits.view_rows_max)
+        .then_some(frozen)
+}
+
 fn complexity(select: &Select) -> usize {
     select.sources.len() + select.subqueries.iter().map(complexity).sum::<usize>()
 }
@@ -348,6 +388,7 @@ impl Live {
             fold_due: BinaryHeap::new(),
             next_id: 1,
             stats: LiveStats::default(),
+            pending: None,
         }
     }
 
@@ -357,7 +398,7 @@ impl Live {
 
     pub fn stats(&self) -> LiveStats {
         LiveStats {
-            views: self.views.len(),
+            views: self.views.len() + usize::from(self.pending.is_some()),
             subscribers: self.subs.len(),
             ..self.stats
         }
@@ -384,6 +425,26 @@ impl Live {
         req: &Subscribe,
         sink: Arc<Sink>,
     ) -> Result<SubId, QueryError> {
+        let sub = self.subscribe_streaming(read, req, sink);
+        self.finish_pending();
+        sub
+    }
+
+    /// [`Live::subscribe_with`], except that a large new view whose snapshot can be encoded
+    /// from the table alone — `SELECT` of columns from one table, no `WHERE`, `ORDER BY` or
+    /// window, more than [`crate::chunked::SNAPSHOT_MESSAGE_ROWS_MAX`] rows — is only
+    /// registered: its subscriber gets a snapshot streamed from the frozen table at once,
+    /// and the caller builds the view with [`Live::finish_pending`] after answering the
+    /// subscribe (the live thread does so before it takes its next input), so the chunks go
+    /// out while the view is built instead of after. Every other method finishes a pending
+    /// build first.
+    pub fn subscribe_streaming<D: std::ops::Deref<Target = Db>>(
+        &mut self,
+        read: impl FnOnce() -> D,
+        req: &Subscribe,
+        sink: Arc<Sink>,
+    ) -> Result<SubId, QueryError> {
+        self.finish_pending();
         let guard = read();
         let db: &Db = &guard;
         let client = req.claims.is_some();
@@ -416,6 +477,8 @@ impl Live {
         let params = shape.plan.resolve_as(&req.params, req.claims.as_ref())?;
         let hash = self.key_hash(&shape.text, &params);
         let mut built = false;
+        // The table version a view built now was read from, for its snapshot.
+        let mut frozen = None;
         let found = self.find_view(hash, &shape.text, &params);
         let id = match found {
             Some(id) => id,
@@ -431,7 +494,21 @@ impl Live {
                         )));
                     }
                 }
-                let view = self.build_released(guard, shape, params.into())?;
+                if let Some(frozen) = streams(&shape, &params, &guard, &self.limits) {
+                    let seq = guard.seq;
+                    drop(guard);
+                    return Ok(self.start_streaming(
+                        shape,
+                        params.into(),
+                        hash,
+                        frozen,
+                        seq,
+                        req,
+                        sink,
+                    ));
+                }
+                let (view, table) = self.build_released(guard, shape, params.into())?;
+                frozen = table;
                 let id = self.next_id;
                 self.next_id += 1;
                 self.add_routes(id, &view);
@@ -461,12 +538,118 @@ impl Live {
                 }
             }
             None => {
-                let event = view.mat.snapshot_event(view.seq, req.since.is_some());
+                let reset = req.since.is_some();
+                let pick = frozen.and_then(|rows| {
+                    let pick = RowPick::new(&view.op, view.shape.clone(), view.params.clone())?;
+                    Some(FrozenTable { rows, pick })
+                });
+                let event = match pick {
+                    Some(table) => view.mat.snapshot_event_from(view.seq, reset, table),
+                    None => view.mat.snapshot_event(view.seq, reset),
+                };
                 sink.push_reset(Arc::new(event));
             }
         }
         self.subs.insert(sub, (id, sink));
         Ok(sub)
+    }
+
+    /// Registers a new view to be built by [`Live::finish_pending`], and queues its
+    /// snapshot, streamed from `frozen` (see [`Live::subscribe_streaming`]).
+    #[allow(clippy::too_many_arguments)]
+    fn start_streaming(
+        &mut self,
+        shape: Arc<Shape>,
+        params: Box<[Value]>,
+        hash: u64,
+        frozen: FrozenRows,
+        seq: u64,
+        req: &Subscribe,
+        sink: Arc<Sink>,
+    ) -> SubId {
+        let id = self.next_id;
+        let sub = self.next_id + 1;
+        self.next_id += 2;
+        let op = Operator::for_select(&shape.plan.select);
+        let pick =
+            RowPick::new(&op, shape.clone(), params.clone()).expect("streams() takes filters");
+        let table = FrozenTable {
+            rows: frozen.clone(),
+            pick,
+        };
+        let snapshot = Arc::new(crate::chunked::ChunkedSnapshot::streaming(
+            seq,
+            req.since.is_some(),
+            shape.columns.clone(),
+            shape.types.clone(),
+            table,
+            frozen.len(),
+        ));
+        sink.push_reset(Arc::new(Event {
+            seq,
+            kind: EventKind::Snapshot,
+            json: String::new(),
+            chunked: Some(snapshot.clone()),
+        }));
+        self.subs.insert(sub, (id, sink.clone()));
+        self.pending = Some(Box::new(Pending {
+            id,
+            sub,
+            hash,
+            shape,
+            params,
+            frozen,
+            seq,
+            snapshot,
+            sink,
+        }));
+        sub
+    }
+
+    /// Builds the view [`Live::subscribe_streaming`] registered, if any, and hands its
+    /// checksum to the snapshot being streamed.
+    pub fn finish_pending(&mut self) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        let Pending {
+            id,
+            sub,
+            hash,
+            shape,
+            params,
+            frozen,
+            seq,
+            snapshot,
+            sink,
+        } = *p;
+        let select = &shape.plan.select;
+        let mut op = Operator::for_select(select);
+        let built = op
+            .load_frozen(select, &frozen, &params, self.limits.view_rows_max)
+            .and_then(|rows| Self::finish(shape.clone(), params, op, rows, seq, &self.limits));
+        drop(frozen);
+        let mut view = match built {
+            Ok(view) => view,
+            // Not expected (`streams` checked the row limit, and the rows need no more
+            // than the table), but a subscriber is never left waiting.
+            Err(e) => {
+                snapshot.set_checksum(None);
+                self.subs.remove(&sub);
+                sink.fail(crate::error_code(&e), &e.to_string());
+                return;
+            }
+        };
+        snapshot.set_checksum(Some(view.mat.checksum()));
+        self.add_routes(id, &view);
+        view.subs.push(sub);
+        view.idle_since = None;
+        if sink.coalesce_ms() > 0 {
+            view.folding += 1;
+            self.folds.insert(sub, Fold::new(sink.coalesce_ms()));
+        }
+        self.views.insert(id, Box::new(view));
+        self.by_query.insert(hash, id);
     }
 
     /// Builds a new view from the `Db` behind `guard` (a read lock), holding it as briefly
@@ -479,24 +662,26 @@ impl Live {
         guard: D,
         shape: Arc<Shape>,
         params: Box<[Value]>,
-    ) -> Result<View, QueryError> {
+    ) -> Result<(View, Option<FrozenRows>), QueryError> {
         let select = &shape.plan.select;
         let mut op = Operator::for_select(select);
         let rows_max = self.limits.view_rows_max;
-        let (rows, seq) = match op.freeze(select, &guard) {
+        let (rows, seq, frozen) = match op.freeze(select, &guard) {
             Some(frozen) => {
                 let seq = guard.seq;
                 drop(guard);
-                (op.load_frozen(select, &frozen, &params, rows_max)?, seq)
+                let rows = op.load_frozen(select, &frozen, &params, rows_max)?;
+                (rows, seq, Some(frozen))
             }
             None => {
                 let rows = op.load(select, &guard, &params, rows_max)?;
                 let seq = guard.seq;
                 drop(guard);
-                (rows, seq)
+                (rows, seq, None)
             }
         };
-        Self::finish(shape, params, op, rows, seq, &self.limits)
+        let view = Self::finish(shape, params, op, rows, seq, &self.limits)?;
+        Ok((view, frozen))
     }
 
     fn build(&self, db: &Db, shape: Arc<Shape>, params: Box<[Value]>) -> Result<View, QueryError> {
@@ -623,6 +808,7 @@ impl Live {
     }
 
     pub fn unsubscribe(&mut self, sub: SubId) {
+        self.finish_pending();
         if let Some((view_id, sink)) = self.subs.remove(&sub) {
             sink.close();
             let folded = self.folds.remove(&sub).is_some();
@@ -668,6 +854,7 @@ impl Live {
     /// O(views expired), not O(views): the idle ones wait on a queue in the order they
     /// became idle.
     pub fn expire(&mut self, now: Instant, all_idle: bool) -> usize {
+        self.finish_pending();
         let ttl = self.limits.idle_ttl;
         let mut n = 0;
         for (at, id) in self.idle.due(now, ttl, all_idle) {
@@ -702,6 +889,7 @@ impl Live {
     where
         D: std::ops::Deref<Target = Db>,
     {
+        self.finish_pending();
         self.stats.commits += 1;
         match &commit.body {
             CommitBody::Schema { changes, .. } => {
@@ -879,6 +1067,7 @@ impl Live {
     /// Sends each coalescing subscriber whose window is due by `now` its folded diff (if the
     /// window changed what it sees); returns when the next window is due.
     pub fn flush_folds(&mut self, now: Instant) -> Option<Instant> {
+        self.finish_pending();
         let mut gone = Vec::new();
         let next = loop {
             let Some(&Reverse((due, sub))) = self.fold_due.peek() else {

@@ -703,6 +703,51 @@ fn as_f64(v: &Value) -> f64 {
 /// the `Db`'s read lock in O(rows / chunk) and read after the lock is released.
 pub(crate) type FrozenRows = sluice_engine::cow::CowMap<Key, sluice_engine::table::RowEntry>;
 
+/// Picks a filter view's rows out of its table's (a [`FrozenRows`] version): the view's
+/// `WHERE` and projection, as [`Operator::load_frozen`] applies them — a large new view's
+/// snapshot is encoded from the frozen table with it ([`crate::chunked`]).
+pub(crate) struct RowPick {
+    shape: Arc<crate::engine::Shape>,
+    params: Box<[Value]>,
+    identity: bool,
+}
+
+impl RowPick {
+    /// `None` unless `op` is a filter.
+    pub(crate) fn new(
+        op: &Operator,
+        shape: Arc<crate::engine::Shape>,
+        params: Box<[Value]>,
+    ) -> Option<RowPick> {
+        match op {
+            Operator::Filter { identity } => Some(RowPick {
+                shape,
+                params,
+                identity: *identity,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The view's row for this table row, if the view takes it (the table's own `Arc` when
+    /// the view is `SELECT *`).
+    pub(crate) fn pick<'a>(
+        &self,
+        values: &'a Arc<[Value]>,
+    ) -> Option<std::borrow::Cow<'a, Arc<[Value]>>> {
+        let select = &self.shape.plan.select;
+        if !passes(select, &self.params, values) {
+            return None;
+        }
+        if self.identity {
+            return Some(std::borrow::Cow::Borrowed(values));
+        }
+        let e = env(values, &self.params, &[]);
+        let row: Arc<[Value]> = select.projection.iter().map(|p| p.eval(&e)).collect();
+        Some(std::borrow::Cow::Owned(row))
+    }
+}
+
 impl Operator {
     /// For a view that can be built from its one table's rows alone (a filter or an
     /// aggregate, no subquery, reading the table by a full scan), a frozen version of those
@@ -733,7 +778,9 @@ impl Operator {
         match self {
             Operator::Filter { identity } => {
                 let identity = *identity;
-                let mut out = Vec::new();
+                // Sized once (untouched capacity costs address space, not memory): grown by
+                // doubling, a 5 M-row view copied ~600 MB on the live thread.
+                let mut out = Vec::with_capacity(rows.len().min(rows_max.saturating_add(1)));
                 for (k, r) in rows.iter() {
                     if !passes(select, params, &r.values) {
                         continue;

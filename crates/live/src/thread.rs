@@ -177,9 +177,12 @@ fn run(
                 }
                 // The counters count a subscription before its subscriber hears of it.
                 Input::Subscribe { req, sink, reply } => {
-                    let result = live.subscribe_with(|| db.read(), &req, sink);
+                    let result = live.subscribe_streaming(|| db.read(), &req, sink);
                     *stats.lock() = live.stats();
                     let _ = reply.send(result);
+                    // A large snapshot streamed from the frozen table goes out while its
+                    // view is built here, before the next input.
+                    live.finish_pending();
                 }
                 Input::SubscribeMany { reqs, reply } => {
                     let results = reqs

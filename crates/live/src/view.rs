@@ -106,6 +106,11 @@ impl Materialized {
         }
     }
 
+    /// The checksum of the rows a subscriber sees.
+    pub fn checksum(&self) -> u64 {
+        self.checksum
+    }
+
     /// Rows in the full result (not only the window).
     pub fn len(&self) -> usize {
         self.store.len()
@@ -475,6 +480,37 @@ impl Materialized {
                 self.columns.clone(),
                 self.types.clone(),
                 rows,
+                self.checksum,
+            ))),
+        }
+    }
+
+    /// [`Materialized::snapshot_event`] for a view just built from `table` (a frozen
+    /// version of its one table, at `seq`): when the snapshot is chunked and the view is an
+    /// unordered set holding its whole result, the chunks are encoded from the table itself
+    /// ([`crate::chunked::FrozenTable`]), in key order, instead of from a copy of the rows
+    /// taken here. Otherwise as `snapshot_event`.
+    pub(crate) fn snapshot_event_from(
+        &self,
+        seq: u64,
+        reset: bool,
+        table: crate::chunked::FrozenTable,
+    ) -> crate::sink::Event {
+        let whole_set = !self.windowed && !self.ordered() && self.prefix.is_none();
+        if !whole_set || self.len() <= crate::chunked::SNAPSHOT_MESSAGE_ROWS_MAX {
+            return self.snapshot_event(seq, reset);
+        }
+        crate::sink::Event {
+            seq,
+            kind: crate::sink::EventKind::Snapshot,
+            json: String::new(),
+            chunked: Some(Arc::new(crate::chunked::ChunkedSnapshot::from_table(
+                seq,
+                reset,
+                self.columns.clone(),
+                self.types.clone(),
+                table,
+                self.len(),
                 self.checksum,
             ))),
         }

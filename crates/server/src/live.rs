@@ -154,6 +154,9 @@ pub(crate) async fn sse(
     let stream = futures_util::stream::unfold(
         (subscription, guard, None::<SseChunks>),
         |(mut s, g, mut chunks)| async move {
+            if let Some(c) = chunks.as_mut() {
+                c.ready().await;
+            }
             if let Some(sse) = chunks.as_mut().and_then(Iterator::next) {
                 // Between chunks, let other tasks on this worker run (see `send_ws`).
                 tokio::task::yield_now().await;

@@ -14,22 +14,35 @@ use std::sync::Arc;
 use axum::extract::ws::Message;
 use axum::response::sse::Event as SseEvent;
 use serde_json::Value;
-use sluice_live::chunked::ChunkedSnapshot;
+use sluice_live::chunked::{ChunkedSnapshot, Cursor};
 use sluice_live::{Event, EventKind};
 use tokio::sync::mpsc;
 
 /// The SSE events of one live event: itself, or a large snapshot's chunks, encoded lazily.
 pub(crate) struct SseChunks {
     event: Arc<Event>,
-    /// The next row to send (`None` once the event is sent whole).
-    next: Option<usize>,
+    /// How far the chunks went (`None` once the event is sent whole).
+    next: Option<Cursor>,
 }
 
 impl SseChunks {
     pub(crate) fn new(event: Arc<Event>) -> SseChunks {
         SseChunks {
             event,
-            next: Some(0),
+            next: Some(Cursor::default()),
+        }
+    }
+}
+
+impl SseChunks {
+    /// Waits until the next chunk can be encoded (a snapshot streamed while its view is
+    /// built waits for the build's checksum before its last chunk); an abandoned snapshot
+    /// is not sent on (the subscriber's error follows).
+    pub(crate) async fn ready(&mut self) {
+        if let (Some(snapshot), Some(cursor)) = (&self.event.chunked, &self.next) {
+            if !snapshot.ready(cursor).await {
+                self.next = None;
+            }
         }
     }
 }
@@ -38,10 +51,9 @@ impl Iterator for SseChunks {
     type Item = SseEvent;
 
     fn next(&mut self) -> Option<SseEvent> {
-        let from = self.next?;
+        let mut cursor = self.next.take()?;
         let event = &self.event;
         let Some(snapshot) = &event.chunked else {
-            self.next = None;
             let mut sse = SseEvent::default()
                 .event(event.kind.as_str())
                 .data(&event.json);
@@ -50,15 +62,14 @@ impl Iterator for SseChunks {
             }
             return Some(sse);
         };
-        let (text, end) = snapshot.json_chunk(from, None);
+        let text = snapshot.json_chunk(&mut cursor, None);
         let sse = SseEvent::default().event("snapshot").data(text);
-        if end >= snapshot.len() {
-            self.next = None;
+        if cursor.done() {
             // Only the whole snapshot is a place to resume from: `Last-Event-ID` must not
             // name a seq whose rows the client holds only part of.
             Some(sse.id(event.seq.to_string()))
         } else {
-            self.next = Some(end);
+            self.next = Some(cursor);
             Some(sse)
         }
     }
@@ -72,24 +83,26 @@ pub(crate) async fn send_ws(
     msgpack: bool,
     out: &mpsc::Sender<Message>,
 ) -> bool {
-    let mut from = 0;
+    let mut cursor = Cursor::default();
     loop {
+        // A snapshot streamed while its view is built: the last chunk needs the build's
+        // checksum. Abandoned (the build failed): the subscriber's error follows.
+        if !snapshot.ready(&cursor).await {
+            return true;
+        }
         let Ok(permit) = out.reserve().await else {
             return false;
         };
-        let end = if msgpack {
-            let (bytes, end) = snapshot.msgpack_chunk(from, qid);
+        if msgpack {
+            let bytes = snapshot.msgpack_chunk(&mut cursor, qid);
             permit.send(Message::Binary(bytes.into()));
-            end
         } else {
-            let (text, end) = snapshot.json_chunk(from, Some(qid));
+            let text = snapshot.json_chunk(&mut cursor, Some(qid));
             permit.send(Message::Text(text.into()));
-            end
-        };
-        if end >= snapshot.len() {
+        }
+        if cursor.done() {
             return true;
         }
-        from = end;
         // Encoding a chunk is a millisecond or so of CPU on a runtime worker: let the
         // connection's other requests (and other connections) run between chunks.
         tokio::task::yield_now().await;

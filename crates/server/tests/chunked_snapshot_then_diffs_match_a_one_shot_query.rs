@@ -294,10 +294,11 @@ async fn chunked_snapshot_then_diffs_equal_a_one_shot_query() {
     .await;
     load(&core).await;
     let http = common::http_client();
-    // (transport, query): the MessagePack subscriber joins the view the JSON one built.
+    // (transport, query): the JSON subscriber joins the view the MessagePack one built
+    // (whose snapshot is encoded from the frozen table; the joiner's from the view's rows).
     let cases = [
-        ("ws-json", "SELECT * FROM t"),
         ("ws-msgpack", "SELECT * FROM t"),
+        ("ws-json", "SELECT * FROM t"),
         ("sse", "SELECT id, room, n FROM t WHERE n > -1000000000"),
     ];
     for (case, (transport, sql)) in cases.into_iter().enumerate() {
