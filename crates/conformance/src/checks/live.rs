@@ -533,10 +533,14 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
     let mut sse = open(&c, &sql, "", &[]).await?;
     let mut v = View::default();
     v.snapshot(&sse.expect("snapshot").await?.data)?;
-    // Fill the socket buffers and the subscriber's queue without reading: 160 diffs of
-    // 256 KiB (40 MiB, more than loopback socket buffers hold).
-    let pad = "p".repeat(256 << 10);
-    for i in 0..160 {
+    // Fill the socket buffers and the subscriber's queue without reading. Loopback TCP
+    // autotunes its receive buffer up to `tcp_rmem`'s maximum (32 MiB on some kernels), so
+    // send twice what both socket buffers can hold, plus a margin, in diffs of 512 KiB. The
+    // pad is pseudo-random hex so that no compression on the way shrinks it.
+    let buffers_bytes = socket_buffers_max_bytes();
+    let diffs = (2 * buffers_bytes + (16 << 20)).div_ceil(PAD_BYTES);
+    let pad = incompressible_hex(PAD_BYTES);
+    for i in 0..diffs {
         c.mutate(
             json!([{"op": "upsert", "table": t, "row": {"id": i % 8, "pad": format!("{i}{pad}")}}]),
         )
@@ -565,9 +569,39 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
     }
     ensure!(
         saw_reset,
-        "200 unread diffs of 64 KiB never turned into a reset snapshot"
+        "{diffs} unread diffs of {} KiB never turned into a reset snapshot",
+        PAD_BYTES >> 10
     );
     Ok(())
+}
+
+/// The size of each row written by [`backlog_becomes_a_reset_snapshot`].
+const PAD_BYTES: usize = 512 << 10; // half the default --max-row-bytes
+
+/// The most a loopback connection can buffer in its two sockets: the kernel's receive and
+/// send buffer maxima (Linux `tcp_rmem` / `tcp_wmem`), or 8 MiB each where they cannot be read.
+fn socket_buffers_max_bytes() -> usize {
+    let max = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.split_whitespace().nth(2)?.parse::<usize>().ok())
+            .unwrap_or(8 << 20)
+    };
+    max("/proc/sys/net/ipv4/tcp_rmem") + max("/proc/sys/net/ipv4/tcp_wmem")
+}
+
+/// `len` hex digits from a xorshift generator: text that neither gzip nor zstd can shrink
+/// much below half.
+fn incompressible_hex(len: usize) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b"0123456789abcdef"[(x >> 60) as usize])
+        })
+        .collect()
 }
 
 pub async fn unsupported_query_is_a_json_error_before_the_stream(c: Arc<Ctx>) -> R {
