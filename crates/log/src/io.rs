@@ -14,8 +14,11 @@ pub trait LogFile: Send {
     fn sync(&mut self) -> std::io::Result<()>;
     /// A second handle on the same file for syncing on another thread while appends go
     /// on: calling it **must** make every byte appended before the call durable, as
-    /// [`LogFile::sync`] would. `None` (the default) if the file has none; the log then
-    /// syncs on its own thread.
+    /// [`LogFile::sync`] would, and **must** report a write-back error of any of those bytes
+    /// even if another handle's sync reported it first (several syncs run at once: for a
+    /// real file, a file description of its own, not a `dup`, whose error cursor another
+    /// sync would advance). `None` (the default) if the file has none; the log then syncs on
+    /// its own thread.
     fn sync_handle(&self) -> Option<SyncHandle> {
         None
     }
@@ -32,10 +35,24 @@ impl LogFile for File {
         self.sync_data()
     }
     fn sync_handle(&self) -> Option<SyncHandle> {
-        // `fdatasync` on a duplicate descriptor flushes the file, whoever wrote it.
-        let file = self.try_clone().ok()?;
+        let file = own_description(self)?;
         Some(Box::new(move || file.sync_data()))
     }
+}
+
+/// The same file opened anew: `fdatasync` through it flushes the file whoever wrote it, and,
+/// unlike a `dup` (which shares the file description and so its write-back error cursor),
+/// it reports a write-back error even if a sync through another description already did.
+#[cfg(target_os = "linux")]
+fn own_description(file: &File) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// Elsewhere, no second handle: the log syncs on its own thread.
+#[cfg(not(target_os = "linux"))]
+fn own_description(_file: &File) -> Option<File> {
+    None
 }
 
 /// Opens segment files and makes their creation durable. The default opens real files;
@@ -101,7 +118,7 @@ impl LogFile for FailingFile {
         self.file.sync_data()
     }
     fn sync_handle(&self) -> Option<SyncHandle> {
-        let file = self.file.try_clone().ok()?;
+        let file = own_description(&self.file)?;
         let (syncs, fail_from) = (self.syncs.clone(), self.fail_from);
         Some(Box::new(move || {
             let n = syncs.fetch_add(1, Ordering::SeqCst) + 1;

@@ -3,18 +3,28 @@
 //! The single writer (in the server) applies transactions and hands their encoded frames to
 //! [`Log::submit`] together with one [`Waiter`] per commit. The log thread takes *everything*
 //! submitted since its last round, writes it with one `write`, completes the `disk` waiters,
-//! and — if any waiter asked for `fsync` — issues one `fdatasync` for the lot and completes
-//! those. While it syncs, the writer keeps applying and submitting into the next round, so the
-//! writer never waits on a sync, and concurrent commits share syncs (group commit).
+//! and — if any waiter asked for `fsync` — hands one `fdatasync` for the lot to a sync thread
+//! and goes on to the next round. The writer never waits on a sync, and concurrent commits
+//! share syncs (group commit).
 //!
 //! The grouping is adaptive: the thread starts a round as soon as anything is pending and
 //! never sleeps to wait for company, so a lone writer pays one sync and no timer.
 //!
+//! **Overlapping syncs.** Up to [`LogConfig::sync_threads`] syncs run at once, each through a
+//! file description of its own ([`LogFile::sync_handle`]): while one `fdatasync` is in the
+//! device, the next round is written and its sync started, so a commit waits for about one
+//! sync instead of the rest of the one in flight plus its own (on this kind of virtual disk
+//! that halves fsync-class latency under load; see ARCHITECTURE "Log"). Results are
+//! *applied in the order the syncs were started*: a sync's waiters are completed only once it
+//! and every sync started before it returned `Ok`, so a sync that returns early never
+//! acknowledges a commit whose pages an earlier, failing sync lost.
+//!
 //! A failed write or sync poisons the log: every pending and later waiter fails with
 //! [`LogError::Poisoned`] and [`Log::submit`] refuses new frames until the process restarts.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -53,7 +63,14 @@ pub struct LogConfig {
     /// (`--log-pending-bytes`): back-pressure on the writer when commits (`memory`/`disk`
     /// classes above all, which nobody waits for) arrive faster than the disk takes them.
     pub pending_bytes_max: usize,
+    /// Syncs that may run at once (each on a thread of its own, see the module docs); at
+    /// least 1.
+    pub sync_threads: usize,
 }
+
+/// Default [`LogConfig::sync_threads`]: a second sync in flight hides most of the first's
+/// wait; a third added nothing measurable on the machines we run on.
+pub const SYNC_THREADS_DEFAULT: usize = 2;
 
 impl LogConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -63,6 +80,7 @@ impl LogConfig {
             background_sync_interval: Duration::from_secs(1),
             files: Arc::new(RealFiles),
             pending_bytes_max: 64 << 20,
+            sync_threads: SYNC_THREADS_DEFAULT,
         }
     }
 }
@@ -115,14 +133,17 @@ struct Shared<W> {
     progress: Mutex<Progress>,
     progress_changed: Condvar,
     /// `progress.synced_seq`, readable without the lock (the log thread checks it each
-    /// round; the background syncer advances it).
+    /// round; the sync threads advance it).
     synced_seq: AtomicU64,
-    /// Held while progress is merged and handed to `on_progress`: two threads publish (the
-    /// log thread and the background syncer), and the callback must see it in order.
+    /// Held while progress is merged and handed to `on_progress`: several threads publish
+    /// (the log thread and the sync threads), and the callback must see it in order.
     publishing: Mutex<()>,
-    /// The background syncer's one job slot.
-    background: Mutex<Background>,
-    background_work: Condvar,
+    syncs: Mutex<Syncs<W>>,
+    /// Signalled when a sync job is queued (or the sync threads are told to stop).
+    sync_work: Condvar,
+    /// Syncs started and whose result is not applied yet (the log thread starts one only
+    /// while this is below [`LogConfig::sync_threads`]).
+    syncs_in_flight: AtomicUsize,
     poison: Mutex<Option<String>>,
     stats: Mutex<LogStats>,
     active_first_seq: AtomicU64,
@@ -194,8 +215,16 @@ impl<W: Waiter> Log<W> {
             progress_changed: Condvar::new(),
             synced_seq: AtomicU64::new(last_seq),
             publishing: Mutex::new(()),
-            background: Mutex::new(Background::default()),
-            background_work: Condvar::new(),
+            syncs: Mutex::new(Syncs {
+                queue: VecDeque::new(),
+                finished: BTreeMap::new(),
+                next_applied: 0,
+                applied_upto: last_seq,
+                waiting: VecDeque::new(),
+                stop: false,
+            }),
+            sync_work: Condvar::new(),
+            syncs_in_flight: AtomicUsize::new(0),
             poison: Mutex::new(None),
             stats: Mutex::new(LogStats::default()),
             active_first_seq: AtomicU64::new(first_seq),
@@ -213,7 +242,9 @@ impl<W: Waiter> Log<W> {
                 segment_bytes: size,
                 progress,
                 last_sync: Instant::now(),
-                background_upto: last_seq,
+                handed_upto: last_seq,
+                fsync_wanted_upto: last_seq,
+                next_job: 0,
             }
             .run()
         })
@@ -387,24 +418,42 @@ struct LogThread<W> {
     file: Box<dyn LogFile>,
     segment_bytes: u64,
     progress: Progress,
-    /// When the log was last synced (or opened, or a background sync was handed over):
-    /// background syncs are due from here.
+    /// When a sync was last started (or the log opened): background syncs are due from here.
     last_sync: Instant,
-    /// The seq the last job handed to the background syncer covers; while it is above
-    /// `synced_seq`, that sync is in flight.
-    background_upto: u64,
+    /// The highest seq a started sync covers (every frame written before it started).
+    handed_upto: u64,
+    /// The last seq of the newest round with `fsync` waiters.
+    fsync_wanted_upto: u64,
+    /// The number of the next sync started: results are applied in this order.
+    next_job: u64,
 }
 
-/// A sync with no waiter (the once-per-interval background sync, or a `sync_barrier`) is
-/// handed to the background syncer thread, through a second handle on the segment
-/// ([`LogFile::sync_handle`]), so the log thread goes on writing and completing `disk`
-/// commits while it runs: a `fdatasync` can take tens of milliseconds, and `disk` commits
-/// that arrived meanwhile used to wait for it.
-#[derive(Default)]
-struct Background {
-    /// Sync every frame up to this seq through this handle.
-    job: Option<(u64, SyncHandle)>,
+/// The syncs started and not yet applied, and the `fsync` waiters they will complete.
+struct Syncs<W> {
+    /// Started syncs no sync thread has taken yet.
+    queue: VecDeque<SyncJob>,
+    /// Results of syncs that returned before an earlier one did, by job number.
+    finished: BTreeMap<u64, SyncResult>,
+    /// The job number whose result is applied next.
+    next_applied: u64,
+    /// Every frame up to this seq is durable (the highest `upto` applied `Ok`).
+    applied_upto: u64,
+    /// `fsync` waiters of written rounds, by the last seq of their round, oldest first.
+    waiting: VecDeque<(u64, Vec<W>)>,
+    /// The sync threads exit once the queue is empty.
     stop: bool,
+}
+
+struct SyncJob {
+    no: u64,
+    upto: u64,
+    handle: SyncHandle,
+}
+
+struct SyncResult {
+    upto: u64,
+    /// How long the sync took, or why it failed.
+    took: Result<Duration, String>,
 }
 
 /// Merges `p` into the published progress (each field only moves forward) and hands the
@@ -436,47 +485,106 @@ fn count_sync<W>(shared: &Shared<W>, took: Duration, commits: u64) {
     stats.sync_latency_us_sum += took_us;
 }
 
-/// The background syncer: runs the jobs the log thread hands it until told to stop.
-fn background_syncer<W: Waiter>(shared: Arc<Shared<W>>) {
+/// Takes the result of sync `no` and applies, in job order, every result now in sequence:
+/// an `Ok` publishes its seq as synced and completes the waiters it covers; an `Err` poisons
+/// the log and fails every waiter still waiting (whatever later syncs return).
+fn apply_sync<W: Waiter>(shared: &Shared<W>, no: u64, result: SyncResult) {
+    let mut completed: Vec<(Duration, Vec<W>)> = Vec::new();
+    let mut failed: Vec<W> = Vec::new();
+    let mut synced_upto = None;
+    {
+        let mut syncs = lock(&shared.syncs);
+        syncs.finished.insert(no, result);
+        loop {
+            let next = syncs.next_applied;
+            let Some(r) = syncs.finished.remove(&next) else {
+                break;
+            };
+            syncs.next_applied += 1;
+            shared.syncs_in_flight.fetch_sub(1, Ordering::AcqRel);
+            match r.took {
+                Ok(took) if lock(&shared.poison).is_none() => {
+                    syncs.applied_upto = syncs.applied_upto.max(r.upto);
+                    synced_upto = Some(syncs.applied_upto);
+                    let mut covered = Vec::new();
+                    while syncs.waiting.front().is_some_and(|(seq, _)| *seq <= r.upto) {
+                        covered.extend(
+                            syncs
+                                .waiting
+                                .pop_front()
+                                .map(|(_, w)| w)
+                                .into_iter()
+                                .flatten(),
+                        );
+                    }
+                    completed.push((took, covered));
+                }
+                Ok(_) => failed.extend(syncs.waiting.drain(..).flat_map(|(_, w)| w)),
+                Err(reason) => {
+                    tracing::error!(%reason, "log poisoned (sync): refusing writes until restart");
+                    lock(&shared.poison).get_or_insert(reason);
+                    failed.extend(syncs.waiting.drain(..).flat_map(|(_, w)| w));
+                }
+            }
+        }
+    }
+    for (took, waiters) in &completed {
+        count_sync(shared, *took, waiters.len() as u64);
+    }
+    if let Some(upto) = synced_upto {
+        publish_progress(
+            shared,
+            Progress {
+                written_seq: 0,
+                synced_seq: upto,
+            },
+        );
+    }
+    for w in completed.into_iter().flat_map(|(_, w)| w) {
+        w.complete(Ok(()));
+    }
+    if !failed.is_empty() {
+        let err = LogError::Poisoned(lock(&shared.poison).clone().unwrap_or_default());
+        for w in failed {
+            w.complete(Err(&err));
+        }
+    }
+    shared.progress_changed.notify_all();
+}
+
+/// A sync thread: runs the syncs the log thread starts until told to stop (and the queue is
+/// empty, so that every started sync is applied).
+fn sync_thread<W: Waiter>(shared: Arc<Shared<W>>) {
     loop {
-        let (upto, mut sync) = {
-            let mut bg = lock(&shared.background);
+        let mut job = {
+            let mut syncs = lock(&shared.syncs);
             loop {
-                if let Some(job) = bg.job.take() {
+                if let Some(job) = syncs.queue.pop_front() {
                     break job;
                 }
-                if bg.stop {
+                if syncs.stop {
                     return;
                 }
-                bg = shared
-                    .background_work
-                    .wait(bg)
+                syncs = shared
+                    .sync_work
+                    .wait(syncs)
                     .unwrap_or_else(|e| e.into_inner());
             }
         };
         let started = Instant::now();
-        match sync() {
-            Ok(()) => {
-                count_sync(&shared, started.elapsed(), 0);
-                publish_progress(
-                    &shared,
-                    Progress {
-                        written_seq: 0,
-                        synced_seq: upto,
-                    },
-                );
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                tracing::error!(%reason, "log poisoned (background sync): refusing writes until restart");
-                let mut poison = lock(&shared.poison);
-                poison.get_or_insert(reason);
-                drop(poison);
-                shared.progress_changed.notify_all();
-            }
-        }
-        // Wake the log thread (taking its lock orders this after its check): a sync
-        // requested while this one ran is handed over now.
+        let took = (job.handle)()
+            .map(|()| started.elapsed())
+            .map_err(|e| e.to_string());
+        apply_sync(
+            &shared,
+            job.no,
+            SyncResult {
+                upto: job.upto,
+                took,
+            },
+        );
+        // Wake the log thread (taking its lock orders this after its check): a slot is free,
+        // and what was written meanwhile can be synced now.
         drop(lock(&shared.pending));
         shared.work.notify_one();
     }
@@ -485,21 +593,31 @@ fn background_syncer<W: Waiter>(shared: Arc<Shared<W>>) {
 impl<W: Waiter> LogThread<W> {
     fn run(self) {
         let shared = self.shared.clone();
-        let syncer = {
-            let shared = shared.clone();
-            crate::critical::spawn("log-sync", move || background_syncer(shared))
-        };
+        let threads: Vec<_> = (0..self.config.sync_threads.max(1))
+            .filter_map(|_| {
+                let shared = shared.clone();
+                crate::critical::spawn("log-sync", move || sync_thread(shared)).ok()
+            })
+            .collect();
         self.rounds();
-        lock(&shared.background).stop = true;
-        shared.background_work.notify_all();
-        if let Ok(syncer) = syncer {
-            let _ = syncer.join();
+        lock(&shared.syncs).stop = true;
+        shared.sync_work.notify_all();
+        for thread in threads {
+            let _ = thread.join();
         }
     }
 
-    /// Whether a sync handed to the background syncer has not finished.
-    fn background_in_flight(&self) -> bool {
-        self.background_upto > self.progress.synced_seq
+    /// The seq a sync should cover now: what a waiter, a barrier or the background interval
+    /// asks for, of what is written.
+    fn sync_wanted(&self, sync_requested_seq: u64) -> u64 {
+        sync_requested_seq
+            .max(self.fsync_wanted_upto)
+            .min(self.progress.written_seq)
+    }
+
+    /// Whether another sync may start now.
+    fn sync_slot_free(&self) -> bool {
+        self.shared.syncs_in_flight.load(Ordering::Acquire) < self.config.sync_threads.max(1)
     }
 
     fn rounds(mut self) {
@@ -521,18 +639,11 @@ impl<W: Waiter> LogThread<W> {
                         pending.sync_requested_seq =
                             pending.sync_requested_seq.max(self.progress.written_seq);
                     }
-                    // While the background syncer runs, a requested sync is not work for
-                    // this thread: the syncer wakes it when done, and what is still
-                    // unsynced then is handed over.
-                    let sync_covered = if self.background_in_flight() {
-                        u64::MAX
-                    } else {
-                        self.progress.synced_seq
-                    };
-                    let has_work = !pending.buf.is_empty()
-                        || pending.sync_requested_seq > sync_covered
-                        || pending.shutdown;
-                    if has_work {
+                    // A sync is work once a slot is free: a sync thread that finishes wakes
+                    // this one.
+                    let sync_due = self.sync_wanted(pending.sync_requested_seq) > self.handed_upto
+                        && self.sync_slot_free();
+                    if !pending.buf.is_empty() || sync_due || pending.shutdown {
                         break;
                     }
                     let wait = if unsynced {
@@ -596,10 +707,6 @@ impl<W: Waiter> LogThread<W> {
             }
             return;
         }
-        // A sync someone waits on (or the last one) is done here; one nobody waits on is
-        // handed to the background syncer below when it can be.
-        let mut must_sync = shutdown;
-        let wanted = sync_requested_seq > self.progress.synced_seq;
         if !buf.is_empty() {
             crate::critical::injected_panic_point("log");
             let started = Instant::now();
@@ -622,55 +729,92 @@ impl<W: Waiter> LogThread<W> {
             }
             self.progress.written_seq = last_seq;
             self.publish();
-            let mut i = 0;
-            while i < waiters.len() {
-                // `replicated` waits for the other half (the cluster's ack) elsewhere: here it
-                // needs the write only, like `disk`.
-                if waiters[i].durability() != Durability::Fsync {
-                    waiters.swap_remove(i).complete(Ok(()));
-                } else {
-                    must_sync = true;
-                    i += 1;
+        }
+        // `disk` (and `replicated`, whose other half is the cluster's ack, waited for
+        // elsewhere) need the write only; `fsync` waits for a sync that covers the round.
+        let mut durable = Vec::new();
+        for w in waiters.drain(..) {
+            if w.durability() == Durability::Fsync {
+                durable.push(w);
+            } else {
+                w.complete(Ok(()));
+            }
+        }
+        if !durable.is_empty() {
+            let upto = self.progress.written_seq;
+            self.fsync_wanted_upto = upto;
+            let mut syncs = lock(&self.shared.syncs);
+            if syncs.applied_upto >= upto {
+                // Already durable (a round of waiters without frames of their own).
+                drop(syncs);
+                for w in durable {
+                    w.complete(Ok(()));
+                }
+            } else {
+                syncs.waiting.push_back((upto, durable));
+            }
+        }
+        if shutdown {
+            // Everything written is synced before the thread stops.
+            if self.progress.written_seq > self.handed_upto {
+                if let Err(e) = self.sync_inline() {
+                    return self.poison(e, waiters);
+                }
+            }
+            return;
+        }
+        if self.sync_wanted(sync_requested_seq) > self.handed_upto && self.sync_slot_free() {
+            match self.file.sync_handle() {
+                Some(handle) => self.start_sync(handle),
+                // A file with no second handle syncs on this thread.
+                None => {
+                    if let Err(e) = self.sync_inline() {
+                        self.poison(e, waiters);
+                    }
                 }
             }
         }
-        if !must_sync && wanted && self.progress.synced_seq < self.progress.written_seq {
-            if self.background_in_flight() {
-                // Running already: what it does not cover is handed over once it is done
-                // (the syncer wakes this thread).
-            } else if let Some(handle) = self.file.sync_handle() {
-                self.background_upto = self.progress.written_seq;
-                self.last_sync = Instant::now();
-                lock(&self.shared.background).job = Some((self.background_upto, handle));
-                self.shared.background_work.notify_one();
-            } else {
-                must_sync = true;
-            }
-        } else if wanted {
-            must_sync = true;
-        }
-        if must_sync && self.progress.synced_seq < self.progress.written_seq {
-            let started = Instant::now();
-            if let Err(e) = self.file.sync() {
-                return self.poison(e.to_string(), waiters);
-            }
-            self.last_sync = Instant::now();
-            count_sync(&self.shared, started.elapsed(), waiters.len() as u64);
-            self.progress.synced_seq = self.progress.written_seq;
-            self.publish();
-        } else if must_sync && self.progress.synced_seq < sync_requested_seq {
-            // Nothing new to sync, but someone waits on a seq we already hold durably.
-            self.publish();
-        }
-        for w in waiters.drain(..) {
-            w.complete(Ok(()));
+    }
+
+    /// Hands a sync of everything written so far to a sync thread.
+    fn start_sync(&mut self, handle: SyncHandle) {
+        let job = SyncJob {
+            no: self.next_job,
+            upto: self.progress.written_seq,
+            handle,
+        };
+        self.next_job += 1;
+        self.handed_upto = job.upto;
+        self.last_sync = Instant::now();
+        self.shared.syncs_in_flight.fetch_add(1, Ordering::AcqRel);
+        lock(&self.shared.syncs).queue.push_back(job);
+        self.shared.sync_work.notify_one();
+    }
+
+    /// Syncs everything written so far on this thread; its result is applied in order with
+    /// the syncs started before it.
+    fn sync_inline(&mut self) -> Result<(), String> {
+        let (no, upto) = (self.next_job, self.progress.written_seq);
+        self.next_job += 1;
+        self.handed_upto = upto;
+        self.shared.syncs_in_flight.fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
+        let took = self
+            .file
+            .sync()
+            .map(|()| started.elapsed())
+            .map_err(|e| e.to_string());
+        self.last_sync = Instant::now();
+        let failed = took.as_ref().err().cloned();
+        apply_sync(&self.shared, no, SyncResult { upto, took });
+        match failed {
+            Some(reason) => Err(reason),
+            None => Ok(()),
         }
     }
 
     fn roll(&mut self, first_seq: u64) -> Result<(), String> {
-        self.file.sync().map_err(|e| e.to_string())?;
-        self.last_sync = Instant::now();
-        self.progress.synced_seq = self.progress.written_seq;
+        self.sync_inline()?;
         let path = segment_path(&self.config.dir, first_seq);
         self.file = self
             .config
@@ -695,9 +839,14 @@ impl<W: Waiter> LogThread<W> {
 
     fn poison(&mut self, reason: String, waiters: &mut Vec<W>) {
         tracing::error!(%reason, "log poisoned: refusing writes until restart");
-        *lock(&self.shared.poison) = Some(reason.clone());
-        let err = LogError::Poisoned(reason);
-        for w in waiters.drain(..) {
+        lock(&self.shared.poison).get_or_insert(reason);
+        let err = LogError::Poisoned(lock(&self.shared.poison).clone().unwrap_or_default());
+        let waiting: Vec<W> = lock(&self.shared.syncs)
+            .waiting
+            .drain(..)
+            .flat_map(|(_, w)| w)
+            .collect();
+        for w in waiters.drain(..).chain(waiting) {
             w.complete(Err(&err));
         }
         self.shared.progress_changed.notify_all();
@@ -884,6 +1033,138 @@ mod tests {
         files.open();
         log.sync_barrier(20).unwrap();
         assert_eq!(log.progress().synced_seq, 20);
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Real files whose n-th sync handle (counting from 0, across files) waits at gate n
+    /// until the test opens it, to succeed or fail.
+    #[derive(Clone, Default)]
+    struct NumberedGates {
+        state: Arc<(Mutex<Gates>, Condvar)>,
+    }
+
+    /// (handles made, gates reached, each gate's verdict once opened: `Ok` or fail)
+    type Gates = (usize, Vec<usize>, BTreeMap<usize, bool>);
+
+    impl NumberedGates {
+        fn wait_until_reached(&self, gate: usize) {
+            let (lock, cv) = &*self.state;
+            let g = lock.lock().unwrap();
+            let (g, timeout) = cv
+                .wait_timeout_while(g, Duration::from_secs(10), |g| !g.1.contains(&gate))
+                .unwrap();
+            assert!(!timeout.timed_out(), "sync {gate} never started: {:?}", g.1);
+        }
+        fn open(&self, gate: usize, ok: bool) {
+            let (lock, cv) = &*self.state;
+            lock.lock().unwrap().2.insert(gate, ok);
+            cv.notify_all();
+        }
+    }
+
+    struct NumberedFile(std::fs::File, NumberedGates);
+
+    impl LogFile for NumberedFile {
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.0.append(bytes)
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            self.0.sync_data()
+        }
+        fn sync_handle(&self) -> Option<SyncHandle> {
+            let (file, gates) = (self.0.try_clone().ok()?, self.1.clone());
+            let gate = {
+                let mut g = gates.state.0.lock().unwrap();
+                g.0 += 1;
+                g.0 - 1
+            };
+            Some(Box::new(move || {
+                let (lock, cv) = &*gates.state;
+                let mut g = lock.lock().unwrap();
+                g.1.push(gate);
+                cv.notify_all();
+                let ok = loop {
+                    if let Some(ok) = g.2.get(&gate) {
+                        break *ok;
+                    }
+                    g = cv.wait(g).unwrap();
+                };
+                drop(g);
+                if !ok {
+                    return Err(std::io::Error::other("injected fdatasync failure"));
+                }
+                file.sync_data()
+            }))
+        }
+    }
+
+    impl LogFileFactory for NumberedGates {
+        fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+            Ok(Box::new(NumberedFile(
+                crate::io::open_append_file(path)?,
+                self.clone(),
+            )))
+        }
+    }
+
+    /// Two fsync commits in two rounds, each round's sync started while the first one is
+    /// still in the device; returns the log, the gates and the waiters' channel.
+    fn two_syncs_in_flight(
+        dir: &std::path::Path,
+    ) -> (Log<TestWaiter>, NumberedGates, mpsc::Receiver<(u64, bool)>) {
+        let files = NumberedGates::default();
+        let mut config = LogConfig::new(dir);
+        config.background_sync_interval = Duration::from_secs(600);
+        config.sync_threads = 2;
+        config.files = Arc::new(files.clone());
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let w = |seq| TestWaiter {
+            seq,
+            durability: Durability::Fsync,
+            done: tx.clone(),
+        };
+        log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
+        files.wait_until_reached(0);
+        log.submit(&one_frame(2), 1, 2, [w(2)]).unwrap();
+        // The second sync starts while the first is stuck: two are in flight at once.
+        files.wait_until_reached(1);
+        (log, files, rx)
+    }
+
+    #[test]
+    fn a_later_sync_that_returns_first_acknowledges_nothing_until_the_earlier_one_has() {
+        let dir = temp_dir("sync-order");
+        let (log, files, rx) = two_syncs_in_flight(&dir);
+        files.open(1, true);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(mpsc::RecvTimeoutError::Timeout),
+            "a commit was acknowledged while an earlier sync was still running"
+        );
+        assert_eq!(log.progress().synced_seq, 0);
+        files.open(0, true);
+        let mut done = [rx.recv().unwrap(), rx.recv().unwrap()];
+        done.sort();
+        assert_eq!(done, [(1, true), (2, true)]);
+        assert_eq!(log.progress().synced_seq, 2);
+        assert_eq!(log.stats().synced_commits, 2);
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_earlier_failed_sync_fails_the_commits_a_later_successful_one_covers() {
+        let dir = temp_dir("sync-order-fail");
+        let (log, files, rx) = two_syncs_in_flight(&dir);
+        files.open(1, true);
+        files.open(0, false);
+        let mut done = [rx.recv().unwrap(), rx.recv().unwrap()];
+        done.sort();
+        assert_eq!(done, [(1, false), (2, false)]);
+        assert!(log.poisoned().is_some());
+        assert_eq!(log.progress().synced_seq, 0);
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
     }

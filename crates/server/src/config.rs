@@ -34,6 +34,8 @@ pub struct Config {
     pub writer_queue_max: usize,
     /// Log bytes submitted and not yet written before the writer waits (`--log-pending-bytes`).
     pub log_pending_bytes_max: usize,
+    /// Log syncs that may run at once (`--log-sync-threads`, see `sluice_log::writer`).
+    pub log_sync_threads: usize,
     /// Requests in flight on one WebSocket connection before the server stops reading it
     /// (`--ws-inflight-requests`).
     pub ws_inflight_max: usize,
@@ -84,6 +86,7 @@ impl Config {
             segment_bytes_max: 64 << 20,
             writer_queue_max: 65_536,
             log_pending_bytes_max: 64 << 20,
+            log_sync_threads: sluice_log::writer::SYNC_THREADS_DEFAULT,
             ws_inflight_max: 1024,
             ws_outbound_max: 64,
             log_files: LogFiles::default(),

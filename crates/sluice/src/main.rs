@@ -260,6 +260,10 @@ struct ServeArgs {
     /// (back-pressure when commits arrive faster than the disk takes them).
     #[arg(long, default_value_t = 64 << 20)]
     log_pending_bytes: usize,
+    /// Log syncs (`fdatasync`) that may run at once, each on a thread of its own: while one
+    /// is in the device the next round is written and its sync started (1 to 8).
+    #[arg(long, default_value_t = sluice_log::writer::SYNC_THREADS_DEFAULT)]
+    log_sync_threads: usize,
     /// Commits handed to the live-query thread and not yet applied before the writer waits.
     #[arg(long, default_value_t = sluice_live::Limits::default().handoff_commits_max)]
     live_handoff_commits: usize,
@@ -381,6 +385,9 @@ struct ServeArgs {
     advertise: Option<String>,
 }
 
+/// Most accepted `--log-sync-threads`: more syncs at once than this only queue in the device.
+const LOG_SYNC_THREADS_MAX: usize = 8;
+
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
 const BODY_BYTES_MAX_CEILING: usize = 32 << 20;
 
@@ -486,6 +493,12 @@ impl ServeArgs {
             "--log-pending-bytes must be at least 65536, and --live-handoff-commits, --ws-inflight-requests and --ws-outbound-messages at least 1"
         );
         config.log_pending_bytes_max = self.log_pending_bytes;
+        anyhow::ensure!(
+            (1..=LOG_SYNC_THREADS_MAX).contains(&self.log_sync_threads),
+            "--log-sync-threads {} is outside 1..={LOG_SYNC_THREADS_MAX}",
+            self.log_sync_threads
+        );
+        config.log_sync_threads = self.log_sync_threads;
         config.live.handoff_commits_max = self.live_handoff_commits;
         config.ws_inflight_max = self.ws_inflight_requests;
         config.ws_outbound_max = self.ws_outbound_messages;
