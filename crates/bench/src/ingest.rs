@@ -483,32 +483,8 @@ impl CpuWindow {
         let (Some(first), Some(last)) = (&w.0, &w.1) else {
             return BTreeMap::new();
         };
-        if rows_per_sec <= 0.0 {
-            return BTreeMap::new();
-        }
-        let usage = last.since(first);
-        // `+ 0.0`: an empty sum is -0.0, printed "-0.00".
-        let us = |cores: f64| cores * 1e6 / rows_per_sec + 0.0;
-        let mut out = BTreeMap::new();
-        let mut named = 0.0;
-        for (group, prefix) in CPU_GROUPS {
-            let cores: f64 = usage
-                .server_threads_cores
-                .iter()
-                .filter(|(name, _)| name.starts_with(prefix))
-                .map(|(_, c)| c)
-                .sum();
-            named += cores;
-            out.insert(group.to_string(), us(cores));
-        }
-        let all: f64 = usage.server_threads_cores.values().sum();
-        out.insert("other".into(), us((all - named).max(0.0)));
-        if self.separate_bench {
-            if let Some(bench) = usage.bench_cores {
-                out.insert("bench".into(), us(bench));
-            }
-        }
-        out
+        last.since(first)
+            .us_per_op(&CPU_GROUPS, rows_per_sec, self.separate_bench)
     }
 }
 

@@ -86,6 +86,11 @@ impl Changelog {
         self.deferred.get_or_insert_with(Vec::new);
     }
 
+    /// How many evicted commits wait for [`Changelog::take_evicted`].
+    pub fn evicted_len(&self) -> usize {
+        self.deferred.as_ref().map_or(0, Vec::len)
+    }
+
     /// The evicted commits waiting to be dropped (empty unless [`Changelog::defer_drops`]).
     pub fn take_evicted(&mut self) -> Vec<Arc<Commit>> {
         self.deferred
@@ -206,8 +211,10 @@ mod tests {
         for c in &commits {
             log.push(c.clone());
         }
+        assert_eq!(log.evicted_len(), 3);
         let evicted = log.take_evicted();
         assert_eq!(evicted.iter().map(|c| c.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(log.evicted_len(), 0);
         assert_eq!(
             Arc::strong_count(&commits[0]),
             2,
@@ -226,6 +233,7 @@ mod tests {
         for seq in 1..=(DEFERRED_MAX as u64 + 10) {
             log.push(commit(seq));
         }
+        assert_eq!(log.evicted_len(), DEFERRED_MAX);
         let evicted = log.take_evicted();
         assert_eq!(evicted.len(), DEFERRED_MAX);
         assert_eq!(evicted.last().map(|c| c.seq), Some(DEFERRED_MAX as u64));

@@ -262,16 +262,17 @@ pub(crate) struct Writer {
     topics_trimmed: std::time::Instant,
     /// Where commits the changelog evicted go to be dropped (`None`: dropped here).
     dropper: Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>>,
-    /// Evicted commits gathered for the drop thread until there are [`DROP_BATCH_COMMITS`].
-    drops: Vec<Arc<Commit>>,
 }
 
-/// Evicted commits handed to the drop thread at once. Handing over every round's (one or
-/// two commits each under a steady stream of small writes) woke the thread once per round:
-/// on a 2-core machine that wake-up competed with the live thread and the runtime for a
-/// core, and the write→diff p99 at 50 000 writes/s over 100 000 views went from ~10 to
-/// ~15 ms once the changelog was full. At most this many wait (their memory is bounded).
+/// Evicted commits handed to the drop thread at once: they wait in the changelog
+/// ([`sluice_engine::changelog::Changelog::evicted_len`]) until there are this many.
+/// Handing over every round's (one or two commits each under a steady stream of small
+/// writes) woke the thread once per round: on a 2-core machine that wake-up competed with
+/// the live thread and the runtime for a core, and the write→diff p99 at 50 000 writes/s
+/// over 100 000 views went from ~10 to ~15 ms once the changelog was full.
 const DROP_BATCH_COMMITS: usize = 1024;
+// The changelog keeps at most DEFERRED_MAX waiting (it drops the rest itself).
+const _: () = assert!(DROP_BATCH_COMMITS <= sluice_engine::changelog::DEFERRED_MAX);
 
 /// Evicted-commit batches that may wait for the drop thread; beyond that the writer drops
 /// a batch itself.
@@ -342,7 +343,6 @@ impl Writer {
                     .checked_sub(TOPIC_TRIM_INTERVAL)
                     .unwrap_or_else(std::time::Instant::now),
                 dropper,
-                drops: Vec::new(),
             }
             .run(rx)
         })
@@ -614,19 +614,16 @@ impl Writer {
                     done.frames += 1;
                 }
             }
-            evicted = db.changelog.take_evicted();
+            evicted = if db.changelog.evicted_len() >= DROP_BATCH_COMMITS {
+                db.changelog.take_evicted()
+            } else {
+                Vec::new()
+            };
             db.seq
         };
         if let (Some(dropper), false) = (&self.dropper, evicted.is_empty()) {
-            if self.drops.is_empty() {
-                self.drops = evicted;
-            } else {
-                self.drops.extend(evicted);
-            }
-            if self.drops.len() >= DROP_BATCH_COMMITS {
-                // A full queue (or a gone thread) hands the batch back, dropped here.
-                let _ = dropper.try_send(std::mem::take(&mut self.drops));
-            }
+            // A full queue (or a gone thread) hands the batch back, dropped here.
+            let _ = dropper.try_send(evicted);
         }
         shared
             .counters

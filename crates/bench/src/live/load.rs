@@ -39,7 +39,7 @@ use super::{fmt_bytes, Ctx, Dist, Params};
 use crate::progress::Progress;
 use crate::report::{Report, Table, Target};
 use crate::transfer::clients::connect_ws_as;
-use crate::transfer::cpu::{CpuSample, Usage};
+use crate::transfer::cpu::CpuSample;
 
 /// Subscriptions per `subscribe_many` frame.
 pub(crate) const SUBS_PER_FRAME: usize = 5_000;
@@ -501,32 +501,6 @@ const CPU_GROUPS: [(&str, &str); 3] = [
     ("tokio", "tokio-"),
 ];
 
-/// CPU µs per write by server thread group (the rest as `other`) and for the bench itself.
-fn cpu_per_write(usage: &Usage, writes_per_s: f64) -> std::collections::BTreeMap<String, f64> {
-    let mut out = std::collections::BTreeMap::new();
-    if writes_per_s <= 0.0 {
-        return out;
-    }
-    let us = |cores: f64| cores * 1e6 / writes_per_s + 0.0;
-    let mut named = 0.0;
-    for (group, prefix) in CPU_GROUPS {
-        let cores: f64 = usage
-            .server_threads_cores
-            .iter()
-            .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(_, c)| c)
-            .sum();
-        named += cores;
-        out.insert(group.to_string(), us(cores));
-    }
-    let all: f64 = usage.server_threads_cores.values().sum();
-    out.insert("other".into(), us((all - named).max(0.0)));
-    if let Some(bench) = usage.bench_cores {
-        out.insert("bench".into(), us(bench));
-    }
-    out
-}
-
 /// A tiny deterministic generator.
 pub(crate) fn mix(i: u64) -> u64 {
     let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
@@ -581,7 +555,7 @@ async fn load_run(
     let (acked, achieved) = (run.acked, run.achieved);
     case.writes_acked = acked;
     case.rate_achieved = achieved;
-    case.cpu_us_per_write = cpu_per_write(&cpu, achieved);
+    case.cpu_us_per_write = cpu.us_per_op(&CPU_GROUPS, achieved, true);
     let late: Vec<f64> = run
         .late_us
         .iter()

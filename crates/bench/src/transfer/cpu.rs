@@ -27,6 +27,43 @@ pub struct Usage {
     pub bench_cores: Option<f64>,
 }
 
+impl Usage {
+    /// µs of CPU per operation at `ops_per_sec`: for each `(group, thread-name prefix)` of
+    /// `groups`, the server threads named so; `other` for the rest of the server's threads;
+    /// and `bench` (this process) when `with_bench`. Empty when `ops_per_sec` is not
+    /// positive.
+    pub fn us_per_op(
+        &self,
+        groups: &[(&str, &str)],
+        ops_per_sec: f64,
+        with_bench: bool,
+    ) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        if ops_per_sec <= 0.0 {
+            return out;
+        }
+        // `+ 0.0`: an empty sum is -0.0, printed "-0.00".
+        let us = |cores: f64| cores * 1e6 / ops_per_sec + 0.0;
+        let mut named = 0.0;
+        for &(group, prefix) in groups {
+            let cores: f64 = self
+                .server_threads_cores
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, c)| c)
+                .sum();
+            named += cores;
+            out.insert(group.to_string(), us(cores));
+        }
+        let all: f64 = self.server_threads_cores.values().sum();
+        out.insert("other".into(), us((all - named).max(0.0)));
+        if let (true, Some(bench)) = (with_bench, self.bench_cores) {
+            out.insert("bench".into(), us(bench));
+        }
+        out
+    }
+}
+
 impl CpuSample {
     /// Reads the server `server_pid` (with its direct children), by thread name if
     /// `by_thread`, and this process.
