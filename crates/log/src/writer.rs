@@ -945,67 +945,10 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Real files whose background sync handles wait at a gate until it opens.
-    #[derive(Clone, Default)]
-    struct GatedSyncs {
-        /// (open, background syncs that reached the gate)
-        gate: Arc<(Mutex<(bool, u64)>, Condvar)>,
-    }
-
-    impl GatedSyncs {
-        fn wait_for_a_stuck_sync(&self) {
-            let (lock, cv) = &*self.gate;
-            let g = lock.lock().unwrap();
-            let (g, timeout) = cv
-                .wait_timeout_while(g, Duration::from_secs(10), |g| g.1 == 0)
-                .unwrap();
-            assert!(!timeout.timed_out(), "no background sync started: {:?}", *g);
-        }
-        fn open(&self) {
-            let (lock, cv) = &*self.gate;
-            lock.lock().unwrap().0 = true;
-            cv.notify_all();
-        }
-    }
-
-    struct GatedFile(std::fs::File, GatedSyncs);
-
-    impl LogFile for GatedFile {
-        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-            self.0.append(bytes)
-        }
-        fn sync(&mut self) -> std::io::Result<()> {
-            self.0.sync_data()
-        }
-        fn sync_handle(&self) -> Option<SyncHandle> {
-            let (file, gates) = (self.0.try_clone().ok()?, self.1.clone());
-            Some(Box::new(move || {
-                let (lock, cv) = &*gates.gate;
-                let mut g = lock.lock().unwrap();
-                g.1 += 1;
-                cv.notify_all();
-                while !g.0 {
-                    g = cv.wait(g).unwrap();
-                }
-                drop(g);
-                file.sync_data()
-            }))
-        }
-    }
-
-    impl LogFileFactory for GatedSyncs {
-        fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-            Ok(Box::new(GatedFile(
-                crate::io::open_append_file(path)?,
-                self.clone(),
-            )))
-        }
-    }
-
     #[test]
     fn disk_commits_are_acknowledged_while_a_background_sync_is_stuck() {
         let dir = temp_dir("stuck-background");
-        let files = GatedSyncs::default();
+        let files = NumberedGates::default();
         let mut config = LogConfig::new(&dir);
         config.background_sync_interval = Duration::from_millis(10);
         config.files = Arc::new(files.clone());
@@ -1018,7 +961,7 @@ mod tests {
         };
         log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
         assert_eq!(rx.recv().unwrap(), (1, true));
-        files.wait_for_a_stuck_sync();
+        files.wait_until_reached(0);
         for seq in 2..=20 {
             log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
             let done = rx.recv_timeout(Duration::from_secs(10));
@@ -1030,7 +973,7 @@ mod tests {
         }
         assert_eq!(log.progress().written_seq, 20);
         assert!(log.progress().synced_seq < 20, "{:?}", log.progress());
-        files.open();
+        files.open_all();
         log.sync_barrier(20).unwrap();
         assert_eq!(log.progress().synced_seq, 20);
         drop(log);
@@ -1038,14 +981,15 @@ mod tests {
     }
 
     /// Real files whose n-th sync handle (counting from 0, across files) waits at gate n
-    /// until the test opens it, to succeed or fail.
+    /// until the test opens it, to succeed or fail (or opens them all).
     #[derive(Clone, Default)]
     struct NumberedGates {
         state: Arc<(Mutex<Gates>, Condvar)>,
     }
 
-    /// (handles made, gates reached, each gate's verdict once opened: `Ok` or fail)
-    type Gates = (usize, Vec<usize>, BTreeMap<usize, bool>);
+    /// (handles made, gates reached, each gate's verdict once opened: `Ok` or fail; whether
+    /// every gate is open, to succeed)
+    type Gates = (usize, Vec<usize>, BTreeMap<usize, bool>, bool);
 
     impl NumberedGates {
         fn wait_until_reached(&self, gate: usize) {
@@ -1059,6 +1003,11 @@ mod tests {
         fn open(&self, gate: usize, ok: bool) {
             let (lock, cv) = &*self.state;
             lock.lock().unwrap().2.insert(gate, ok);
+            cv.notify_all();
+        }
+        fn open_all(&self) {
+            let (lock, cv) = &*self.state;
+            lock.lock().unwrap().3 = true;
             cv.notify_all();
         }
     }
@@ -1087,6 +1036,9 @@ mod tests {
                 let ok = loop {
                     if let Some(ok) = g.2.get(&gate) {
                         break *ok;
+                    }
+                    if g.3 {
+                        break true;
                     }
                     g = cv.wait(g).unwrap();
                 };
