@@ -547,6 +547,21 @@ pub async fn backlog_becomes_a_reset_snapshot(c: Arc<Ctx>) -> R {
         .await?;
     }
     let last = super::seq(&c).await?;
+    // The live thread may still be behind the writes (each diff renders half a MiB of
+    // JSON): a second subscriber that reads until it saw the last write makes sure every
+    // diff was pushed to the first one's queue before that one starts reading.
+    let mut probe = open(&c, &sql, "", &[]).await?;
+    let mut caught_up = View::default();
+    caught_up.snapshot(&probe.expect("snapshot").await?.data)?;
+    while caught_up.seq < last {
+        let e = probe.next().await?;
+        match e.event.as_str() {
+            "diff" => caught_up.diff(&e.data)?,
+            "snapshot" => caught_up.snapshot(&e.data)?,
+            other => fail!("unexpected event {other} on the second subscription"),
+        }
+    }
+    drop(probe);
     let mut saw_reset = false;
     for _ in 0..400 {
         let e = sse.next().await?;
