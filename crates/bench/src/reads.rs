@@ -999,7 +999,12 @@ fn batched_request(req: u64, ids: &[u64]) -> Message {
 
 /// `batch_depth` batched gets in flight on one connection; each reply's rows are checked
 /// one by one against the keys asked (id and code, in order).
-async fn ws_batched_reader(mut ws: Ws, p: &Params, stream: u64, clock: Clock) -> anyhow::Result<Tally> {
+async fn ws_batched_reader(
+    mut ws: Ws,
+    p: &Params,
+    stream: u64,
+    clock: Clock,
+) -> anyhow::Result<Tally> {
     let mut tally = Tally::new();
     let mut keys = Keys::new(p.seed, 200 + stream, p.rows);
     let mut inflight: VecDeque<(u64, Vec<u64>, Instant)> = VecDeque::with_capacity(p.batch_depth);

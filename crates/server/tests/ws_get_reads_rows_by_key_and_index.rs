@@ -672,7 +672,10 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     assert_eq!(read.waits_for(), None);
     let got = read.now().ok().expect("no waiting").unwrap();
     assert_eq!(got.seq, durable);
-    assert_eq!(got.rows.iter().map(Option::is_some).collect::<Vec<_>>(), [true, true, false]);
+    assert_eq!(
+        got.rows.iter().map(Option::is_some).collect::<Vec<_>>(),
+        [true, true, false]
+    );
     for held in [keys(&[2, 1, 4]), keys(&[4, 5])] {
         let read = core.get_rows(&admin, "items", held.iter().map(Given::Typed));
         assert_eq!(read.waits_for(), Some(pending), "{held:?}");
@@ -730,8 +733,16 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
         .iter()
         .map(|r| &r["row"]["name"])
         .collect();
-    assert_eq!(names, [&json!("old"), &json!("new"), &Value::Null, &Value::Null], "{reply}");
-    assert_eq!(reply["rows"][2], Value::Null, "deleted row 5 reads as absent: {reply}");
+    assert_eq!(
+        names,
+        [&json!("old"), &json!("new"), &Value::Null, &Value::Null],
+        "{reply}"
+    );
+    assert_eq!(
+        reply["rows"][2],
+        Value::Null,
+        "deleted row 5 reads as absent: {reply}"
+    );
     write.await.unwrap().unwrap();
     // In-process, confirmed.
     let got = core.get(&admin, "items", Given::Typed(&one)).await.unwrap();
@@ -743,7 +754,11 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
 }
 
 async fn batched_by_keys(msgpack: bool) {
-    let dir = TempDir::new(if msgpack { "get-many-mp" } else { "get-many-json" });
+    let dir = TempDir::new(if msgpack {
+        "get-many-mp"
+    } else {
+        "get-many-json"
+    });
     let (core, addr) = start(&dir).await;
     let mut ws = connect(addr, msgpack).await;
     // One entry per key, in the order asked: missing keys are null, a key twice is
@@ -901,7 +916,14 @@ async fn a_client_batch_applies_its_policy_to_every_row() {
             .collect();
         assert_eq!(
             ids,
-            [json!(7), Value::Null, Value::Null, json!(12), json!(7), Value::Null],
+            [
+                json!(7),
+                Value::Null,
+                Value::Null,
+                json!(12),
+                json!(7),
+                Value::Null
+            ],
             "{reply}"
         );
         // A table without a SELECT policy: every entry null.

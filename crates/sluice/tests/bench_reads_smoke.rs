@@ -52,7 +52,9 @@ fn quick_reads_return_the_rows_asked_for_on_every_path() {
     }
     let mget = cases
         .iter()
-        .find(|c| c["system"] == "redis" && c["path"].as_str().is_some_and(|p| p.starts_with("MGET (")))
+        .find(|c| {
+            c["system"] == "redis" && c["path"].as_str().is_some_and(|p| p.starts_with("MGET ("))
+        })
         .unwrap_or_else(|| panic!("no redis MGET case in {samples}"));
     assert_eq!(mget["mismatches"], 0, "{mget}");
     for (system, path) in [
