@@ -8,7 +8,10 @@
 //!
 //! Every read is checked: the row returned must be the one asked for (its `id` and its
 //! `code`); a case with any mismatch fails the run. Latencies are per read, from the
-//! request leaving the client to its reply being parsed, in nanoseconds.
+//! request leaving the client to its reply being parsed, in nanoseconds. The batched cases
+//! — WebSocket `get` by `keys` (MessagePack) and Redis `MGET`, `batch_keys` keys per
+//! request — count every row returned as a read (each checked, in order) and time each
+//! request.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -76,6 +79,12 @@ pub struct ReadsArgs {
     /// Seed of the keys read.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Keys per batched request (WebSocket `get` by `keys`, Redis `MGET`).
+    #[arg(long, default_value_t = 100)]
+    pub batch_keys: usize,
+    /// Batched requests in flight per connection.
+    #[arg(long, default_value_t = 8)]
+    pub batch_depth: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -91,6 +100,9 @@ struct Params {
     background_batch: u64,
     peers: bool,
     seed: u64,
+    /// Keys per batched request and batched requests in flight per connection.
+    batch_keys: usize,
+    batch_depth: usize,
 }
 
 /// Rows per background mutate (so 100 K rows/s is 10 K commits/s).
@@ -122,6 +134,16 @@ impl Params {
             background_batch: BACKGROUND_BATCH,
             peers: !a.no_peers,
             seed: a.seed,
+            batch_keys: if quick {
+                a.batch_keys.min(20)
+            } else {
+                a.batch_keys
+            },
+            batch_depth: if quick {
+                a.batch_depth.min(4)
+            } else {
+                a.batch_depth
+            },
         }
     }
 
@@ -131,6 +153,14 @@ impl Params {
 
     fn warmup(&self) -> Duration {
         Duration::from_secs_f64(self.warmup_seconds)
+    }
+
+    /// The path label of the batched cases (`what`: `WS MessagePack batched get`, `MGET`).
+    fn batched(&self, what: &str) -> String {
+        format!(
+            "{what} ({} keys per request, {} in flight)",
+            self.batch_keys, self.batch_depth
+        )
     }
 
     fn backgrounds(&self) -> Vec<u64> {
@@ -203,8 +233,12 @@ impl Tally {
         }
     }
     fn record(&mut self, took: Duration, measuring: bool) {
+        self.record_batch(took, 1, measuring);
+    }
+    /// A request that read `rows` rows: they count as reads; its latency is the request's.
+    fn record_batch(&mut self, took: Duration, rows: u64, measuring: bool) {
         if measuring {
-            self.reads += 1;
+            self.reads += rows;
             let _ = self.latency.record((took.as_nanos() as u64).max(1));
         }
     }
@@ -320,6 +354,12 @@ pub fn run(args: ReadsArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(
         (1..=1024).contains(&args.http_clients),
         "--http-clients must be 1..=1024"
+    );
+    anyhow::ensure!(
+        (1..=sluice_server::point::GET_KEYS_MAX).contains(&args.batch_keys)
+            && (1..=1024).contains(&args.batch_depth),
+        "--batch-keys must be 1..={} (get_keys_max) and --batch-depth 1..=1024",
+        sluice_server::point::GET_KEYS_MAX
     );
     let params = Params::from(&args);
     let mut bench = Bench::new("reads", &args.common, &params)?;
@@ -659,6 +699,7 @@ async fn server_cases(bench: &Bench, p: &Params, cases: &mut Vec<Case>) {
                 cases.push(case);
             }
         }
+        cases.push(batched_case(&server, p, background).await);
     }
 }
 
@@ -868,6 +909,147 @@ async fn ws_reader(
                 next_req += 1;
             }
             ws.flush().await?;
+        }
+    }
+    let _ = ws.close(None).await;
+    Ok(tally)
+}
+
+/// The batched WebSocket case: `connections` MessagePack connections, each with
+/// `batch_depth` gets of `batch_keys` keys in flight; every row returned is a read.
+async fn batched_case(server: &crate::harness::Sluice, p: &Params, background: u64) -> Case {
+    let mut case = Case::new(
+        "sluice",
+        &p.batched("WS MessagePack batched get"),
+        Lookup::Key,
+        background,
+    );
+    let writer = match WsWriter::start(server, p, background).await {
+        Ok(w) => w,
+        Err(e) => {
+            case.error = Some(format!("background writer: {e:#}"));
+            return case;
+        }
+    };
+    let started = Instant::now();
+    let clock = Clock::new(p);
+    let mut tasks = Vec::new();
+    let mut error = None;
+    for c in 0..p.connections {
+        match ws_connect(server, true).await {
+            Ok(ws) => {
+                let (p, clock) = (p.clone(), clock.clone());
+                tasks.push(tokio::spawn(async move {
+                    ws_batched_reader(ws, &p, c as u64, clock).await
+                }));
+            }
+            Err(e) => error = Some(format!("{e:#}")),
+        }
+    }
+    let mut tally = Tally::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(t)) => tally.merge(t),
+            Ok(Err(e)) => error = Some(format!("{e:#}")),
+            Err(e) => error = Some(format!("{e}")),
+        }
+    }
+    let seconds = clock
+        .stop_at
+        .duration_since(clock.measure_from)
+        .as_secs_f64();
+    case.fill(&tally, seconds);
+    if error.is_some() {
+        case.error = error;
+    }
+    match writer.stop(started.elapsed()).await {
+        Ok(rate) => case.background_achieved = rate,
+        Err(e) => case.error = Some(format!("background writer: {e:#}")),
+    }
+    case
+}
+
+/// The reply to a batched get: one entry per key, in order (`null`: no such row).
+#[derive(Deserialize)]
+struct ManyReply<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    id: Option<u64>,
+    #[serde(default, borrow)]
+    rows: Vec<Option<RowItem<'a>>>,
+}
+
+fn batched_request(req: u64, ids: &[u64]) -> Message {
+    #[derive(Serialize)]
+    struct Get<'a> {
+        id: u64,
+        #[serde(rename = "type")]
+        kind: &'static str,
+        table: &'static str,
+        keys: &'a [u64],
+    }
+    let get = Get {
+        id: req,
+        kind: "get",
+        table: "items",
+        keys: ids,
+    };
+    Message::Binary(rmp_serde::to_vec_named(&get).expect("a get encodes").into())
+}
+
+/// `batch_depth` batched gets in flight on one connection; each reply's rows are checked
+/// one by one against the keys asked (id and code, in order).
+async fn ws_batched_reader(
+    mut ws: Ws,
+    p: &Params,
+    stream: u64,
+    clock: Clock,
+) -> anyhow::Result<Tally> {
+    let mut tally = Tally::new();
+    let mut keys = Keys::new(p.seed, 200 + stream, p.rows);
+    let mut inflight: VecDeque<(u64, Vec<u64>, Instant)> = VecDeque::with_capacity(p.batch_depth);
+    let mut next_req = 0u64;
+    let mut send = |ws_inflight: &mut VecDeque<(u64, Vec<u64>, Instant)>| {
+        let ids: Vec<u64> = (0..p.batch_keys).map(|_| keys.next()).collect();
+        let message = batched_request(next_req, &ids);
+        ws_inflight.push_back((next_req, ids, Instant::now()));
+        next_req += 1;
+        message
+    };
+    for _ in 0..p.batch_depth {
+        let message = send(&mut inflight);
+        ws.feed(message).await?;
+    }
+    ws.flush().await?;
+    let mut sending = true;
+    while let Some((req, ids, sent)) = inflight.pop_front() {
+        let m = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .context("no reply within 30 s")?
+            .context("the server closed the connection")??;
+        let now = Instant::now();
+        let ok = match m {
+            Message::Binary(ref b) => rmp_serde::from_slice::<ManyReply>(b).is_ok_and(|r| {
+                r.kind == "result"
+                    && r.id == Some(req)
+                    && r.rows.len() == ids.len()
+                    && r.rows.iter().zip(&ids).all(|(row, &id)| {
+                        row.as_ref()
+                            .is_some_and(|r| r.row.id == id as i64 && r.row.code == code(id))
+                    })
+            }),
+            _ => false,
+        };
+        if !ok {
+            tally.mismatch(|| format!("batched request {req} (ids {ids:?}) got {m:?}"));
+        }
+        tally.record_batch(now - sent, ids.len() as u64, clock.measuring(sent));
+        if sending && clock.done(now) {
+            sending = false;
+        }
+        if sending {
+            let message = send(&mut inflight);
+            ws.send(message).await?;
         }
     }
     let _ = ws.close(None).await;
@@ -1095,7 +1277,70 @@ async fn redis_cases(
         }
         cases.push(join_peer_readers(case, tasks, p.seconds).await?);
     }
+    let case = Case::new("redis", &p.batched("MGET"), Lookup::Key, 0);
+    let clock = Clock::new(p);
+    let mut tasks = Vec::new();
+    for c in 0..p.connections {
+        let conn = server.connect().await?;
+        let (p, clock) = (p.clone(), clock.clone());
+        tasks.push(tokio::spawn(async move {
+            redis_mget_reader(conn, &p, c as u64, clock).await
+        }));
+    }
+    cases.push(join_peer_readers(case, tasks, p.seconds).await?);
     Ok(server.version.clone())
+}
+
+/// `batch_depth` `MGET`s of `batch_keys` keys in flight on one connection, the keys drawn
+/// as the batched WebSocket reader draws them; every value checked.
+async fn redis_mget_reader(
+    mut conn: resp::Conn,
+    p: &Params,
+    stream: u64,
+    clock: Clock,
+) -> anyhow::Result<Tally> {
+    let mut tally = Tally::new();
+    let mut keys = Keys::new(p.seed, 200 + stream, p.rows);
+    let mut inflight: VecDeque<(Vec<u64>, Instant)> = VecDeque::with_capacity(p.batch_depth);
+    let mut command = |out: &mut Vec<u8>| -> Vec<u64> {
+        let ids: Vec<u64> = (0..p.batch_keys).map(|_| keys.next()).collect();
+        let names: Vec<String> = ids.iter().map(|id| format!("item:{id}")).collect();
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(names.iter().map(|n| n.as_bytes()));
+        resp::encode(out, &args);
+        ids
+    };
+    let mut out = Vec::new();
+    for _ in 0..p.batch_depth {
+        let ids = command(&mut out);
+        inflight.push_back((ids, Instant::now()));
+    }
+    conn.send(&out).await?;
+    let mut sending = true;
+    while let Some((ids, sent)) = inflight.pop_front() {
+        let reply = conn.read().await?;
+        let now = Instant::now();
+        let items = reply.items();
+        let ok = items.len() == ids.len()
+            && items.iter().zip(&ids).all(|(v, &id)| {
+                let want = format!("{id}|{}|", code(id));
+                v.as_bytes().is_some_and(|b| b.starts_with(want.as_bytes()))
+            });
+        if !ok {
+            tally.mismatch(|| format!("MGET of ids {ids:?}: {reply:?}"));
+        }
+        tally.record_batch(now - sent, ids.len() as u64, clock.measuring(sent));
+        if sending && clock.done(now) {
+            sending = false;
+        }
+        if sending {
+            out.clear();
+            let ids = command(&mut out);
+            inflight.push_back((ids, Instant::now()));
+            conn.send(&out).await?;
+        }
+    }
+    Ok(tally)
 }
 
 /// Joins a peer case's reader tasks into `case`: their tallies merged, and a reader's error
@@ -1340,7 +1585,10 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
          pipelined by tokio-postgres). Background: an open-loop writer patching `n` of {} \
          random rows/s ({} rows per mutate, the server's default durability `fsync`); the \
          peers run without it. Every reply is checked (id and code); latency is per read, \
-         send to parsed reply.",
+         send to parsed reply. Batched: {} MessagePack WebSocket connections with {} `get` \
+         requests of {} keys each in flight (`{{\"type\": \"get\", \"keys\": [...]}}`, one \
+         reply with a row per key), against Redis `MGET` of {} keys likewise; reads/s \
+         counts rows returned (each checked), latency is per request.",
         fmt_si(p.rows as f64),
         p.seconds,
         p.warmup_seconds,
@@ -1349,6 +1597,10 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
         p.depth,
         fmt_si(p.background_writes as f64),
         p.background_batch,
+        p.connections,
+        p.batch_depth,
+        p.batch_keys,
+        p.batch_keys,
     ));
     let mut table = Table::new(
         "Point reads",
@@ -1397,6 +1649,7 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
 
     // Ratios to the peers, same machine, same run.
     let redis_get = find(cases, "redis", "GET", Lookup::Key, 0);
+    let redis_mget = find(cases, "redis", &p.batched("MGET"), Lookup::Key, 0);
     let pg_key = find(cases, "postgresql", "prepared SELECT", Lookup::Key, 0);
     let pg_index = find(cases, "postgresql", "prepared SELECT", Lookup::Index, 0);
     let mut ratios = Table::new(
@@ -1405,6 +1658,7 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
             "Sluice case",
             "reads/s",
             "vs Redis GET",
+            "vs Redis MGET",
             "vs PostgreSQL (same lookup)",
         ],
     );
@@ -1423,6 +1677,9 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
             redis_get.map_or("—".into(), |r| {
                 fmt_ratio(c.reads_per_sec / r.reads_per_sec)
             }),
+            redis_mget.map_or("—".into(), |r| {
+                fmt_ratio(c.reads_per_sec / r.reads_per_sec)
+            }),
             pg.map_or("—".into(), |r| {
                 fmt_ratio(c.reads_per_sec / r.reads_per_sec)
             }),
@@ -1438,25 +1695,44 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
         measured: inproc.map_or("—".into(), |c| fmt_ns(c.p50_ns)),
         met: inproc.map(|c| c.p50_ns < TARGET_INPROC_P50_NS),
     });
-    let best_ws = cases
-        .iter()
-        .filter(|c| {
-            c.path.starts_with("WS")
-                && c.lookup == Lookup::Key
-                && c.background_target == 0
-                && c.error.is_none()
-        })
+    // The best WebSocket case by key with no writes: single-key pipelined, and batched.
+    let best_ws = |batched: bool| {
+        cases
+            .iter()
+            .filter(|c| {
+                c.system == "sluice"
+                    && c.path.starts_with("WS")
+                    && c.path.contains("batched") == batched
+                    && c.lookup == Lookup::Key
+                    && c.background_target == 0
+                    && c.error.is_none()
+            })
+            .max_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec))
+    };
+    let (single_ws, batched_ws) = (best_ws(false), best_ws(true));
+    let best = [single_ws, batched_ws]
+        .into_iter()
+        .flatten()
         .max_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec));
     report.targets.push(Target {
-        what: "WebSocket pipelined reads by key".into(),
+        what: "WebSocket reads by key (pipelined or batched)".into(),
         goal: format!("≥ {} reads/s", fmt_si(TARGET_WS_READS_PER_SEC)),
-        measured: best_ws.map_or("—".into(), |c| {
-            format!("{} reads/s ({})", fmt_si(c.reads_per_sec), c.path)
+        measured: best.map_or("—".into(), |c| {
+            let mut m = format!("{} reads/s ({})", fmt_si(c.reads_per_sec), c.path);
+            if let Some(s) = single_ws.filter(|s| !std::ptr::eq(*s, c)) {
+                m.push_str(&format!(
+                    "; single-key pipelined: {} reads/s ({})",
+                    fmt_si(s.reads_per_sec),
+                    s.path
+                ));
+            }
+            m
         }),
-        met: best_ws.map(|c| c.reads_per_sec >= TARGET_WS_READS_PER_SEC),
+        met: best.map(|c| c.reads_per_sec >= TARGET_WS_READS_PER_SEC),
     });
+    let best_ws = single_ws;
     report.targets.push(Target {
-        what: "WebSocket pipelined reads by key vs Redis GET".into(),
+        what: "WebSocket pipelined single-key reads by key vs Redis GET".into(),
         goal: "≥ 1× Redis on the same machine".into(),
         measured: match (best_ws, redis_get) {
             (Some(w), Some(r)) => format!(
@@ -1468,6 +1744,23 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
             _ => "—".into(),
         },
         met: match (best_ws, redis_get) {
+            (Some(w), Some(r)) => Some(w.reads_per_sec >= r.reads_per_sec),
+            _ => None,
+        },
+    });
+    report.targets.push(Target {
+        what: "WebSocket batched get by key vs Redis MGET (same keys per request)".into(),
+        goal: "≥ 1× Redis on the same machine".into(),
+        measured: match (batched_ws, redis_mget) {
+            (Some(w), Some(r)) => format!(
+                "{} ({} vs {} reads/s)",
+                fmt_ratio(w.reads_per_sec / r.reads_per_sec),
+                fmt_si(w.reads_per_sec),
+                fmt_si(r.reads_per_sec)
+            ),
+            _ => "—".into(),
+        },
+        met: match (batched_ws, redis_mget) {
             (Some(w), Some(r)) => Some(w.reads_per_sec >= r.reads_per_sec),
             _ => None,
         },

@@ -417,7 +417,18 @@ async fn connection(core: Arc<Core>, socket: WebSocket, encoding: Encoding, call
                 }
                 next = pending_rx.recv(), if open && inflight.replies.len() < inflight_max => {
                     match next {
-                        Some(reply) => inflight.push(reply),
+                        Some(reply) => {
+                            inflight.push(reply);
+                            // Every request the reader handed over already joins now, so
+                            // the replies ready together go out in one batch and one flush
+                            // (one send syscall), not one flush per reply.
+                            while inflight.replies.len() < inflight_max {
+                                let Ok(reply) = pending_rx.try_recv() else {
+                                    break;
+                                };
+                                inflight.push(reply);
+                            }
+                        }
                         None => open = false,
                     }
                 }

@@ -2,7 +2,9 @@
 //! one value of an indexed column, in JSON and MessagePack, pipelined, through row
 //! policies for clients, read-your-writes after a `disk` mutate, and confirmation — a row
 //! whose commit is not yet durable is not shown, while rows already durable are read
-//! without waiting for it. Also `GET /v1/tables/{t}/rows?column=…&value=…`.
+//! without waiting for it. Also `GET /v1/tables/{t}/rows?column=…&value=…`, and the
+//! batched `get` by `keys` (order, missing keys, duplicates, the `get_keys_max` limit,
+//! policies and confirmation per row).
 
 mod common;
 
@@ -659,8 +661,36 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     assert_eq!(read.waits_for(), None);
     let read = core.get_row(&admin, "items", Given::Typed(&deleted));
     assert_eq!(read.waits_for(), Some(pending));
+    // A batch waits only if one of its rows (or absences) does: rows 2 and 4 and absent 99
+    // answer at once at the confirmed seq; adding row 1, or deleted row 5, waits for the
+    // pending commit.
+    let keys = |ids: &[i64]| -> Vec<sluice_engine::Key> {
+        ids.iter().map(|&i| sluice_engine::Key::Int(i)).collect()
+    };
+    let settled = keys(&[2, 4, 99]);
+    let read = core.get_rows(&admin, "items", settled.iter().map(Given::Typed));
+    assert_eq!(read.waits_for(), None);
+    let got = read.now().ok().expect("no waiting").unwrap();
+    assert_eq!(got.seq, durable);
+    assert_eq!(
+        got.rows.iter().map(Option::is_some).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    for held in [keys(&[2, 1, 4]), keys(&[4, 5])] {
+        let read = core.get_rows(&admin, "items", held.iter().map(Given::Typed));
+        assert_eq!(read.waits_for(), Some(pending), "{held:?}");
+    }
     // Over the WebSocket: row 2 answers while the sync is held; row 1 does not.
     let mut ws = connect(addr, false).await;
+    let reply = ask(
+        &mut ws,
+        false,
+        json!({"id": 0, "type": "get", "table": "items", "keys": [2, 4, 99]}),
+    )
+    .await;
+    assert_eq!(reply["seq"], durable, "{reply}");
+    assert_eq!(reply["rows"][0]["row"]["name"], "old", "{reply}");
+    assert_eq!(reply["rows"][2], Value::Null, "{reply}");
     let reply = ask(
         &mut ws,
         false,
@@ -675,6 +705,12 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     ))
     .await
     .unwrap();
+    ws.send(encode(
+        false,
+        &json!({"id": 3, "type": "get", "table": "items", "keys": [2, 1, 5, 99]}),
+    ))
+    .await
+    .unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(300), ws.next())
             .await
@@ -686,6 +722,27 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     assert_eq!(reply["id"], 2);
     assert_eq!(reply["row"]["name"], "new", "{reply}");
     assert!(reply["seq"].as_u64().unwrap() >= pending);
+    // The batch holding row 1 and deleted row 5 came once the commit was durable, every
+    // entry as of one state.
+    let reply = next(&mut ws).await;
+    assert_eq!(reply["id"], 3, "{reply}");
+    assert!(reply["seq"].as_u64().unwrap() >= pending);
+    let names: Vec<&Value> = reply["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["row"]["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [&json!("old"), &json!("new"), &Value::Null, &Value::Null],
+        "{reply}"
+    );
+    assert_eq!(
+        reply["rows"][2],
+        Value::Null,
+        "deleted row 5 reads as absent: {reply}"
+    );
     write.await.unwrap().unwrap();
     // In-process, confirmed.
     let got = core.get(&admin, "items", Given::Typed(&one)).await.unwrap();
@@ -694,4 +751,188 @@ async fn a_row_shows_once_durable_and_durable_rows_do_not_wait_for_it() {
     assert_eq!(found.rows.len(), 2);
     let found = core.find(&admin, "items", by_owner(1)).await.unwrap();
     assert_eq!(found.rows.len(), 1);
+}
+
+async fn batched_by_keys(msgpack: bool) {
+    let dir = TempDir::new(if msgpack {
+        "get-many-mp"
+    } else {
+        "get-many-json"
+    });
+    let (core, addr) = start(&dir).await;
+    let mut ws = connect(addr, msgpack).await;
+    // One entry per key, in the order asked: missing keys are null, a key twice is
+    // answered twice, each row as a single get answers it.
+    let keys = json!([7, 999, 3, 7, -1, 49, 0]);
+    let reply = ask(
+        &mut ws,
+        msgpack,
+        json!({"id": 1, "type": "get", "table": "items", "keys": keys}),
+    )
+    .await;
+    assert_eq!(reply["type"], "result", "{reply}");
+    assert_eq!(reply["id"], 1);
+    let rows = reply["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 7, "{reply}");
+    for (i, key) in keys.as_array().unwrap().iter().enumerate() {
+        let single = ask(
+            &mut ws,
+            msgpack,
+            json!({"id": 2, "type": "get", "table": "items", "key": key}),
+        )
+        .await;
+        if single["row"].is_null() {
+            assert_eq!(rows[i], Value::Null, "key {key}: {reply}");
+        } else {
+            assert_eq!(rows[i]["row"], single["row"], "key {key}");
+            assert_eq!(rows[i]["version"], single["version"], "key {key}");
+        }
+    }
+    assert_eq!(rows[0], rows[3], "a key twice reads the same row twice");
+    assert_eq!(rows[1], Value::Null);
+    assert_eq!(rows[4], Value::Null);
+    assert!(reply["seq"].as_u64().unwrap() >= 1);
+    // Text keys; no keys at all is an empty batch of a table that exists.
+    let reply = ask(
+        &mut ws,
+        msgpack,
+        json!({"id": 3, "type": "get", "table": "tags", "keys": ["t2", "zz", "t0"]}),
+    )
+    .await;
+    assert_eq!(
+        reply["rows"],
+        json!([{"row": {"k": "t2", "v": 2}, "version": reply["rows"][0]["version"]}, null,
+               {"row": {"k": "t0", "v": 0}, "version": reply["rows"][2]["version"]}]),
+        "{reply}"
+    );
+    let reply = ask(
+        &mut ws,
+        msgpack,
+        json!({"id": 4, "type": "get", "table": "items", "keys": []}),
+    )
+    .await;
+    assert_eq!(reply["rows"], json!([]), "{reply}");
+    // Refused whole, naming what is wrong: no partial answer.
+    let max = sluice_server::point::GET_KEYS_MAX;
+    let too_many: Vec<u64> = (0..=max as u64).collect();
+    let just_enough: Vec<u64> = (0..max as u64).collect();
+    let cases = [
+        (
+            json!({"id": 5, "type": "get", "table": "items", "keys": too_many}),
+            "limit",
+            "get_keys_max is 1000",
+        ),
+        (
+            json!({"id": 6, "type": "get", "table": "items", "keys": [1, "two", 3]}),
+            "schema",
+            "INTEGER",
+        ),
+        (
+            json!({"id": 7, "type": "get", "table": "nope", "keys": []}),
+            "not_found",
+            "nope",
+        ),
+        (
+            json!({"id": 8, "type": "get", "table": "items", "keys": [1], "key": 1}),
+            "bad_request",
+            "\"keys\"",
+        ),
+        (
+            json!({"id": 9, "type": "get", "table": "items", "keys": [1], "column": "owner", "value": "u1"}),
+            "bad_request",
+            "\"keys\"",
+        ),
+        (
+            json!({"id": 10, "type": "get", "table": "items", "keys": 1}),
+            "bad_request",
+            "\"keys\"",
+        ),
+    ];
+    for (request, code, names) in cases {
+        let reply = ask(&mut ws, msgpack, request.clone()).await;
+        assert_eq!(reply["type"], "error", "{request}: {reply}");
+        assert_eq!(reply["id"], request["id"], "{request}: {reply}");
+        assert!(reply.get("rows").is_none(), "nothing partial: {reply}");
+        assert_eq!(reply["error"]["code"], code, "{request}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(names), "{request}: {message}");
+    }
+    // At the limit: answered, every entry in order.
+    let reply = ask(
+        &mut ws,
+        msgpack,
+        json!({"id": 11, "type": "get", "table": "items", "keys": just_enough}),
+    )
+    .await;
+    let rows = reply["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), max, "{}", reply["type"]);
+    for (i, r) in rows.iter().enumerate() {
+        if i < 50 {
+            assert_eq!(r["row"]["id"], i, "entry {i}");
+        } else {
+            assert_eq!(*r, Value::Null, "entry {i}");
+        }
+    }
+    // In-process, the same call.
+    let keys: Vec<sluice_engine::Key> = [4, 70, 4].map(sluice_engine::Key::Int).into();
+    let got = core
+        .get_rows(&Caller::Admin, "items", keys.iter().map(Given::Typed))
+        .confirmed(&core)
+        .await
+        .unwrap();
+    let found: Vec<bool> = got.rows.iter().map(Option::is_some).collect();
+    assert_eq!(found, [true, false, true]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_keys_is_answered_in_order_in_json() {
+    batched_by_keys(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_keys_is_answered_in_order_in_msgpack() {
+    batched_by_keys(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_batch_applies_its_policy_to_every_row() {
+    let dir = TempDir::new("get-many-policy");
+    let (_core, addr) = start(&dir).await;
+    for msgpack in [false, true] {
+        let mut ws = connect_as(addr, "u2", msgpack).await;
+        // u2 owns ids 2, 7, 12, …: another owner's row reads as null, like a missing one.
+        let reply = ask(
+            &mut ws,
+            msgpack,
+            json!({"id": 1, "type": "get", "table": "items", "keys": [7, 8, 999, 12, 7, 3]}),
+        )
+        .await;
+        assert_eq!(reply["type"], "result", "{reply}");
+        let ids: Vec<Value> = reply["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["row"]["id"].clone())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                json!(7),
+                Value::Null,
+                Value::Null,
+                json!(12),
+                json!(7),
+                Value::Null
+            ],
+            "{reply}"
+        );
+        // A table without a SELECT policy: every entry null.
+        let closed = ask(
+            &mut ws,
+            msgpack,
+            json!({"id": 2, "type": "get", "table": "tags", "keys": ["t1", "t2"]}),
+        )
+        .await;
+        assert_eq!(closed["rows"], json!([null, null]), "{closed}");
+    }
 }

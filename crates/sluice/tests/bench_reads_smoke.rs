@@ -1,7 +1,8 @@
 //! `sluice bench reads --quick` runs end to end — point reads by key and through an index,
 //! in-process, over HTTP and over pipelined WebSocket `get` requests (JSON and
 //! MessagePack), with and without a background writer, and the Redis and PostgreSQL peers
-//! — and every read returned the row it asked for. No timing is asserted.
+//! — and the batched cases (WebSocket `get` by `keys`, Redis `MGET`), and every read
+//! returned the row it asked for. No timing is asserted.
 
 mod common;
 
@@ -33,6 +34,29 @@ fn quick_reads_return_the_rows_asked_for_on_every_path() {
             }
         }
     }
+    // The batched get by keys, with and without background writes; rows are counted as
+    // reads, so a case reads at least one whole batch.
+    for background in [false, true] {
+        let case = cases
+            .iter()
+            .find(|c| {
+                c["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("WS MessagePack batched get ("))
+                    && (c["background_target"].as_u64().unwrap_or(0) > 0) == background
+            })
+            .unwrap_or_else(|| panic!("no batched case (background {background}) in {samples}"));
+        assert!(case["error"].is_null(), "{case}");
+        assert!(case["reads"].as_u64().unwrap_or(0) >= 20, "{case}");
+        assert_eq!(case["mismatches"], 0, "{case}");
+    }
+    let mget = cases
+        .iter()
+        .find(|c| {
+            c["system"] == "redis" && c["path"].as_str().is_some_and(|p| p.starts_with("MGET ("))
+        })
+        .unwrap_or_else(|| panic!("no redis MGET case in {samples}"));
+    assert_eq!(mget["mismatches"], 0, "{mget}");
     for (system, path) in [
         ("redis", "GET"),
         ("redis", "HGETALL"),

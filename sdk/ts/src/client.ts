@@ -17,6 +17,7 @@ import type {
   Params,
   QueryResult,
   GetResult,
+  GetManyResult,
   FindResult,
   SqlReply,
   TokenSource,
@@ -395,6 +396,11 @@ export class SluiceClient implements Client {
   async get<Row = Record<string, unknown>>(table: string, key: number | string | bigint): Promise<GetResult<Row>> {
     const m = await this.request({ type: "get", table, key });
     return { seq: field(m, "seq") as number, row: (field(m, "row") ?? null) as Row | null, version: (field(m, "version") ?? null) as number | null };
+  }
+
+  async getMany<Row = Record<string, unknown>>(table: string, keys: (number | string | bigint)[]): Promise<GetManyResult<Row>> {
+    const m = await this.request({ type: "get", table, keys });
+    return { seq: field(m, "seq") as number, rows: field(m, "rows") as GetManyResult<Row>["rows"] };
   }
 
   async find<Row = Record<string, unknown>>(

@@ -15,6 +15,7 @@ export type {
   Params,
   QueryResult,
   GetResult,
+  GetManyResult,
   FindResult,
   SqlReply,
   SqlStatementResult,

@@ -58,6 +58,12 @@ export interface GetResult<Row> {
   version: number | null;
 }
 
+/** Rows read by primary key in one request (`Client.getMany`): one entry per key asked, in that order; null when there is no such row or the caller may not read it. */
+export interface GetManyResult<Row> {
+  seq: number;
+  rows: ({ row: Row; version: number } | null)[];
+}
+
 /** One page of the rows holding a value of an indexed column (`Client.find`), in primary key order. */
 export interface FindResult<Row> {
   seq: number;
@@ -130,6 +136,8 @@ export interface Client {
   query<Row = Record<string, unknown>>(sql: string, params?: Params): Promise<QueryResult<Row>>;
   /** One row by primary key, without a query (the WebSocket `get`); null when absent or not readable. */
   get<Row = Record<string, unknown>>(table: string, key: number | string | bigint): Promise<GetResult<Row>>;
+  /** Rows by primary key in one request and one reply (the WebSocket `get` by `keys`, at most 1 000 keys): one entry per key, in order, null when absent or not readable. */
+  getMany<Row = Record<string, unknown>>(table: string, keys: (number | string | bigint)[]): Promise<GetManyResult<Row>>;
   /** The rows holding `value` in an indexed column (`{column}`) or index (`{index}`), paged by `limit`/`after`. */
   find<Row = Record<string, unknown>>(
     table: string,

@@ -1,5 +1,6 @@
 // Point reads: client.get by primary key (a missing row is null, not an error) and
-// client.find through an indexed column, paged, over both encodings.
+// client.find through an indexed column, paged, and client.getMany (many keys, one reply),
+// over both encodings.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -32,6 +33,19 @@ for (const encoding of ["msgpack", "json"]) {
       assert.deepEqual(rest.rows.map((r) => r.row.id), [5]);
       assert.equal(rest.next, null);
       await assert.rejects(db.find("users", { column: "email" }, "u1@x"), (e) => e.code === "bad_request" && /CREATE INDEX/.test(e.message));
+
+      // Many keys in one request: an entry per key in order, null for a missing one.
+      const many = await db.getMany("users", [4, 99, 1, 4]);
+      assert.deepEqual(many.rows.map((r) => r?.row.id ?? null), [4, null, 1, 4]);
+      assert.deepEqual(many.rows[0].row, { id: 4, email: "u4@x", team: "even", score: 4.5 });
+      assert.equal(many.rows[2].version, m.results[0].version);
+      assert.ok(many.seq >= m.seq);
+      assert.deepEqual((await db.getMany("users", [])).rows, []);
+      await assert.rejects(
+        db.getMany("users", Array.from({ length: 1001 }, (_, i) => i)),
+        (e) => e.code === "limit" && /get_keys_max/.test(e.message),
+      );
+      await assert.rejects(db.getMany("users", [1, "two"]), (e) => e.code === "schema");
     } finally {
       db.close();
       await server.stop();

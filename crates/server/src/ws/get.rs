@@ -10,6 +10,11 @@
 //! machinery); one that must wait joins the connection's replies in flight like any other
 //! request, so many gets (and other requests) are in flight at once and replies keep the
 //! order of requests.
+//!
+//! A get by `keys` reads a batch of primary keys under one hold of the read lock and
+//! answers them in one reply (one entry per key, in order): one frame, one request decode
+//! and one reply encode for up to [`crate::point::GET_KEYS_MAX`] reads instead of one each
+//! — per-frame work on both ends is what caps pipelined single-key gets.
 
 use std::sync::Arc;
 
@@ -22,7 +27,7 @@ use crate::auth::Caller;
 use crate::core::Core;
 use crate::decode::{KeyStr, MSGPACK_DEPTH_MAX};
 use crate::error::CoreError;
-use crate::point::{Found, Given, Got, IndexBy, IndexLookup, PointRow, RowSer};
+use crate::point::{Found, Given, Got, GotMany, IndexBy, IndexLookup, PointRow, RowSer};
 
 /// The fields of a `get` request.
 #[derive(Default)]
@@ -30,6 +35,8 @@ pub(super) struct GetFrame<'a> {
     id: Option<Value>,
     table: Option<KeyStr<'a>>,
     key: Option<Value>,
+    /// A batched read by primary key: one entry per key in the reply, in this order.
+    keys: Option<Vec<Value>>,
     index: Option<KeyStr<'a>>,
     column: Option<KeyStr<'a>>,
     value: Option<Value>,
@@ -72,10 +79,20 @@ impl<'a> GetFrame<'a> {
             })?),
         };
         let field = |name: &str| request.get(name).filter(|v| !v.is_null()).cloned();
+        let keys = match request.get("keys") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(keys)) => Some(keys.clone()),
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "\"keys\" of a get must be an array of primary keys",
+                ))
+            }
+        };
         Ok(GetFrame {
             id: request.get("id").cloned(),
             table: text("table")?,
             key: field("key"),
+            keys,
             index: text("index")?,
             column: text("column")?,
             value: field("value"),
@@ -121,7 +138,7 @@ impl<'de> serde::de::Visitor<'de> for GetFrameVisitor {
         }
         let mut frame = GetFrame::default();
         let mut is_get = false;
-        let mut seen = [false; 7];
+        let mut seen = [false; 8];
         while let Some(key) = map.next_key::<KeyStr<'de>>()? {
             let twice = match key.as_str() {
                 "type" => {
@@ -143,6 +160,7 @@ impl<'de> serde::de::Visitor<'de> for GetFrameVisitor {
                 "value" => some(&mut frame.value, map.next_value()?, &mut seen[4]),
                 "after" => some(&mut frame.after, map.next_value()?, &mut seen[5]),
                 "limit" => some(&mut frame.limit, map.next_value()?, &mut seen[6]),
+                "keys" => some(&mut frame.keys, map.next_value()?, &mut seen[7]),
                 // Read as the generic path reads it: a value it could not hold is its
                 // refusal to make.
                 _ => {
@@ -214,6 +232,24 @@ fn answer(
     let Some(table) = frame.table else {
         return refused(core, &id, ApiError::bad_request("a get needs \"table\""));
     };
+    if let Some(keys) = frame.keys {
+        let alone = frame.key.is_none()
+            && frame.index.is_none()
+            && frame.column.is_none()
+            && frame.value.is_none()
+            && frame.after.is_none()
+            && frame.limit.is_none();
+        if !alone {
+            return refused(
+                core,
+                &id,
+                ApiError::bad_request(
+                    "a get by \"keys\" takes only \"table\" and \"keys\" (not \"key\", \"index\", \"column\", \"value\", \"after\" or \"limit\")",
+                ),
+            );
+        }
+        return answer_many(core, caller, id, table.as_str(), keys, encoding);
+    }
     let by = match (&frame.index, &frame.column) {
         (None, None) => None,
         (Some(name), None) => Some(IndexBy::Name(name.as_str())),
@@ -290,9 +326,93 @@ fn answer(
             core,
             &id,
             ApiError::bad_request(
-                "a get needs \"key\" (by primary key), or \"index\" or \"column\" with \"value\"",
+                "a get needs \"key\" (by primary key), \"keys\" (a batch of them), or \"index\" or \"column\" with \"value\"",
             ),
         ),
+    }
+}
+
+/// A batched get by primary key: every key read under one hold of the read lock
+/// ([`Core::get_rows`]), one reply with an entry per key in request order.
+fn answer_many(
+    core: &Arc<Core>,
+    caller: &Caller,
+    id: Value,
+    table: &str,
+    keys: Vec<Value>,
+    encoding: Encoding,
+) -> ReplyFuture {
+    let read = core.get_rows(caller, table, keys.iter().map(Given::Json));
+    match read.now() {
+        Ok(outcome) => ready(many_reply(core, id, outcome, encoding)),
+        Err(read) => {
+            let core = core.clone();
+            Box::pin(async move {
+                let outcome = read.confirmed(&core).await;
+                many_reply(&core, id, outcome, encoding)
+            })
+        }
+    }
+}
+
+/// `{"type": "result", "seq", "rows": [{"row", "version"} | null, …], "id"}`: one entry
+/// per key asked, in order; `null` for a missing row (or one the caller may not read).
+#[derive(serde::Serialize)]
+struct ManyReply<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    seq: u64,
+    rows: ManySer<'a>,
+    id: &'a Value,
+}
+
+struct ManySer<'a> {
+    schema: &'a sluice_engine::TableSchema,
+    rows: &'a [Option<PointRow>],
+}
+
+impl serde::Serialize for ManySer<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        #[derive(serde::Serialize)]
+        struct One<'a> {
+            row: RowSer<'a>,
+            version: u64,
+        }
+        let mut seq = s.serialize_seq(Some(self.rows.len()))?;
+        for r in self.rows {
+            seq.serialize_element(&r.as_ref().map(|r| One {
+                row: RowSer {
+                    schema: self.schema,
+                    values: &r.values,
+                },
+                version: r.version,
+            }))?;
+        }
+        seq.end()
+    }
+}
+
+fn many_reply(
+    core: &Core,
+    id: Value,
+    outcome: Result<GotMany, CoreError>,
+    encoding: Encoding,
+) -> Outgoing {
+    match outcome {
+        Ok(got) => {
+            let reply = ManyReply {
+                kind: "result",
+                seq: got.seq,
+                rows: ManySer {
+                    schema: &got.schema,
+                    rows: &got.rows,
+                },
+                id: &id,
+            };
+            Outgoing::Encoded(encode_parts(encoding, &reply))
+        }
+        Err(e) => failed(core, &id, e),
     }
 }
 
