@@ -148,7 +148,13 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<bool> {
     };
     let mut bench = Bench::new("bootstrap", &args.common, &params)?;
     let bin = bench.bin()?;
-    let runtime = crate::harness::runtime()?;
+    // One thread for the snapshot client, which reads its socket itself: on the
+    // multi-threaded runtime a worker polled the socket and woke the thread running
+    // `block_on` every ~40 µs of a snapshot, two context switches each that preempted the
+    // server's threads on the shared cores (`perf sched`). The writer has its own thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut cases = Vec::new();
     let mut failed = 0;
     for &n in &params.rows {
@@ -313,7 +319,12 @@ async fn size_cases(
 fn mutate_buckets(m: &crate::server::Metrics) -> Vec<f64> {
     let name = "sluice_mutate_seconds";
     (0..sluice_log::latency::LATENCY_BUCKETS - 1)
-        .map(|i| m.get(&format!("{name}_bucket{{le=\"{}\"}}", (1u64 << i) as f64 / 1e6)))
+        .map(|i| {
+            m.get(&format!(
+                "{name}_bucket{{le=\"{}\"}}",
+                (1u64 << i) as f64 / 1e6
+            ))
+        })
         .chain([m.get(&format!("{name}_count"))])
         .collect()
 }
@@ -594,7 +605,10 @@ fn skim(message: &[u8], msgpack: bool) -> Chunk {
             }
             _ => None,
         };
-        (kind, message.ends_with(&[0xa4, b'm', b'o', b'r', b'e', 0xc3]))
+        (
+            kind,
+            message.ends_with(&[0xa4, b'm', b'o', b'r', b'e', 0xc3]),
+        )
     } else {
         let kind = message.strip_prefix(b"{\"type\":\"").and_then(|rest| {
             let end = rest.iter().position(|&b| b == b'"')?;
