@@ -113,10 +113,16 @@ mod tests {
     #[test]
     fn named_threads_are_found() {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
         let t = std::thread::Builder::new()
             .name("slice-probe".into())
-            .spawn(move || rx.recv())
+            .spawn(move || {
+                // The thread names itself as it starts: scanned only after that.
+                let _ = started_tx.send(());
+                rx.recv()
+            })
             .unwrap();
+        started.recv().unwrap();
         let n = request_slice_named(&["slice-probe"], Duration::from_micros(100));
         drop(tx);
         let _ = t.join();
