@@ -378,12 +378,14 @@ impl ChunkedSnapshot {
 
     /// The MessagePack message (WebSocket form, `"type"` and `"qid"` first) of the chunk at
     /// `cursor`, which it moves past it: the same map as [`ChunkedSnapshot::json_chunk`]'s,
-    /// with MessagePack integers, floats and strings. The keys are written straight into
+    /// with MessagePack integers, floats and strings, and `rows` before `keys` (a map's
+    /// order means nothing). The rows — nearly all of the bytes — are written straight into
     /// the message (their array's length is filled in after them, in the fixed 5-byte
-    /// form); the rows go through one more buffer.
+    /// form); only the keys go through a second, small buffer. (With the keys first, the
+    /// rows' ~256 KiB were copied once more per chunk: 819 MB of `memmove` at 5 M rows.)
     pub fn msgpack_chunk(&self, cursor: &mut Cursor, qid: &Json) -> Vec<u8> {
         let mut out = Vec::with_capacity(CHUNK_BYTES_TARGET + CHUNK_BYTES_TARGET / 4);
-        let mut rows = Vec::with_capacity(CHUNK_BYTES_TARGET + CHUNK_BYTES_TARGET / 8);
+        let mut keys = Vec::with_capacity(CHUNK_ROWS_MAX * 3);
         // The map's length is known once the chunk is: a fixmap either way, patched below.
         out.push(0x80);
         mp::str("type", &mut out);
@@ -399,33 +401,33 @@ impl ChunkedSnapshot {
         }
         mp::str("types", &mut out);
         mp::json(&self.types, &mut out);
-        mp::str("keys", &mut out);
-        let keys_len_at = out.len();
+        mp::str("rows", &mut out);
+        let rows_len_at = out.len();
         out.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
-        let keys_from = out.len();
+        let rows_from = out.len();
         let columns = self.columns.len();
         let (n, last) = self.chunk_rows(cursor, |k, r| {
             match k {
-                [one] => mp::value(one, &mut out),
+                [one] => mp::value(one, &mut keys),
                 many => {
-                    mp::array_len(many.len(), &mut out);
+                    mp::array_len(many.len(), &mut keys);
                     for v in many {
-                        mp::value(v, &mut out);
+                        mp::value(v, &mut keys);
                     }
                 }
             }
-            mp::map_len(columns.min(r.len()), &mut rows);
+            mp::map_len(columns.min(r.len()), &mut out);
             for (name, v) in self.names_mp.iter().zip(r.iter()) {
-                rows.extend_from_slice(name);
-                mp::value(v, &mut rows);
+                out.extend_from_slice(name);
+                mp::value(v, &mut out);
             }
-            (out.len() - keys_from) + rows.len()
+            (out.len() - rows_from) + keys.len()
         });
-        out[keys_len_at + 1..keys_len_at + 5].copy_from_slice(&(n as u32).to_be_bytes());
-        mp::str("rows", &mut out);
+        out[rows_len_at + 1..rows_len_at + 5].copy_from_slice(&(n as u32).to_be_bytes());
+        mp::str("keys", &mut out);
         mp::array_len(n, &mut out);
-        out.extend_from_slice(&rows);
-        drop(rows);
+        out.extend_from_slice(&keys);
+        drop(keys);
         let fields = 7 + if last { 1 + usize::from(self.reset) } else { 1 };
         out[0] = 0x80 | fields as u8;
         if last {

@@ -10,6 +10,7 @@ use sluice_log::Durability;
 use sluice_server::{Config, Core};
 
 mod alloc;
+mod sched;
 mod tls;
 
 /// mimalloc: the write path allocates on tokio threads and frees on the writer thread;
@@ -267,6 +268,12 @@ struct ServeArgs {
     /// Commits handed to the live-query thread and not yet applied before the writer waits.
     #[arg(long, default_value_t = sluice_live::Limits::default().handoff_commits_max)]
     live_handoff_commits: usize,
+    /// Scheduler slice (µs) the threads a write's acknowledgement waits on ask for — the
+    /// runtime's workers and the writer and log threads — so they preempt bulk work (a
+    /// large snapshot's build and encoding, other processes) when they wake (Linux 6.12+;
+    /// a hint that needs no privilege). 0: the kernel's default slice.
+    #[arg(long, default_value_t = 100)]
+    ack_slice_us: u64,
     /// Requests in flight on one WebSocket connection before the server stops reading it.
     #[arg(long, default_value_t = 1024)]
     ws_inflight_requests: usize,
@@ -605,6 +612,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         alloc::enable_counting();
         sluice_server::add_metrics_hook(alloc::render_metrics);
     }
+    let slice =
+        (args.ack_slice_us > 0).then(|| std::time::Duration::from_micros(args.ack_slice_us));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -641,6 +650,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let core = tokio::task::spawn_blocking(move || Core::open(config))
             .await?
             .with_context(|| format!("cannot open data directory {}", data.display()))?;
+        if let Some(slice) = slice {
+            // By name, once the threads exist, rather than as each starts: a thread inherits
+            // its creator's slice, and the live thread (bulk work: building a large view)
+            // is started from a runtime thread by `Core::open`. The runtime's workers all
+            // start with it; the writer, log and log-sync threads are named by
+            // `sluice_log::critical::spawn` (the log thread starts its sync threads as it
+            // starts, inside `Core::open`).
+            let names = ["tokio-rt-worker", "sluice-writer", "sluice-log", "sluice-log-sync"];
+            if let Err(e) = sched::request_slice_named(&names, slice) {
+                tracing::warn!(
+                    "--ack-slice-us: the scheduler refused a short slice ({e}); running with its default"
+                );
+            }
+        }
         let r = core.recovery();
         tracing::info!(
             data = %data.display(),
