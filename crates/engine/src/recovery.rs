@@ -185,26 +185,53 @@ fn recover_from(
 ) -> Result<Recovered, RecoveryError> {
     let started = Instant::now();
     let mut skipped_snapshots = Vec::new();
-    let mut loaded = None;
     let snapshots = if whole_log.is_some() {
         Vec::new()
     } else {
         list_snapshots(dir)?
     };
-    for (_, path) in snapshots.into_iter().rev() {
-        match load_snapshot(&path, opts) {
-            Ok(db) => {
-                loaded = Some(db);
-                break;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "passing over a snapshot that fails its checks");
-                skipped_snapshots.push(e.to_string());
+    let segments = list_segments(dir)?;
+    let mut torn_tail = None;
+    // Pass 1 for the newest snapshot runs on a thread of its own while the snapshot loads:
+    // it needs only the snapshot's seq, which its file name gives. Used only if that very
+    // snapshot loads (an older one, after it fails its checks, gets a pass 1 of its own).
+    let newest_seq = snapshots.last().map(|(seq, _)| *seq);
+    let (loaded, planned, snapshot_time) = std::thread::scope(|scope| {
+        let segments = &segments;
+        let planned = newest_seq.map(|seq| {
+            let plan = scope.spawn(move || plan_window(segments, seq, opts));
+            (seq, plan)
+        });
+        let mut loaded = None;
+        for (_, path) in snapshots.into_iter().rev() {
+            match load_snapshot(&path, opts) {
+                Ok(db) => {
+                    loaded = Some(db);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "passing over a snapshot that fails its checks");
+                    skipped_snapshots.push(e.to_string());
+                }
             }
         }
-    }
+        let snapshot_time = started.elapsed();
+        // Only the wait beyond the load counts as reading and checking: the rest was hidden.
+        let t = Instant::now();
+        let planned = planned.map(|(seq, plan)| {
+            let plan = plan.join().expect("pass 1 does not panic");
+            (
+                seq,
+                plan.map(|p| WindowPlan {
+                    read_check: t.elapsed(),
+                    ..p
+                }),
+            )
+        });
+        (loaded, planned, snapshot_time)
+    });
     let mut phases = RecoveryPhases {
-        snapshot: started.elapsed(),
+        snapshot: snapshot_time,
         ..RecoveryPhases::default()
     };
     let snapshot_seq = loaded.as_ref().map(|db: &Db| db.seq).or(whole_log);
@@ -214,54 +241,15 @@ fn recover_from(
     // after it count as replayed.
     let base_seq = snapshot_seq.unwrap_or(0);
 
-    let segments = list_segments(dir)?;
-    let mut torn_tail = None;
-
-    // Frames at or before the snapshot only feed the changelog window; skip decoding those
-    // that the window's retention would drop anyway (frame size stands in for entry size).
-    // Pass 1 (only with a snapshot) checks the segments up to the first frame past the
-    // snapshot, to learn the sizes of the frames at or before it.
     let mut window_start = db.seq + 1;
     if db.seq > 0 {
-        let mut chain = SeqChain::new(db.seq);
-        let mut before: Vec<(u64, usize)> = Vec::new();
-        for i in 0..segments.len() {
-            let t = Instant::now();
-            let state_seq = db.seq;
-            scan_segment(
-                &segments,
-                i,
-                &mut chain,
-                opts,
-                SEGMENT_PIECE_BYTES,
-                || Some(Vec::new()),
-                |piece| {
-                    for f in &piece.frames {
-                        if f.seq <= state_seq {
-                            before.push((f.seq, f.payload.len()));
-                        }
-                    }
-                    if piece.torn.is_some() {
-                        torn_tail = piece.torn;
-                    }
-                    Some(Some(piece.buf))
-                },
-            )?;
-            phases.read_check += t.elapsed();
-            if chain.prev.is_some_and(|p| p > db.seq) {
-                break;
-            }
-        }
-        let retention = db.changelog.retention();
-        let (mut count, mut bytes) = (0usize, 0usize);
-        for &(seq, len) in before.iter().rev() {
-            count += 1;
-            bytes += len;
-            if count > retention.commits_max || (bytes > retention.bytes_max && count > 1) {
-                break;
-            }
-            window_start = seq;
-        }
+        let plan = match planned {
+            Some((seq, plan)) if seq == db.seq => plan?,
+            _ => plan_window(&segments, db.seq, opts)?,
+        };
+        window_start = plan.start;
+        torn_tail = plan.torn_tail;
+        phases.read_check += plan.read_check;
     }
 
     // Pass 2, segment by segment: check every frame and the seq chain (cutting a torn
@@ -430,6 +418,70 @@ fn recover_from(
         skipped_snapshots,
         duration: started.elapsed(),
         phases,
+    })
+}
+
+/// Where the changelog window starts after a snapshot at `state_seq` (pass 1 of recovery).
+struct WindowPlan {
+    /// The first commit at or before the snapshot that the window keeps.
+    start: u64,
+    torn_tail: Option<String>,
+    /// Time spent reading and checking that recovery waited for.
+    read_check: Duration,
+}
+
+/// Pass 1 (only with a snapshot): frames at or before the snapshot only feed the changelog
+/// window, and decoding those its retention would drop anyway is wasted (frame size stands
+/// in for entry size). Checks the segments up to the first frame past the snapshot to learn
+/// the sizes of the frames at or before it, and keeps the newest that retention holds.
+fn plan_window(
+    segments: &[sluice_log::segment::SegmentFile],
+    state_seq: u64,
+    opts: &RecoveryOptions,
+) -> Result<WindowPlan, RecoveryError> {
+    let started = Instant::now();
+    let mut torn_tail = None;
+    let mut chain = SeqChain::new(state_seq);
+    let mut before: Vec<(u64, usize)> = Vec::new();
+    for i in 0..segments.len() {
+        scan_segment(
+            segments,
+            i,
+            &mut chain,
+            opts,
+            SEGMENT_PIECE_BYTES,
+            || Some(Vec::new()),
+            |piece| {
+                for f in &piece.frames {
+                    if f.seq <= state_seq {
+                        before.push((f.seq, f.payload.len()));
+                    }
+                }
+                if piece.torn.is_some() {
+                    torn_tail = piece.torn;
+                }
+                Some(Some(piece.buf))
+            },
+        )?;
+        if chain.prev.is_some_and(|p| p > state_seq) {
+            break;
+        }
+    }
+    let retention = opts.retention;
+    let (mut count, mut bytes) = (0usize, 0usize);
+    let mut start = state_seq.saturating_add(1);
+    for &(seq, len) in before.iter().rev() {
+        count += 1;
+        bytes += len;
+        if count > retention.commits_max || (bytes > retention.bytes_max && count > 1) {
+            break;
+        }
+        start = seq;
+    }
+    Ok(WindowPlan {
+        start,
+        torn_tail,
+        read_check: started.elapsed(),
     })
 }
 
