@@ -495,16 +495,8 @@ async fn write_loop(
             workload::body(id),
         );
         let sent = Instant::now();
-        let resp = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await?;
-        let status = resp.status();
-        let text = resp.text().await?;
+        crate::live::client::post_json(&client, &url, body).await?;
         let took = sent.elapsed();
-        anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
         acks.lock()
             .expect("the ack list is never poisoned")
             .push((sent - started, took));

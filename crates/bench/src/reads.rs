@@ -1554,6 +1554,28 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
+/// The target "`ours` reads at least as many rows per second as the Redis case `redis`".
+fn at_least_redis(what: &str, ours: Option<&Case>, redis: Option<&Case>) -> Target {
+    let (measured, met) = match (ours, redis) {
+        (Some(w), Some(r)) => (
+            format!(
+                "{} ({} vs {} reads/s)",
+                fmt_ratio(w.reads_per_sec / r.reads_per_sec),
+                fmt_si(w.reads_per_sec),
+                fmt_si(r.reads_per_sec)
+            ),
+            Some(w.reads_per_sec >= r.reads_per_sec),
+        ),
+        _ => ("—".into(), None),
+    };
+    Target {
+        what: what.into(),
+        goal: "≥ 1× Redis on the same machine".into(),
+        measured,
+        met,
+    }
+}
+
 fn find<'a>(
     cases: &'a [Case],
     system: &str,
@@ -1730,41 +1752,16 @@ fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
         }),
         met: best.map(|c| c.reads_per_sec >= TARGET_WS_READS_PER_SEC),
     });
-    let best_ws = single_ws;
-    report.targets.push(Target {
-        what: "WebSocket pipelined single-key reads by key vs Redis GET".into(),
-        goal: "≥ 1× Redis on the same machine".into(),
-        measured: match (best_ws, redis_get) {
-            (Some(w), Some(r)) => format!(
-                "{} ({} vs {} reads/s)",
-                fmt_ratio(w.reads_per_sec / r.reads_per_sec),
-                fmt_si(w.reads_per_sec),
-                fmt_si(r.reads_per_sec)
-            ),
-            _ => "—".into(),
-        },
-        met: match (best_ws, redis_get) {
-            (Some(w), Some(r)) => Some(w.reads_per_sec >= r.reads_per_sec),
-            _ => None,
-        },
-    });
-    report.targets.push(Target {
-        what: "WebSocket batched get by key vs Redis MGET (same keys per request)".into(),
-        goal: "≥ 1× Redis on the same machine".into(),
-        measured: match (batched_ws, redis_mget) {
-            (Some(w), Some(r)) => format!(
-                "{} ({} vs {} reads/s)",
-                fmt_ratio(w.reads_per_sec / r.reads_per_sec),
-                fmt_si(w.reads_per_sec),
-                fmt_si(r.reads_per_sec)
-            ),
-            _ => "—".into(),
-        },
-        met: match (batched_ws, redis_mget) {
-            (Some(w), Some(r)) => Some(w.reads_per_sec >= r.reads_per_sec),
-            _ => None,
-        },
-    });
+    report.targets.push(at_least_redis(
+        "WebSocket pipelined single-key reads by key vs Redis GET",
+        single_ws,
+        redis_get,
+    ));
+    report.targets.push(at_least_redis(
+        "WebSocket batched get by key vs Redis MGET (same keys per request)",
+        batched_ws,
+        redis_mget,
+    ));
 
     // Chart: reads/s per case, without and with background writes.
     let labels: Vec<String> = {

@@ -436,16 +436,8 @@ async fn ack_case(
                 );
                 let at = phase.load(Ordering::Relaxed);
                 let sent = Instant::now();
-                let resp = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let text = resp.text().await?;
+                crate::live::client::post_json(&client, &url, body).await?;
                 let took = sent.elapsed();
-                anyhow::ensure!(status.is_success(), "mutate answered {status}: {text}");
                 // A request that overlapped the snapshot at all counts as `during`.
                 let now = phase.load(Ordering::Relaxed);
                 let counted = if at == now { at } else { PHASE_DURING };

@@ -624,15 +624,7 @@ pub async fn http_append(
                 measure(warmup, window, u64::MAX, || {
                     let (http, url, body) = (&http, &url, body.clone());
                     async move {
-                        let resp = http
-                            .post(url)
-                            .header("content-type", "application/json")
-                            .body((*body).clone())
-                            .send()
-                            .await?;
-                        let status = resp.status();
-                        let text = resp.text().await?;
-                        anyhow::ensure!(status.is_success(), "POST {url}: {status}: {text}");
+                        crate::live::client::post_json(http, url, (*body).clone()).await?;
                         Ok(batch)
                     }
                 })

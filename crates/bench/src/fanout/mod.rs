@@ -698,15 +698,9 @@ impl Publisher {
                     })
                     .collect();
                 let body = json!({"records": records, "durability": durability}).to_string();
-                let resp = http
-                    .post(url.as_str())
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let text = resp.text().await?;
-                anyhow::ensure!(status.is_success(), "append: {status}: {text}");
+                let text = crate::live::client::post_json(http, url.as_str(), body)
+                    .await
+                    .context("append")?;
                 let v: Value = serde_json::from_str(&text)?;
                 anyhow::ensure!(
                     v["first"].as_u64() == Some(first),

@@ -244,6 +244,25 @@ pub fn http_client_as(timeout: Option<Duration>, token: &str) -> anyhow::Result<
     Ok(b.build()?)
 }
 
+/// POSTs the JSON `body` to `url` and returns the answer's text; an answer other than 2xx
+/// is an error carrying its status and text.
+pub async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> anyhow::Result<String> {
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    anyhow::ensure!(status.is_success(), "POST {url} answered {status}: {text}");
+    Ok(text)
+}
+
 /// Writes and one-shot reads against one server.
 #[derive(Clone, Debug)]
 pub struct Api {

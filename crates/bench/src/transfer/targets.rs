@@ -334,18 +334,9 @@ async fn start_sluice(
             ));
         }
         body.push_str("]}");
-        let resp = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await?;
-        let status = resp.status();
-        anyhow::ensure!(
-            status.is_success(),
-            "loading accounts {first}..{end}: {status}: {}",
-            resp.text().await.unwrap_or_default()
-        );
+        crate::live::client::post_json(&http, &url, body)
+            .await
+            .with_context(|| format!("loading accounts {first}..{end}"))?;
         first = end;
     }
     Ok(Running::Sluice {
