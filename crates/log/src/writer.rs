@@ -63,8 +63,9 @@ pub struct LogConfig {
     /// (`--log-pending-bytes`): back-pressure on the writer when commits (`memory`/`disk`
     /// classes above all, which nobody waits for) arrive faster than the disk takes them.
     pub pending_bytes_max: usize,
-    /// Syncs that may run at once (each on a thread of its own, see the module docs); at
-    /// least 1.
+    /// Syncs that may run at once (each on a thread of its own, see the module docs); 0:
+    /// none beside the log thread, which then syncs each round itself before the next one
+    /// (no overlap, but no hand-off either: less CPU per sync where the disk is fast).
     pub sync_threads: usize,
 }
 
@@ -593,7 +594,7 @@ fn sync_thread<W: Waiter>(shared: Arc<Shared<W>>) {
 impl<W: Waiter> LogThread<W> {
     fn run(self) {
         let shared = self.shared.clone();
-        let threads: Vec<_> = (0..self.config.sync_threads.max(1))
+        let threads: Vec<_> = (0..self.config.sync_threads)
             .filter_map(|_| {
                 let shared = shared.clone();
                 crate::critical::spawn("log-sync", move || sync_thread(shared)).ok()
@@ -764,7 +765,11 @@ impl<W: Waiter> LogThread<W> {
             return;
         }
         if self.sync_wanted(sync_requested_seq) > self.handed_upto && self.sync_slot_free() {
-            match self.file.sync_handle() {
+            let handle = match self.config.sync_threads {
+                0 => None,
+                _ => self.file.sync_handle(),
+            };
+            match handle {
                 Some(handle) => self.start_sync(handle),
                 // A file with no second handle syncs on this thread.
                 None => {
@@ -1083,6 +1088,41 @@ mod tests {
         // The second sync starts while the first is stuck: two are in flight at once.
         files.wait_until_reached(1);
         (log, files, rx)
+    }
+
+    #[test]
+    fn with_no_sync_threads_the_log_thread_syncs_itself() {
+        let dir = temp_dir("sync-inline");
+        let files = NumberedGates::default();
+        let mut config = LogConfig::new(&dir);
+        config.background_sync_interval = Duration::from_secs(600);
+        config.sync_threads = 0;
+        config.files = Arc::new(files.clone());
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let (tx, rx) = mpsc::channel();
+        for seq in 1..=3 {
+            let w = TestWaiter {
+                seq,
+                durability: Durability::Fsync,
+                done: tx.clone(),
+            };
+            log.submit(&one_frame(seq), 1, seq, [w]).unwrap();
+            // No gate is ever opened: a sync through a handle would never return.
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(10)),
+                Ok((seq, true)),
+                "commit {seq} was not acknowledged by an inline sync"
+            );
+        }
+        assert_eq!(
+            files.state.0.lock().unwrap().0,
+            0,
+            "a sync handle was taken"
+        );
+        assert_eq!(log.progress().synced_seq, 3);
+        assert!(log.stats().syncs >= 1);
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub struct Config {
     pub writer_queue_max: usize,
     /// Log bytes submitted and not yet written before the writer waits (`--log-pending-bytes`).
     pub log_pending_bytes_max: usize,
-    /// Log syncs that may run at once (`--log-sync-threads`, see `sluice_log::writer`).
+    /// Log syncs that may run at once (`--log-sync-threads`, see `sluice_log::writer`); 0:
+    /// the log thread syncs itself.
     pub log_sync_threads: usize,
     /// Requests in flight on one WebSocket connection before the server stops reading it
     /// (`--ws-inflight-requests`).
