@@ -110,40 +110,28 @@ const BACKGROUND_BATCH: u64 = 10;
 
 impl Params {
     fn from(a: &ReadsArgs) -> Params {
+        // A quick run caps every size at a smoke-test value.
+        fn capped<T: PartialOrd>(quick: bool, value: T, cap: T) -> T {
+            if quick && value > cap {
+                cap
+            } else {
+                value
+            }
+        }
         let quick = a.common.quick;
         Params {
-            rows: if quick { a.rows.min(5_000) } else { a.rows },
-            seconds: if quick { a.seconds.min(0.3) } else { a.seconds },
+            rows: capped(quick, a.rows, 5_000),
+            seconds: capped(quick, a.seconds, 0.3),
             warmup_seconds: if quick { 0.05 } else { 0.5 },
-            connections: if quick {
-                a.connections.min(2)
-            } else {
-                a.connections
-            },
-            depth: if quick { a.depth.min(16) } else { a.depth },
-            http_clients: if quick {
-                a.http_clients.min(2)
-            } else {
-                a.http_clients
-            },
-            background_writes: if quick {
-                a.background_writes.min(2_000)
-            } else {
-                a.background_writes
-            },
+            connections: capped(quick, a.connections, 2),
+            depth: capped(quick, a.depth, 16),
+            http_clients: capped(quick, a.http_clients, 2),
+            background_writes: capped(quick, a.background_writes, 2_000),
             background_batch: BACKGROUND_BATCH,
             peers: !a.no_peers,
             seed: a.seed,
-            batch_keys: if quick {
-                a.batch_keys.min(20)
-            } else {
-                a.batch_keys
-            },
-            batch_depth: if quick {
-                a.batch_depth.min(4)
-            } else {
-                a.batch_depth
-            },
+            batch_keys: capped(quick, a.batch_keys, 20),
+            batch_depth: capped(quick, a.batch_depth, 4),
         }
     }
 

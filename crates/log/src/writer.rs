@@ -953,17 +953,8 @@ mod tests {
     #[test]
     fn disk_commits_are_acknowledged_while_a_background_sync_is_stuck() {
         let dir = temp_dir("stuck-background");
-        let files = NumberedGates::default();
-        let mut config = LogConfig::new(&dir);
-        config.background_sync_interval = Duration::from_millis(10);
-        config.files = Arc::new(files.clone());
-        let log = Log::open(config, 0, |_| {}).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let w = |seq| TestWaiter {
-            seq,
-            durability: Durability::Disk,
-            done: tx.clone(),
-        };
+        let (log, files) = gated_log(&dir, Duration::from_millis(10), SYNC_THREADS_DEFAULT);
+        let (w, rx) = waiters(Durability::Disk);
         log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
         assert_eq!(rx.recv().unwrap(), (1, true));
         files.wait_until_reached(0);
@@ -1065,23 +1056,41 @@ mod tests {
         }
     }
 
+    /// A log over gated sync handles ([`NumberedGates`]) with this background interval and
+    /// number of sync threads.
+    fn gated_log(
+        dir: &std::path::Path,
+        background_sync_interval: Duration,
+        sync_threads: usize,
+    ) -> (Log<TestWaiter>, NumberedGates) {
+        let files = NumberedGates::default();
+        let mut config = LogConfig::new(dir);
+        config.background_sync_interval = background_sync_interval;
+        config.sync_threads = sync_threads;
+        config.files = Arc::new(files.clone());
+        (Log::open(config, 0, |_| {}).unwrap(), files)
+    }
+
+    /// Waiters of one durability class for any seq, and the channel they report on.
+    fn waiters(
+        durability: Durability,
+    ) -> (impl Fn(u64) -> TestWaiter, mpsc::Receiver<(u64, bool)>) {
+        let (tx, rx) = mpsc::channel();
+        let waiter = move |seq| TestWaiter {
+            seq,
+            durability,
+            done: tx.clone(),
+        };
+        (waiter, rx)
+    }
+
     /// Two fsync commits in two rounds, each round's sync started while the first one is
     /// still in the device; returns the log, the gates and the waiters' channel.
     fn two_syncs_in_flight(
         dir: &std::path::Path,
     ) -> (Log<TestWaiter>, NumberedGates, mpsc::Receiver<(u64, bool)>) {
-        let files = NumberedGates::default();
-        let mut config = LogConfig::new(dir);
-        config.background_sync_interval = Duration::from_secs(600);
-        config.sync_threads = 2;
-        config.files = Arc::new(files.clone());
-        let log = Log::open(config, 0, |_| {}).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let w = |seq| TestWaiter {
-            seq,
-            durability: Durability::Fsync,
-            done: tx.clone(),
-        };
+        let (log, files) = gated_log(dir, Duration::from_secs(600), 2);
+        let (w, rx) = waiters(Durability::Fsync);
         log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
         files.wait_until_reached(0);
         log.submit(&one_frame(2), 1, 2, [w(2)]).unwrap();
@@ -1093,20 +1102,10 @@ mod tests {
     #[test]
     fn with_no_sync_threads_the_log_thread_syncs_itself() {
         let dir = temp_dir("sync-inline");
-        let files = NumberedGates::default();
-        let mut config = LogConfig::new(&dir);
-        config.background_sync_interval = Duration::from_secs(600);
-        config.sync_threads = 0;
-        config.files = Arc::new(files.clone());
-        let log = Log::open(config, 0, |_| {}).unwrap();
-        let (tx, rx) = mpsc::channel();
+        let (log, files) = gated_log(&dir, Duration::from_secs(600), 0);
+        let (w, rx) = waiters(Durability::Fsync);
         for seq in 1..=3 {
-            let w = TestWaiter {
-                seq,
-                durability: Durability::Fsync,
-                done: tx.clone(),
-            };
-            log.submit(&one_frame(seq), 1, seq, [w]).unwrap();
+            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
             // No gate is ever opened: a sync through a handle would never return.
             assert_eq!(
                 rx.recv_timeout(Duration::from_secs(10)),

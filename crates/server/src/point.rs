@@ -686,6 +686,26 @@ impl serde::Serialize for RowSer<'_> {
     }
 }
 
+/// A stored row as `{"row": {…}, "version": n}`, straight from its typed values.
+pub(crate) struct VersionedRowSer<'a> {
+    pub schema: &'a TableSchema,
+    pub row: &'a PointRow,
+}
+
+impl serde::Serialize for VersionedRowSer<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("VersionedRow", 2)?;
+        let row = RowSer {
+            schema: self.schema,
+            values: &self.row.values,
+        };
+        m.serialize_field("row", &row)?;
+        m.serialize_field("version", &self.row.version)?;
+        m.end()
+    }
+}
+
 /// One value as [`Value::to_json`] would give it, without the JSON value in between.
 struct ValueSer<'a>(&'a Value);
 

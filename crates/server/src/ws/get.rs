@@ -27,7 +27,9 @@ use crate::auth::Caller;
 use crate::core::Core;
 use crate::decode::{KeyStr, MSGPACK_DEPTH_MAX};
 use crate::error::CoreError;
-use crate::point::{Found, Given, Got, GotMany, IndexBy, IndexLookup, PointRow, RowSer};
+use crate::point::{
+    Found, Given, Got, GotMany, IndexBy, IndexLookup, PointRow, RowSer, VersionedRowSer,
+};
 
 /// The fields of a `get` request.
 #[derive(Default)]
@@ -373,23 +375,12 @@ struct ManySer<'a> {
 
 impl serde::Serialize for ManySer<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        #[derive(serde::Serialize)]
-        struct One<'a> {
-            row: RowSer<'a>,
-            version: u64,
-        }
-        let mut seq = s.serialize_seq(Some(self.rows.len()))?;
-        for r in self.rows {
-            seq.serialize_element(&r.as_ref().map(|r| One {
-                row: RowSer {
-                    schema: self.schema,
-                    values: &r.values,
-                },
-                version: r.version,
-            }))?;
-        }
-        seq.end()
+        let schema = self.schema;
+        s.collect_seq(
+            self.rows
+                .iter()
+                .map(|r| r.as_ref().map(|row| VersionedRowSer { schema, row })),
+        )
     }
 }
 
@@ -445,23 +436,8 @@ struct RowsSer<'a> {
 
 impl serde::Serialize for RowsSer<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        #[derive(serde::Serialize)]
-        struct One<'a> {
-            row: RowSer<'a>,
-            version: u64,
-        }
-        let mut seq = s.serialize_seq(Some(self.rows.len()))?;
-        for r in self.rows {
-            seq.serialize_element(&One {
-                row: RowSer {
-                    schema: self.schema,
-                    values: &r.values,
-                },
-                version: r.version,
-            })?;
-        }
-        seq.end()
+        let schema = self.schema;
+        s.collect_seq(self.rows.iter().map(|row| VersionedRowSer { schema, row }))
     }
 }
 
