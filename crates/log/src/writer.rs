@@ -14,7 +14,9 @@
 //! file description of its own ([`LogFile::sync_handle`]): while one `fdatasync` is in the
 //! device, the next round is written and its sync started, so a commit waits for about one
 //! sync instead of the rest of the one in flight plus its own (on this kind of virtual disk
-//! that halves fsync-class latency under load; see ARCHITECTURE "Log"). Results are
+//! that halves fsync-class latency under load; see ARCHITECTURE "Log"). While recent syncs
+//! were fast ([`LogConfig::sync_inline_below`]) the log thread runs each round's sync itself
+//! instead: the overlap saves little there, and more, smaller syncs cost CPU. Results are
 //! *applied in the order the syncs were started*: a sync's waiters are completed only once it
 //! and every sync started before it returned `Ok`, so a sync that returns early never
 //! acknowledges a commit whose pages an earlier, failing sync lost.
@@ -67,11 +69,23 @@ pub struct LogConfig {
     /// none beside the log thread, which then syncs each round itself before the next one
     /// (no overlap, but no hand-off either: less CPU per sync where the disk is fast).
     pub sync_threads: usize,
+    /// While the recent sync latency (a moving average) is below this, the log thread syncs
+    /// each round itself even with sync threads: on a fast disk every `fdatasync` costs tens
+    /// of µs of CPU, and overlapping syncs take more of them (smaller groups) to save a wait
+    /// that is short anyway. Above it, syncs are handed off and overlap. `Duration::ZERO`:
+    /// always hand off.
+    pub sync_inline_below: Duration,
 }
 
 /// Default [`LogConfig::sync_threads`]: a second sync in flight hides most of the first's
 /// wait; a third added nothing measurable on the machines we run on.
 pub const SYNC_THREADS_DEFAULT: usize = 2;
+
+/// Default [`LogConfig::sync_inline_below`]. On the 2-core virtual machines we measure on,
+/// an idle disk syncs in 150–300 µs and a busy one in 3–4 ms: below 1 ms inline syncing gave
+/// `sluice-http` transfers 6–8 % more TPS at half the log CPU; above it overlapping gave the
+/// bare log 2–6× (ARCHITECTURE "Why syncs overlap").
+pub const SYNC_INLINE_BELOW_DEFAULT: Duration = Duration::from_millis(1);
 
 impl LogConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -82,6 +96,7 @@ impl LogConfig {
             files: Arc::new(RealFiles),
             pending_bytes_max: 64 << 20,
             sync_threads: SYNC_THREADS_DEFAULT,
+            sync_inline_below: SYNC_INLINE_BELOW_DEFAULT,
         }
     }
 }
@@ -145,6 +160,9 @@ struct Shared<W> {
     /// Syncs started and whose result is not applied yet (the log thread starts one only
     /// while this is below [`LogConfig::sync_threads`]).
     syncs_in_flight: AtomicUsize,
+    /// Moving average of successful sync latencies in µs (1/8 weight to each new one), which
+    /// decides whether the log thread syncs inline ([`LogConfig::sync_inline_below`]).
+    sync_recent_us: AtomicU64,
     poison: Mutex<Option<String>>,
     stats: Mutex<LogStats>,
     active_first_seq: AtomicU64,
@@ -226,6 +244,8 @@ impl<W: Waiter> Log<W> {
             }),
             sync_work: Condvar::new(),
             syncs_in_flight: AtomicUsize::new(0),
+            // Undecided until a sync was measured: hand off (the safe choice on a slow disk).
+            sync_recent_us: AtomicU64::new(config.sync_inline_below.as_micros() as u64),
             poison: Mutex::new(None),
             stats: Mutex::new(LogStats::default()),
             active_first_seq: AtomicU64::new(first_seq),
@@ -484,6 +504,10 @@ fn count_sync<W>(shared: &Shared<W>, took: Duration, commits: u64) {
     let bucket = (64 - took_us.leading_zeros() as usize).min(SYNC_LATENCY_BUCKETS - 1);
     stats.sync_latency_us_buckets[bucket] += 1;
     stats.sync_latency_us_sum += took_us;
+    // Updated under the stats lock, so concurrent syncs do not lose each other's samples.
+    let recent = shared.sync_recent_us.load(Ordering::Relaxed);
+    let next = (recent * 7 + took_us) / 8;
+    shared.sync_recent_us.store(next, Ordering::Relaxed);
 }
 
 /// Takes the result of sync `no` and applies, in job order, every result now in sequence:
@@ -765,9 +789,10 @@ impl<W: Waiter> LogThread<W> {
             return;
         }
         if self.sync_wanted(sync_requested_seq) > self.handed_upto && self.sync_slot_free() {
-            let handle = match self.config.sync_threads {
-                0 => None,
-                _ => self.file.sync_handle(),
+            let handle = if self.inline_sync_chosen() {
+                None
+            } else {
+                self.file.sync_handle()
             };
             match handle {
                 Some(handle) => self.start_sync(handle),
@@ -779,6 +804,14 @@ impl<W: Waiter> LogThread<W> {
                 }
             }
         }
+    }
+
+    /// Whether this round's sync runs on the log thread: always without sync threads, and
+    /// while recent syncs were faster than [`LogConfig::sync_inline_below`].
+    fn inline_sync_chosen(&self) -> bool {
+        self.config.sync_threads == 0
+            || self.shared.sync_recent_us.load(Ordering::Relaxed)
+                < self.config.sync_inline_below.as_micros() as u64
     }
 
     /// Hands a sync of everything written so far to a sync thread.
@@ -1057,18 +1090,34 @@ mod tests {
     }
 
     /// A log over gated sync handles ([`NumberedGates`]) with this background interval and
-    /// number of sync threads.
+    /// number of sync threads, which always hands syncs off when it has sync threads.
     fn gated_log(
         dir: &std::path::Path,
         background_sync_interval: Duration,
         sync_threads: usize,
     ) -> (Log<TestWaiter>, NumberedGates) {
+        gated_log_inline_below(dir, background_sync_interval, sync_threads, Duration::ZERO)
+    }
+
+    /// [`gated_log`] that syncs inline while recent syncs took less than `inline_below`.
+    fn gated_log_inline_below(
+        dir: &std::path::Path,
+        background_sync_interval: Duration,
+        sync_threads: usize,
+        inline_below: Duration,
+    ) -> (Log<TestWaiter>, NumberedGates) {
         let files = NumberedGates::default();
         let mut config = LogConfig::new(dir);
         config.background_sync_interval = background_sync_interval;
         config.sync_threads = sync_threads;
+        config.sync_inline_below = inline_below;
         config.files = Arc::new(files.clone());
         (Log::open(config, 0, |_| {}).unwrap(), files)
+    }
+
+    /// Sync handles taken so far from a [`NumberedGates`] file.
+    fn handles_taken(files: &NumberedGates) -> usize {
+        files.state.0.lock().unwrap().0
     }
 
     /// Waiters of one durability class for any seq, and the channel they report on.
@@ -1113,13 +1162,63 @@ mod tests {
                 "commit {seq} was not acknowledged by an inline sync"
             );
         }
-        assert_eq!(
-            files.state.0.lock().unwrap().0,
-            0,
-            "a sync handle was taken"
-        );
+        assert_eq!(handles_taken(&files), 0, "a sync handle was taken");
         assert_eq!(log.progress().synced_seq, 3);
         assert!(log.stats().syncs >= 1);
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_log_syncs_inline_while_syncs_are_fast_and_hands_them_off_while_slow() {
+        // Fast: a threshold of 10 s makes any real sync fast. The first sync is handed off
+        // (nothing measured yet); once it returned, the next rounds sync on the log thread.
+        let dir = temp_dir("sync-adaptive-fast");
+        let (log, files) =
+            gated_log_inline_below(&dir, Duration::from_secs(600), 2, Duration::from_secs(10));
+        let (w, rx) = waiters(Durability::Fsync);
+        log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
+        files.wait_until_reached(0);
+        files.open(0, true);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((1, true)));
+        for seq in 2..=4 {
+            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
+            // No further gate is opened: only an inline sync can acknowledge these.
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(10)),
+                Ok((seq, true)),
+                "commit {seq} was not acknowledged by an inline sync after a fast one"
+            );
+        }
+        assert_eq!(
+            handles_taken(&files),
+            1,
+            "a fast log took another sync handle"
+        );
+        drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        // Slow: the first sync takes 200 ms against a 20 ms threshold, so the next round's
+        // sync is handed off too.
+        let dir = temp_dir("sync-adaptive-slow");
+        let (log, files) =
+            gated_log_inline_below(&dir, Duration::from_secs(600), 2, Duration::from_millis(20));
+        let (w, rx) = waiters(Durability::Fsync);
+        log.submit(&one_frame(1), 1, 1, [w(1)]).unwrap();
+        files.wait_until_reached(0);
+        std::thread::sleep(Duration::from_millis(200));
+        files.open(0, true);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((1, true)));
+        log.submit(&one_frame(2), 1, 2, [w(2)]).unwrap();
+        files.wait_until_reached(1);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(mpsc::RecvTimeoutError::Timeout),
+            "commit 2 was acknowledged before its handed-off sync returned"
+        );
+        files.open(1, true);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((2, true)));
+        assert_eq!(handles_taken(&files), 2);
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -37,6 +37,9 @@ pub struct Config {
     /// Log syncs that may run at once (`--log-sync-threads`, see `sluice_log::writer`); 0:
     /// the log thread syncs itself.
     pub log_sync_threads: usize,
+    /// Recent sync latency below which the log thread syncs rounds itself even with sync
+    /// threads (`--log-sync-inline-below-us`, see `sluice_log::writer::LogConfig`).
+    pub log_sync_inline_below: std::time::Duration,
     /// Requests in flight on one WebSocket connection before the server stops reading it
     /// (`--ws-inflight-requests`).
     pub ws_inflight_max: usize,
@@ -88,6 +91,7 @@ impl Config {
             writer_queue_max: 65_536,
             log_pending_bytes_max: 64 << 20,
             log_sync_threads: sluice_log::writer::SYNC_THREADS_DEFAULT,
+            log_sync_inline_below: sluice_log::writer::SYNC_INLINE_BELOW_DEFAULT,
             ws_inflight_max: 1024,
             ws_outbound_max: 64,
             log_files: LogFiles::default(),

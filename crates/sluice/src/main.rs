@@ -267,6 +267,12 @@ struct ServeArgs {
     /// fast and the CPUs are busy).
     #[arg(long, default_value_t = sluice_log::writer::SYNC_THREADS_DEFAULT)]
     log_sync_threads: usize,
+    /// While recent log syncs (a moving average) took less than this many µs, the log
+    /// thread syncs each round itself even with sync threads: on a fast disk overlapping
+    /// costs CPU (more, smaller syncs) to save a short wait. Slower syncs are handed off and
+    /// overlap. 0: always hand off (at most 10 000 000).
+    #[arg(long, default_value_t = sluice_log::writer::SYNC_INLINE_BELOW_DEFAULT.as_micros() as u64)]
+    log_sync_inline_below_us: u64,
     /// Commits handed to the live-query thread and not yet applied before the writer waits.
     #[arg(long, default_value_t = sluice_live::Limits::default().handoff_commits_max)]
     live_handoff_commits: usize,
@@ -397,6 +403,9 @@ struct ServeArgs {
 /// Most accepted `--log-sync-threads`: more syncs at once than this only queue in the device.
 const LOG_SYNC_THREADS_MAX: usize = 8;
 
+/// Largest accepted `--log-sync-inline-below-us` (10 s): any sync is "fast" below it.
+const LOG_SYNC_INLINE_BELOW_US_MAX: u64 = 10_000_000;
+
 /// Largest accepted `--max-body-bytes`: keeps every commit well inside one log frame.
 const BODY_BYTES_MAX_CEILING: usize = 32 << 20;
 
@@ -508,6 +517,13 @@ impl ServeArgs {
             self.log_sync_threads
         );
         config.log_sync_threads = self.log_sync_threads;
+        anyhow::ensure!(
+            self.log_sync_inline_below_us <= LOG_SYNC_INLINE_BELOW_US_MAX,
+            "--log-sync-inline-below-us {} is above {LOG_SYNC_INLINE_BELOW_US_MAX}",
+            self.log_sync_inline_below_us
+        );
+        config.log_sync_inline_below =
+            std::time::Duration::from_micros(self.log_sync_inline_below_us);
         config.live.handoff_commits_max = self.live_handoff_commits;
         config.ws_inflight_max = self.ws_inflight_requests;
         config.ws_outbound_max = self.ws_outbound_messages;
