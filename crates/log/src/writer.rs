@@ -111,6 +111,11 @@ pub struct LogStats {
     pub bytes_written: u64,
     pub writes: u64,
     pub syncs: u64,
+    /// Syncs the log thread ran itself (the rest were handed to sync threads).
+    pub inline_syncs: u64,
+    /// Moving average of recent sync latencies, µs: what chooses inline or handed-off
+    /// syncs ([`LogConfig::sync_inline_below`]).
+    pub sync_recent_us: u64,
     /// Commits whose waiters were completed by a sync (fsync class), for commits-per-sync.
     pub synced_commits: u64,
     /// `sync_latency_us_buckets[i]` counts syncs that took < 2^i µs (the last is +Inf).
@@ -385,6 +390,7 @@ impl<W: Waiter> Log<W> {
         stats.pending_bytes_peak = peak as u64;
         stats.pending_bytes_max = self.shared.pending_bytes_max as u64;
         stats.submit_waits = waits;
+        stats.sync_recent_us = self.shared.sync_recent_us.load(Ordering::Relaxed);
         stats
     }
 
@@ -836,6 +842,7 @@ impl<W: Waiter> LogThread<W> {
         self.next_job += 1;
         self.handed_upto = upto;
         self.shared.syncs_in_flight.fetch_add(1, Ordering::AcqRel);
+        lock(&self.shared.stats).inline_syncs += 1;
         let started = Instant::now();
         let took = self
             .file
@@ -1195,6 +1202,8 @@ mod tests {
             1,
             "a fast log took another sync handle"
         );
+        assert!(log.stats().inline_syncs >= 3, "{:?}", log.stats());
+        assert!(log.stats().sync_recent_us < 10_000_000);
         drop(log);
         std::fs::remove_dir_all(&dir).unwrap();
 

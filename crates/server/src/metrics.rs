@@ -79,6 +79,11 @@ pub(crate) fn render(core: &Core) -> String {
         log.syncs,
     );
     counter(
+        "sluice_log_inline_syncs_total",
+        "Log syncs the log thread ran itself because recent syncs were fast (--log-sync-inline-below-us); the rest were handed to sync threads.",
+        log.inline_syncs,
+    );
+    counter(
         "sluice_log_writes_total",
         "write calls on the log.",
         log.writes,
@@ -124,6 +129,7 @@ pub(crate) fn render(core: &Core) -> String {
         log.synced_commits as f64 / log.syncs as f64
     };
     let _ = writeln!(out, "# HELP sluice_commits_per_sync fsync-class commits per sync (group commit factor).\n# TYPE sluice_commits_per_sync gauge\nsluice_commits_per_sync {per_sync}");
+    let _ = writeln!(out, "# HELP sluice_log_sync_recent_seconds Moving average of recent log sync latencies (below --log-sync-inline-below-us the log thread syncs itself).\n# TYPE sluice_log_sync_recent_seconds gauge\nsluice_log_sync_recent_seconds {}", log.sync_recent_us as f64 / 1e6);
     let _ = writeln!(out, "# HELP sluice_seq_confirmed Newest seq that reached its durability class.\n# TYPE sluice_seq_confirmed gauge\nsluice_seq_confirmed {}", core.confirmed_seq());
     let _ = writeln!(out, "# HELP sluice_live_views Live views held (subscribed or warm).\n# TYPE sluice_live_views gauge\nsluice_live_views {}", live.views);
     let _ = writeln!(out, "# HELP sluice_live_subscribers Live subscriptions open.\n# TYPE sluice_live_subscribers gauge\nsluice_live_subscribers {}", live.subscribers);

@@ -82,6 +82,19 @@ async fn concurrent_fsync_commits_share_syncs() {
         "{commits} concurrent fsync commits took {syncs} syncs: they do not share syncs"
     );
     eprintln!("{commits} concurrent commits, {syncs} syncs");
+    // Whichever way each round synced (inline while syncs are fast, else handed off), the
+    // inline ones are a part of all syncs, and the average that chose is published.
+    let inline = api.metric("sluice_log_inline_syncs_total").await;
+    let recent_s = api.metric("sluice_log_sync_recent_seconds").await;
+    assert!(
+        inline <= api.metric("sluice_log_syncs_total").await,
+        "{inline} inline syncs"
+    );
+    assert!(
+        (0.0..10.0).contains(&recent_s),
+        "recent sync latency {recent_s} s"
+    );
+    eprintln!("{inline} of the syncs inline, recent sync latency {recent_s} s");
 
     let rows = api.scan_all("t", 10_000).await;
     assert_eq!(
