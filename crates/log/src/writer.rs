@@ -111,7 +111,7 @@ pub struct LogStats {
     pub bytes_written: u64,
     pub writes: u64,
     pub syncs: u64,
-    /// Syncs the log thread ran itself (the rest were handed to sync threads).
+    /// Of `syncs`, those the log thread ran itself (the rest were handed to sync threads).
     pub inline_syncs: u64,
     /// Moving average of recent sync latencies, µs: what chooses inline or handed-off
     /// syncs ([`LogConfig::sync_inline_below`]).
@@ -479,6 +479,8 @@ struct SyncJob {
 
 struct SyncResult {
     upto: u64,
+    /// Run by the log thread itself (not handed to a sync thread).
+    inline: bool,
     /// How long the sync took, or why it failed.
     took: Result<Duration, String>,
 }
@@ -501,11 +503,13 @@ fn publish_progress<W>(shared: &Shared<W>, p: Progress) {
     shared.progress_changed.notify_all();
 }
 
-/// Records a sync that took `took` in the stats.
-fn count_sync<W>(shared: &Shared<W>, took: Duration, commits: u64) {
+/// Records a successful sync that took `took` (on the log thread itself if `inline`) in the
+/// stats and the recent-latency average.
+fn count_sync<W>(shared: &Shared<W>, took: Duration, inline: bool, commits: u64) {
     let took_us = took.as_micros() as u64;
     let mut stats = lock(&shared.stats);
     stats.syncs += 1;
+    stats.inline_syncs += u64::from(inline);
     stats.synced_commits += commits;
     let bucket = (64 - took_us.leading_zeros() as usize).min(SYNC_LATENCY_BUCKETS - 1);
     stats.sync_latency_us_buckets[bucket] += 1;
@@ -520,7 +524,7 @@ fn count_sync<W>(shared: &Shared<W>, took: Duration, commits: u64) {
 /// an `Ok` publishes its seq as synced and completes the waiters it covers; an `Err` poisons
 /// the log and fails every waiter still waiting (whatever later syncs return).
 fn apply_sync<W: Waiter>(shared: &Shared<W>, no: u64, result: SyncResult) {
-    let mut completed: Vec<(Duration, Vec<W>)> = Vec::new();
+    let mut completed: Vec<(Duration, bool, Vec<W>)> = Vec::new();
     let mut failed: Vec<W> = Vec::new();
     let mut synced_upto = None;
     {
@@ -548,7 +552,7 @@ fn apply_sync<W: Waiter>(shared: &Shared<W>, no: u64, result: SyncResult) {
                                 .flatten(),
                         );
                     }
-                    completed.push((took, covered));
+                    completed.push((took, r.inline, covered));
                 }
                 Ok(_) => failed.extend(syncs.waiting.drain(..).flat_map(|(_, w)| w)),
                 Err(reason) => {
@@ -559,8 +563,8 @@ fn apply_sync<W: Waiter>(shared: &Shared<W>, no: u64, result: SyncResult) {
             }
         }
     }
-    for (took, waiters) in &completed {
-        count_sync(shared, *took, waiters.len() as u64);
+    for (took, inline, waiters) in &completed {
+        count_sync(shared, *took, *inline, waiters.len() as u64);
     }
     if let Some(upto) = synced_upto {
         publish_progress(
@@ -571,7 +575,7 @@ fn apply_sync<W: Waiter>(shared: &Shared<W>, no: u64, result: SyncResult) {
             },
         );
     }
-    for w in completed.into_iter().flat_map(|(_, w)| w) {
+    for w in completed.into_iter().flat_map(|(_, _, w)| w) {
         w.complete(Ok(()));
     }
     if !failed.is_empty() {
@@ -611,6 +615,7 @@ fn sync_thread<W: Waiter>(shared: Arc<Shared<W>>) {
             job.no,
             SyncResult {
                 upto: job.upto,
+                inline: false,
                 took,
             },
         );
@@ -842,7 +847,6 @@ impl<W: Waiter> LogThread<W> {
         self.next_job += 1;
         self.handed_upto = upto;
         self.shared.syncs_in_flight.fetch_add(1, Ordering::AcqRel);
-        lock(&self.shared.stats).inline_syncs += 1;
         let started = Instant::now();
         let took = self
             .file
@@ -851,7 +855,12 @@ impl<W: Waiter> LogThread<W> {
             .map_err(|e| e.to_string());
         self.last_sync = Instant::now();
         let failed = took.as_ref().err().cloned();
-        apply_sync(&self.shared, no, SyncResult { upto, took });
+        let result = SyncResult {
+            upto,
+            inline: true,
+            took,
+        };
+        apply_sync(&self.shared, no, result);
         match failed {
             Some(reason) => Err(reason),
             None => Ok(()),
@@ -1140,6 +1149,24 @@ mod tests {
         (waiter, rx)
     }
 
+    /// Submits commits `seqs` one at a time and asserts each is acknowledged before the next
+    /// is submitted, with no gate opened (so only an inline sync can have done it).
+    fn assert_each_acknowledged_inline(
+        log: &Log<TestWaiter>,
+        w: &impl Fn(u64) -> TestWaiter,
+        rx: &mpsc::Receiver<(u64, bool)>,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) {
+        for seq in seqs {
+            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(10)),
+                Ok((seq, true)),
+                "commit {seq} was not acknowledged by an inline sync"
+            );
+        }
+    }
+
     /// Two fsync commits in two rounds, each round's sync started while the first one is
     /// still in the device; returns the log, the gates and the waiters' channel.
     fn two_syncs_in_flight(
@@ -1160,15 +1187,8 @@ mod tests {
         let dir = temp_dir("sync-inline");
         let (log, files) = gated_log(&dir, Duration::from_secs(600), 0);
         let (w, rx) = waiters(Durability::Fsync);
-        for seq in 1..=3 {
-            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
-            // No gate is ever opened: a sync through a handle would never return.
-            assert_eq!(
-                rx.recv_timeout(Duration::from_secs(10)),
-                Ok((seq, true)),
-                "commit {seq} was not acknowledged by an inline sync"
-            );
-        }
+        // No gate is ever opened: a sync through a handle would never return.
+        assert_each_acknowledged_inline(&log, &w, &rx, 1..=3);
         assert_eq!(handles_taken(&files), 0, "a sync handle was taken");
         assert_eq!(log.progress().synced_seq, 3);
         assert!(log.stats().syncs >= 1);
@@ -1188,15 +1208,8 @@ mod tests {
         files.wait_until_reached(0);
         files.open(0, true);
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((1, true)));
-        for seq in 2..=4 {
-            log.submit(&one_frame(seq), 1, seq, [w(seq)]).unwrap();
-            // No further gate is opened: only an inline sync can acknowledge these.
-            assert_eq!(
-                rx.recv_timeout(Duration::from_secs(10)),
-                Ok((seq, true)),
-                "commit {seq} was not acknowledged by an inline sync after a fast one"
-            );
-        }
+        // No further gate is opened: only an inline sync can acknowledge these.
+        assert_each_acknowledged_inline(&log, &w, &rx, 2..=4);
         assert_eq!(
             handles_taken(&files),
             1,
