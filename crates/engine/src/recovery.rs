@@ -538,7 +538,7 @@ fn scan_segment(
     mut next_buf: impl FnMut() -> Option<Vec<u8>>,
     mut emit: impl FnMut(ScannedPiece) -> Option<Option<Vec<u8>>>,
 ) -> Result<bool, RecoveryError> {
-    use std::io::Read;
+    use std::io::{Read, Seek};
     let (seg, is_newest) = (&segments[index], index + 1 == segments.len());
     let io = |source| LogError::Io {
         path: seg.path.clone(),
@@ -607,6 +607,35 @@ fn scan_segment(
                     break;
                 }
                 _ => {
+                    // Zeros from a frame boundary to the end of the newest segment — the
+                    // unwritten end of a prepared segment, mostly — need not be read into
+                    // memory to be judged: streamed through a small buffer.
+                    if is_newest && buf[pos..].iter().all(|&b| b == 0) {
+                        let rest = if eof {
+                            Some(0)
+                        } else {
+                            zeros_to_end(&mut file).map_err(io)?
+                        };
+                        if let Some(rest) = rest {
+                            let valid_len = base + pos as u64;
+                            let after = (buf.len() - pos) as u64 + rest;
+                            let torn = sluice_log::segment::torn_tail_message(
+                                &seg.path,
+                                valid_len,
+                                sluice_log::segment::ZERO_TAIL_REASON,
+                                after,
+                            );
+                            tracing::warn!("{torn}");
+                            if opts.repair {
+                                truncate(&seg.path, valid_len)?;
+                            }
+                            ended = Some(Some(torn));
+                            break;
+                        }
+                        // Not zeros all the way: judged as below, the whole rest in view.
+                        file.seek(std::io::SeekFrom::Start(base + buf.len() as u64))
+                            .map_err(io)?;
+                    }
                     // Damage or a torn tail: judged as a scan of the whole file would,
                     // with the rest of the file in view (trailing zeros tell a torn tail).
                     if !eof {
@@ -655,6 +684,29 @@ fn scan_segment(
         base += piece_len as u64;
     }
 }
+
+/// Reads `file` from its position to its end through a small buffer: the number of bytes
+/// read if every one is zero, else `None` (the position is then wherever reading stopped).
+fn zeros_to_end(file: &mut std::fs::File) -> std::io::Result<Option<u64>> {
+    use std::io::Read;
+    let mut chunk = vec![0u8; ZERO_CHECK_CHUNK_BYTES];
+    let mut read = 0u64;
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => return Ok(Some(read)),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk[..n].iter().any(|&b| b != 0) {
+            return Ok(None);
+        }
+        read += n as u64;
+    }
+}
+
+/// Bytes read at a time by [`zeros_to_end`].
+const ZERO_CHECK_CHUNK_BYTES: usize = 1 << 20;
 
 /// Bytes of the whole frame whose start `head` holds, if its header is whole and sane.
 fn whole_frame_len(head: &[u8]) -> usize {

@@ -2,7 +2,8 @@
 //! and applying; the error it reports must stay the one a check-everything-first pass
 //! would: the first failed check (checksum, length, seq chain) in any segment, and only if
 //! every segment passes its checks, the first frame that does not decode or apply. And a
-//! healthy log of many segments recovers every row.
+//! healthy log of many segments recovers every row. The newest segment may end in zeros
+//! (the unwritten end of a prepared segment): cut, unless something follows them.
 
 use std::path::Path;
 
@@ -221,6 +222,83 @@ fn a_seq_gap_between_segments_is_reported_after_an_earlier_decode_failure() {
     let (file, off, reason) = corrupt_at(recover(&dir, &options()).err().unwrap());
     assert_eq!((file, off), (name(3), 0));
     assert!(reason.contains("follows seq"), "{reason}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Zeros after the newest segment's frames, more than one read piece of them (16 MiB).
+const ZERO_TAIL_BYTES: usize = 20 << 20;
+
+/// The bytes of the newest segment's frames.
+fn newest_frames_len(payloads: &[Vec<u8>]) -> u64 {
+    payloads[((SEGMENTS - 1) * COMMITS_PER_SEGMENT) as usize..]
+        .iter()
+        .map(|p| (p.len() + FRAME_HEADER_BYTES) as u64)
+        .sum()
+}
+
+#[test]
+fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
+    let dir = tempdir("zero-tail");
+    let payloads = payloads();
+    write_log(&dir, &payloads, |s, bytes, _| {
+        if s == SEGMENTS - 1 {
+            bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
+        }
+    });
+    let options = RecoveryOptions {
+        repair: true,
+        ..options()
+    };
+    let r = recover(&dir, &options).unwrap();
+    assert_eq!(r.db.seq, SEGMENTS * COMMITS_PER_SEGMENT);
+    assert_eq!(
+        r.db.tables["t"].rows.len() as u64,
+        (SEGMENTS * COMMITS_PER_SEGMENT - 1) * 3
+    );
+    let torn = r.torn_tail.expect("a zero tail is reported");
+    assert!(
+        torn.contains("zero bytes") && torn.contains(&format!("; {ZERO_TAIL_BYTES} bytes after")),
+        "{torn}"
+    );
+    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
+    let len = std::fs::metadata(&newest).unwrap().len();
+    assert_eq!(
+        len,
+        newest_frames_len(&payloads),
+        "cut after the last frame"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn zeros_with_anything_behind_them_in_the_newest_segment_are_damage_and_nothing_is_cut() {
+    let dir = tempdir("zero-then-byte");
+    let payloads = payloads();
+    write_log(&dir, &payloads, |s, bytes, _| {
+        if s == SEGMENTS - 1 {
+            bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
+            bytes.push(1);
+        }
+    });
+    let options = RecoveryOptions {
+        repair: true,
+        ..options()
+    };
+    let (file, off, reason) = corrupt_at(recover(&dir, &options).err().unwrap());
+    assert_eq!(
+        (file, off, reason.as_str()),
+        (
+            name(SEGMENTS - 1),
+            newest_frames_len(&payloads),
+            "frame length does not match its check"
+        )
+    );
+    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
+    let len = std::fs::metadata(&newest).unwrap().len();
+    assert_eq!(
+        len,
+        newest_frames_len(&payloads) + ZERO_TAIL_BYTES as u64 + 1
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

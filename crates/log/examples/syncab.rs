@@ -4,6 +4,8 @@
 //!
 //! `cargo run --release -p sluice-log --example syncab -- SYNC_THREADS [IN_FLIGHT] [DIR]`
 //! (defaults: 2 560 commits in flight, a directory under the system's temp dir; 5 s).
+//! `SYNCAB_PREPARED=1` writes over prepared segments (`LogConfig::prepare_segments`): one
+//! commit, a second for the prepared file, then the run.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -39,14 +41,22 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = LogConfig::new(&dir);
     config.sync_threads = sync_threads;
+    config.prepare_segments = std::env::var("SYNCAB_PREPARED").is_ok_and(|v| v == "1");
     let log = Log::open(config, 0, |_| {}).expect("open the log");
     let (tx, rx) = mpsc::channel();
     let payload = vec![7u8; PAYLOAD_BYTES];
     let (mut seq, mut buf, mut latencies) = (0u64, Vec::new(), Vec::new());
+    // The first segment grows by appends until the prepared one is ready (and rolled to).
+    sluice_log::frame::encode_into(&mut buf, &payload).expect("encode");
+    seq += 1;
+    log.submit(&buf, 1, seq, [Timed(Instant::now(), tx.clone())])
+        .expect("submit");
+    rx.recv().expect("an ack");
+    std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     while started.elapsed() < RUN {
         // Top the commits in flight up to `in_flight`, as one submit, then take the acks.
-        let n = in_flight - (seq as usize - latencies.len());
+        let n = in_flight - (seq as usize - 1 - latencies.len());
         if n > 0 {
             buf.clear();
             let mut waiters = Vec::with_capacity(n);
@@ -65,7 +75,13 @@ fn main() {
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     let stats = log.stats();
     println!(
-        "sync threads {sync_threads}, {in_flight} in flight: {:.0} commits/s, p50 {:?}, p99 {:?}, {:.0} syncs/s, {:.0} commits per sync",
+        "prepared segments {}: {} of {} segments; sync threads {sync_threads}, {in_flight} in flight:",
+        stats.segments_prepared > 0,
+        stats.segments_prepared,
+        stats.segments_created + 1,
+    );
+    println!(
+        "  sync threads {sync_threads}, {in_flight} in flight: {:.0} commits/s, p50 {:?}, p99 {:?}, {:.0} syncs/s, {:.0} commits per sync",
         latencies.len() as f64 / secs,
         at(0.5),
         at(0.99),

@@ -22,6 +22,14 @@ pub trait LogFile: Send {
     fn sync_handle(&self) -> Option<SyncHandle> {
         None
     }
+    /// The segment is complete after `len` bytes: anything the file holds past them (the
+    /// unwritten part of a prepared file) is cut, durably, before a newer segment can exist
+    /// (only the newest segment may end in anything but a whole frame). A no-op for a file
+    /// that only ever grew by appends, which is exactly `len` bytes long.
+    fn seal(&mut self, len: u64) -> std::io::Result<()> {
+        let _ = len;
+        Ok(())
+    }
 }
 
 /// See [`LogFile::sync_handle`].
@@ -38,6 +46,63 @@ impl LogFile for File {
         let file = own_description(self)?;
         Some(Box::new(move || file.sync_data()))
     }
+}
+
+/// A segment written over a prepared file ([`LogFileFactory::prepare`]): frames overwrite
+/// its zeros from offset 0 (the file is opened without `O_APPEND`, its cursor starts at 0),
+/// so an `fdatasync` finds the blocks allocated and the size unchanged and flushes the data
+/// only — no file-system journal commit for a growing file (on ext4 here, 110 µs instead
+/// of 170–185 µs per sync, and a third less CPU; ARCHITECTURE "Prepared segments").
+pub struct PreparedFile {
+    file: File,
+}
+
+impl LogFile for PreparedFile {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+    fn sync_handle(&self) -> Option<SyncHandle> {
+        self.file.sync_handle()
+    }
+    fn seal(&mut self, len: u64) -> std::io::Result<()> {
+        self.file.set_len(len)?;
+        // The size is metadata an `fdatasync` of a shrunk file need not write: a full sync.
+        self.file.sync_all()
+    }
+}
+
+/// Bytes of zeros written per `write` while preparing a file.
+const PREPARE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Writes `bytes` zero bytes to a new file at `path` (replacing one left there) and syncs
+/// it, stopping early with [`std::io::ErrorKind::Interrupted`] once `stop` returns true.
+pub fn prepare_zeroed_file(
+    path: &std::path::Path,
+    bytes: u64,
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)?;
+    let zeros = vec![0u8; PREPARE_CHUNK_BYTES];
+    let mut left = bytes;
+    while left > 0 {
+        if stop() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "the log is stopping",
+            ));
+        }
+        let n = left.min(PREPARE_CHUNK_BYTES as u64) as usize;
+        file.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()
 }
 
 /// The same file opened anew: `fdatasync` through it flushes the file whoever wrote it, and,
@@ -64,6 +129,31 @@ pub trait LogFileFactory: Send + Sync {
     fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
         sync_dir(dir)
     }
+    /// Whether this factory prepares segment files ([`LogFileFactory::prepare`]); only then
+    /// does the log run its preparing thread.
+    fn prepares(&self) -> bool {
+        false
+    }
+    /// Writes a file of `bytes` zeros at `path` and makes it durable, for a later segment
+    /// (see [`PreparedFile`]); gives up early with `Interrupted` once `stop` returns true.
+    fn prepare(
+        &self,
+        path: &std::path::Path,
+        bytes: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> std::io::Result<()> {
+        let _ = (path, bytes, stop);
+        Err(std::io::Error::other(
+            "this log file factory prepares no files",
+        ))
+    }
+    /// Opens a prepared file (renamed to its segment's name) for writing from its start.
+    fn open_prepared(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+        let _ = path;
+        Err(std::io::Error::other(
+            "this log file factory prepares no files",
+        ))
+    }
 }
 
 /// Opens a real segment file for appending, creating it if missing (what every factory over
@@ -81,6 +171,21 @@ pub struct RealFiles;
 impl LogFileFactory for RealFiles {
     fn open_append(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
         Ok(Box::new(open_append_file(path)?))
+    }
+    fn prepares(&self) -> bool {
+        true
+    }
+    fn prepare(
+        &self,
+        path: &std::path::Path,
+        bytes: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> std::io::Result<()> {
+        prepare_zeroed_file(path, bytes, stop)
+    }
+    fn open_prepared(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        Ok(Box::new(PreparedFile { file }))
     }
 }
 

@@ -117,7 +117,7 @@ pub fn scan_at<E: From<LogError>>(
                 if !(is_newest && bytes[after_len..].iter().all(|&b| b == 0)) {
                     return Err(corrupt(offset, "frame length does not match its check").into());
                 }
-                "the file ends in zero bytes"
+                ZERO_TAIL_REASON
             }
             Decoded::BadChecksum { end } => {
                 // The last frame, possibly followed by file-system zero fill.
@@ -129,14 +129,26 @@ pub fn scan_at<E: From<LogError>>(
         };
         return Ok(ScanEnd {
             valid_len: base + offset as u64,
-            torn: Some(format!(
-                "{}: torn tail at byte offset {} ({torn_reason}); {} bytes after it",
-                path.display(),
+            torn: Some(torn_tail_message(
+                path,
                 base + offset as u64,
-                bytes.len() - offset
+                torn_reason,
+                (bytes.len() - offset) as u64,
             )),
         });
     }
+}
+
+/// Why a scan ended at a frame boundary followed only by zeros ([`torn_tail_message`]).
+pub const ZERO_TAIL_REASON: &str = "the file ends in zero bytes";
+
+/// The torn-tail verdict of a scan that stopped at byte `offset` of `path` for `reason`,
+/// with `bytes_after` more bytes in the file.
+pub fn torn_tail_message(path: &Path, offset: u64, reason: &str, bytes_after: u64) -> String {
+    format!(
+        "{}: torn tail at byte offset {offset} ({reason}); {bytes_after} bytes after it",
+        path.display()
+    )
 }
 
 /// Reads a whole file.

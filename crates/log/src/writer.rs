@@ -75,7 +75,19 @@ pub struct LogConfig {
     /// that is short anyway. Above it, syncs are handed off and overlap. `Duration::ZERO`:
     /// always hand off.
     pub sync_inline_below: Duration,
+    /// Prepare the next segment in the background ([`PREPARED_FILE_NAME`], zeros written and
+    /// synced) and write segments over prepared files, when [`LogFileFactory::prepares`]:
+    /// an `fdatasync` of a file that does not grow flushes no file-system metadata (see
+    /// [`crate::io::PreparedFile`]). The server turns it on; off by default so that library
+    /// users and tests that edit segment files by hand see plain appended files.
+    pub prepare_segments: bool,
 }
+
+/// The file the next segment is prepared in (a name [`list_segments`] never lists).
+pub const PREPARED_FILE_NAME: &str = "next-segment.prepared";
+
+/// The most bytes prepared for one segment (a larger `segment_bytes_max` grows past it).
+pub const PREPARED_BYTES_MAX: u64 = 256 << 20;
 
 /// Default [`LogConfig::sync_threads`]: a second sync in flight hides most of the first's
 /// wait; a third added nothing measurable on the machines we run on.
@@ -97,6 +109,7 @@ impl LogConfig {
             pending_bytes_max: 64 << 20,
             sync_threads: SYNC_THREADS_DEFAULT,
             sync_inline_below: SYNC_INLINE_BELOW_DEFAULT,
+            prepare_segments: false,
         }
     }
 }
@@ -122,6 +135,8 @@ pub struct LogStats {
     pub sync_latency_us_buckets: [u64; SYNC_LATENCY_BUCKETS],
     pub sync_latency_us_sum: u64,
     pub segments_created: u64,
+    /// Of `segments_created`, those written over a prepared file.
+    pub segments_prepared: u64,
     pub segments_retired: u64,
     /// Bytes submitted and not yet taken by the log thread, now and at most so far.
     pub pending_bytes: u64,
@@ -188,6 +203,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Log<W: Waiter> {
     shared: Arc<Shared<W>>,
     thread: Option<JoinHandle<()>>,
+    /// The preparing thread and its state, with [`LogConfig::prepare_segments`].
+    prep: Option<(Arc<Prep>, JoinHandle<()>)>,
     dir: PathBuf,
 }
 
@@ -259,12 +276,41 @@ impl<W: Waiter> Log<W> {
             on_progress: Box::new(on_progress),
         });
         let dir = config.dir.clone();
+        let prep = if config.prepare_segments && config.files.prepares() {
+            let prep = Arc::new(Prep {
+                path: config.dir.join(PREPARED_FILE_NAME),
+                bytes: config.segment_bytes_max.clamp(1, PREPARED_BYTES_MAX),
+                state: Mutex::new(PrepState {
+                    wanted: true,
+                    ..PrepState::default()
+                }),
+                changed: Condvar::new(),
+            });
+            // A file left by an earlier run may be partly written: always start over.
+            match std::fs::remove_file(&prep.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(LogError::io(&prep.path, e))
+                }
+                _ => {}
+            }
+            let (p, files) = (prep.clone(), config.files.clone());
+            let thread = std::thread::Builder::new()
+                .name("sluice-log-prep".into())
+                .spawn(move || prepare_thread(p, files))
+                .map_err(|e| LogError::io(&dir, e))?;
+            Some((prep, thread))
+        } else {
+            None
+        };
         let thread_shared = shared.clone();
+        let thread_prep = prep.as_ref().map(|(p, _)| p.clone());
         let thread = crate::critical::spawn("log", move || {
             LogThread {
                 shared: thread_shared,
                 config,
                 file,
+                prep: thread_prep,
+                prepared_active: false,
                 segment_bytes: size,
                 progress,
                 last_sync: Instant::now(),
@@ -278,6 +324,7 @@ impl<W: Waiter> Log<W> {
         Ok(Log {
             shared,
             thread: Some(thread),
+            prep,
             dir,
         })
     }
@@ -430,6 +477,12 @@ impl<W: Waiter> Log<W> {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        if let Some((prep, thread)) = self.prep.take() {
+            prep.stop();
+            let _ = thread.join();
+            // Not a segment; the next open would start it over anyway.
+            let _ = std::fs::remove_file(&prep.path);
+        }
     }
 }
 
@@ -443,6 +496,10 @@ struct LogThread<W> {
     shared: Arc<Shared<W>>,
     config: LogConfig,
     file: Box<dyn LogFile>,
+    /// The next segment's prepared file, with [`LogConfig::prepare_segments`].
+    prep: Option<Arc<Prep>>,
+    /// The active segment was a prepared file (its end is zeros until sealed).
+    prepared_active: bool,
     segment_bytes: u64,
     progress: Progress,
     /// When a sync was last started (or the log opened): background syncs are due from here.
@@ -483,6 +540,88 @@ struct SyncResult {
     inline: bool,
     /// How long the sync took, or why it failed.
     took: Result<Duration, String>,
+}
+
+/// The next segment's file, prepared by a thread of its own ([`LogConfig::prepare_segments`]).
+struct Prep {
+    /// `<dir>/`[`PREPARED_FILE_NAME`].
+    path: PathBuf,
+    bytes: u64,
+    state: Mutex<PrepState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct PrepState {
+    /// A prepared file is wanted and not ready yet.
+    wanted: bool,
+    /// `path` holds a whole prepared file, synced.
+    ready: bool,
+    /// The log is stopping: the preparing thread gives up.
+    stop: bool,
+}
+
+impl Prep {
+    fn is_ready(&self) -> bool {
+        lock(&self.state).ready
+    }
+
+    /// Renames the prepared file to `segment` if one is ready (and `segment` does not exist
+    /// yet), and asks for the next: whether it did. Under the state lock, so the preparing
+    /// thread cannot start the next file at `path` before the rename.
+    fn take_into(&self, segment: &std::path::Path) -> std::io::Result<bool> {
+        let mut state = lock(&self.state);
+        if !state.ready || segment.exists() {
+            return Ok(false);
+        }
+        std::fs::rename(&self.path, segment)?;
+        state.ready = false;
+        state.wanted = true;
+        self.changed.notify_all();
+        Ok(true)
+    }
+
+    fn stop(&self) {
+        lock(&self.state).stop = true;
+        self.changed.notify_all();
+    }
+}
+
+/// The preparing thread: writes a prepared file whenever one is wanted. A failure (a full
+/// disk, say) is logged and ends the preparing — segments are then plain appended files, as
+/// before; nothing else depends on it.
+fn prepare_thread(prep: Arc<Prep>, files: Arc<dyn LogFileFactory>) {
+    loop {
+        {
+            let mut state = lock(&prep.state);
+            // Sleeps until a file is wanted (and none is ready) or the log stops.
+            while !state.stop && (!state.wanted || state.ready) {
+                state = prep.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            if state.stop {
+                return;
+            }
+        }
+        let stopping = || lock(&prep.state).stop;
+        match files.prepare(&prep.path, prep.bytes, &stopping) {
+            Ok(()) => {
+                let mut state = lock(&prep.state);
+                state.ready = true;
+                state.wanted = false;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&prep.path);
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::warn!(
+                        path = %prep.path.display(),
+                        error = %e,
+                        "could not prepare the next log segment; segments are appended files from now on"
+                    );
+                }
+                return;
+            }
+        }
+    }
 }
 
 /// Merges `p` into the published progress (each field only moves forward) and hands the
@@ -746,7 +885,12 @@ impl<W: Waiter> LogThread<W> {
         if !buf.is_empty() {
             crate::critical::injected_panic_point("log");
             let started = Instant::now();
-            if self.segment_bytes >= self.config.segment_bytes_max {
+            // A segment that grows by appends (the first after opening the log) gives way to
+            // a prepared one as soon as it is ready.
+            let prepared_ready = !self.prepared_active
+                && self.segment_bytes > 0
+                && self.prep.as_ref().is_some_and(|p| p.is_ready());
+            if self.segment_bytes >= self.config.segment_bytes_max || prepared_ready {
                 let first_seq = self.progress.written_seq + 1;
                 if let Err(err) = self.roll(first_seq) {
                     return self.poison(err, waiters);
@@ -795,6 +939,12 @@ impl<W: Waiter> LogThread<W> {
             if self.progress.written_seq > self.handed_upto {
                 if let Err(e) = self.sync_inline() {
                     return self.poison(e, waiters);
+                }
+            }
+            if self.prepared_active {
+                // A clean stop leaves no zeros for recovery to read and cut.
+                if let Err(e) = self.file.seal(self.segment_bytes) {
+                    tracing::warn!(error = %e, "could not seal the active log segment at shutdown");
                 }
             }
             return;
@@ -869,12 +1019,29 @@ impl<W: Waiter> LogThread<W> {
 
     fn roll(&mut self, first_seq: u64) -> Result<(), String> {
         self.sync_inline()?;
+        if self.prepared_active {
+            // Its unwritten zeros go before a newer segment exists: only the newest segment
+            // may end in anything but a whole frame.
+            let len = self.segment_bytes;
+            self.file
+                .seal(len)
+                .map_err(|e| format!("sealing the active log segment at {len} bytes: {e}"))?;
+        }
         let path = segment_path(&self.config.dir, first_seq);
-        self.file = self
-            .config
-            .files
-            .open_append(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let prepared = match &self.prep {
+            Some(prep) => prep.take_into(&path).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not use the prepared log segment");
+                false
+            }),
+            None => false,
+        };
+        let opened = if prepared {
+            self.config.files.open_prepared(&path)
+        } else {
+            self.config.files.open_append(&path)
+        };
+        self.file = opened.map_err(|e| format!("{}: {e}", path.display()))?;
+        self.prepared_active = prepared;
         self.config
             .files
             .sync_dir(&self.config.dir)
@@ -883,7 +1050,11 @@ impl<W: Waiter> LogThread<W> {
         self.shared
             .active_first_seq
             .store(first_seq, Ordering::Release);
-        lock(&self.shared.stats).segments_created += 1;
+        {
+            let mut stats = lock(&self.shared.stats);
+            stats.segments_created += 1;
+            stats.segments_prepared += u64::from(prepared);
+        }
         Ok(())
     }
 
@@ -1400,6 +1571,91 @@ mod tests {
         // The segment holding seq 10 survives.
         assert!(after[0].first_seq <= 10, "{after:?}");
         drop(log);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// With `prepare_segments`, the segments after the first are written over prepared
+    /// files: each ends up exactly its frames once the next one starts (sealed), the newest
+    /// is zeros after its frames until the log stops, and every acknowledged frame is in
+    /// place, in order.
+    #[test]
+    fn segments_are_written_over_prepared_files_and_sealed_at_each_roll() {
+        let dir = temp_dir("prepared");
+        let mut config = LogConfig::new(&dir);
+        config.segment_bytes_max = 4096;
+        config.prepare_segments = true;
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let prepared = dir.join(PREPARED_FILE_NAME);
+        let (tx, rx) = mpsc::channel();
+        let payload = |seq: u64| {
+            let mut p = seq.to_le_bytes().to_vec();
+            p.resize(200, seq as u8);
+            p
+        };
+        let last = std::cell::Cell::new(0u64);
+        let submit = |n: u64| {
+            for _ in 0..n {
+                let seq = last.get() + 1;
+                last.set(seq);
+                let mut frame = Vec::new();
+                frame::encode_into(&mut frame, &payload(seq)).unwrap();
+                let waiter = TestWaiter {
+                    seq,
+                    durability: Durability::Fsync,
+                    done: tx.clone(),
+                };
+                log.submit(&frame, 1, seq, [waiter]).unwrap();
+                assert_eq!(rx.recv().unwrap(), (seq, true));
+            }
+        };
+        // The first segment grows by appends until a prepared file is ready.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while log.stats().segments_prepared == 0 {
+            assert!(Instant::now() < deadline, "no segment was prepared");
+            submit(1);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(last.get() < 100, "prepared after {} frames", last.get());
+        submit(100 - last.get());
+        let stats = log.stats();
+        assert!(stats.segments_prepared >= 4, "{stats:?}");
+        let segments = list_segments(&dir).unwrap();
+        let mut seen = Vec::new();
+        for (i, segment) in segments.iter().enumerate() {
+            let bytes = std::fs::read(&segment.path).unwrap();
+            let newest = i + 1 == segments.len();
+            let end = crate::segment::scan::<LogError>(&segment.path, &bytes, newest, |_, p| {
+                seen.push(u64::from_le_bytes(p[..8].try_into().unwrap()));
+                assert_eq!(p, payload(*seen.last().unwrap()));
+                Ok(())
+            })
+            .unwrap();
+            if newest {
+                // Zeros after its frames (the scan checked), unless its last write ran past
+                // the prepared size.
+                assert!(
+                    bytes.len() >= 4096,
+                    "the newest is at least the prepared size"
+                );
+            } else {
+                assert_eq!(end.valid_len, bytes.len() as u64, "{segment:?} is sealed");
+            }
+        }
+        assert_eq!(seen, (1..=100).collect::<Vec<_>>());
+        log.shutdown().unwrap();
+        let newest = list_segments(&dir).unwrap().pop().unwrap();
+        let bytes = std::fs::read(&newest.path).unwrap();
+        let end =
+            crate::segment::scan::<LogError>(&newest.path, &bytes, true, |_, _| Ok(())).unwrap();
+        assert_eq!(
+            (end.valid_len, end.torn),
+            (bytes.len() as u64, None),
+            "sealed at shutdown"
+        );
+        assert!(
+            !prepared.exists(),
+            "the prepared file is removed at shutdown"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -40,6 +40,9 @@ pub struct Config {
     /// Recent sync latency below which the log thread syncs rounds itself even with sync
     /// threads (`--log-sync-inline-below-us`, see `sluice_log::writer::LogConfig`).
     pub log_sync_inline_below: std::time::Duration,
+    /// Write log segments over files prepared (zero-filled and synced) in the background
+    /// (`--log-unprepared-segments` turns it off; see `sluice_log::io::PreparedFile`).
+    pub log_prepare_segments: bool,
     /// Requests in flight on one WebSocket connection before the server stops reading it
     /// (`--ws-inflight-requests`).
     pub ws_inflight_max: usize,
@@ -92,6 +95,7 @@ impl Config {
             log_pending_bytes_max: 64 << 20,
             log_sync_threads: sluice_log::writer::SYNC_THREADS_DEFAULT,
             log_sync_inline_below: sluice_log::writer::SYNC_INLINE_BELOW_DEFAULT,
+            log_prepare_segments: true,
             ws_inflight_max: 1024,
             ws_outbound_max: 64,
             log_files: LogFiles::default(),

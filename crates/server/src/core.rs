@@ -205,6 +205,7 @@ impl Core {
         log_config.pending_bytes_max = config.log_pending_bytes_max;
         log_config.sync_threads = config.log_sync_threads;
         log_config.sync_inline_below = config.log_sync_inline_below;
+        log_config.prepare_segments = config.log_prepare_segments;
         log_config.files = config.log_files.0.clone();
         let progress_confirm = confirm.clone();
         let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;

@@ -119,6 +119,11 @@ pub(crate) fn render(core: &Core) -> String {
         log.segments_created,
     );
     counter(
+        "sluice_segments_prepared_total",
+        "Of the log segments started, those written over a prepared (zero-filled, synced) file.",
+        log.segments_prepared,
+    );
+    counter(
         "sluice_segments_retired_total",
         "Log segments deleted after a snapshot.",
         log.segments_retired,

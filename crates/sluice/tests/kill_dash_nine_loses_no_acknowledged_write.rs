@@ -322,6 +322,9 @@ async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
         .collect();
     let mut seq_acked_max = 0;
     let mut acked_mutates = 0;
+    // Segments written over prepared files (the server's default), so that crashes land
+    // in them, at their rolls and with their zero tails too.
+    let mut prepared_segments = 0.0;
     for cycle in 0..=cycles {
         let context = format!("seed {seed}, durability {durability}, after {stop:?} {cycle}");
         if cycle == cycles {
@@ -369,6 +372,7 @@ async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.below(250))).await;
+        prepared_segments += api.metric("sluice_segments_prepared_total").await;
         match stop {
             Stop::Kill => server.kill9(),
             Stop::Term => {
@@ -391,6 +395,10 @@ async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
     }
     eprintln!("{cycles} cycles, {acked_mutates} acknowledged mutates, up to seq {seq_acked_max}");
     assert!(acked_mutates > 0, "no write was ever acknowledged");
+    assert!(
+        prepared_segments > 0.0,
+        "no segment was written over a prepared file"
+    );
     if stop == Stop::Kill && cycles >= CYCLES_DEFAULT {
         // The workload is big enough to exercise snapshots and segment retirement.
         assert!(

@@ -24,7 +24,16 @@ use sluice_log::segment::{list_segments, scan};
 use sluice_log::snapshot::{list_snapshots, SNAPSHOT_MAGIC};
 use sluice_log::LogError;
 
-const SEGMENT_ARGS: [&str; 4] = ["--durability", "disk", "--segment-bytes", "4096"];
+/// Plain (growing) segments: the cuts below model a write torn at any byte of a file that
+/// ends at its last frame. The zeros a prepared segment ends in after a crash are covered by
+/// `recovery_reports_check_failures_before_decode_failures` and the kill -9 test.
+const SEGMENT_ARGS: [&str; 5] = [
+    "--durability",
+    "disk",
+    "--segment-bytes",
+    "4096",
+    "--log-unprepared-segments",
+];
 /// The base directory has at least this many segments…
 const SEGMENTS_MIN: usize = 4;
 /// …and its newest segment at least this many bytes (several frames).
