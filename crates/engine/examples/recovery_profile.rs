@@ -46,6 +46,7 @@ fn main() {
                         limits: Limits::default(),
                         retention: Retention::default(),
                         repair: false,
+                        keep_zero_tail: false,
                     },
                 )
                 .expect("recovers");

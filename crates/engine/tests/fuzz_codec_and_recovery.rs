@@ -449,6 +449,7 @@ fn fuzz_recovery_of_a_damaged_directory() {
         limits: Limits::default(),
         retention: Retention::default(),
         repair: true,
+        keep_zero_tail: false,
     };
     Fuzzer::new("engine_recovery", 10_000, Kind::Bytes)
         .seeds(seeds)
@@ -492,6 +493,7 @@ fn check_and_recover(input: &[u8]) -> (Result<u64, String>, Result<String, Strin
         limits: Limits::default(),
         retention: Retention::default(),
         repair: true,
+        keep_zero_tail: false,
     };
     let checked = check(&scratch.0).map(|r| r.seq).map_err(|e| e.to_string());
     let recovered = recover(&scratch.0, &opts)

@@ -2533,6 +2533,7 @@ impl Harness {
             limits,
             retention: self.retention,
             repair: true,
+            keep_zero_tail: false,
         }
     }
 
@@ -2917,6 +2918,7 @@ fn torn_run(seed: u64, step: &Cell<usize>) {
             limits: h.limits.clone(),
             retention: h.retention,
             repair: true,
+            keep_zero_tail: false,
         };
         let rec =
             recover(&scratch, &opts).unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
@@ -3028,6 +3030,7 @@ fn damage_run(seed: u64, step: &Cell<usize>) {
         limits: Limits::default(),
         retention: Retention::default(),
         repair: true,
+        keep_zero_tail: false,
     };
     let scratch = h.scratch_dir("damage");
     let in_scratch = |p: &Path| scratch.join(p.file_name().expect("file name"));
@@ -3563,6 +3566,7 @@ fn zero_filled_tail(seed: u64, keep: impl Fn(&mut Rng, usize) -> usize) {
         limits: h.limits.clone(),
         retention: h.retention,
         repair: true,
+        keep_zero_tail: false,
     };
     let what = format!("the last frame cut {kept} bytes in, then zeros");
     let rec = recover(&h.dir, &opts).unwrap_or_else(|e| panic!("{what}: recovery refused: {e}"));

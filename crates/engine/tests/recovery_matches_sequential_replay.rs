@@ -401,6 +401,7 @@ fn options() -> RecoveryOptions {
         limits: Limits::default(),
         retention: retention(),
         repair: false,
+        keep_zero_tail: false,
     }
 }
 

@@ -25,6 +25,7 @@ fn options() -> RecoveryOptions {
         limits: Limits::default(),
         retention: Retention::default(),
         repair: false,
+        keep_zero_tail: false,
     }
 }
 
@@ -247,6 +248,7 @@ fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
     });
     let options = RecoveryOptions {
         repair: true,
+        keep_zero_tail: false,
         ..options()
     };
     let r = recover(&dir, &options).unwrap();
@@ -271,6 +273,30 @@ fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
 }
 
 #[test]
+fn kept_zeros_after_the_newest_segments_frames_are_reported_where_they_start_and_left_alone() {
+    let dir = tempdir("zero-tail-kept");
+    let payloads = payloads();
+    write_log(&dir, &payloads, |s, bytes, _| {
+        if s == SEGMENTS - 1 {
+            bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
+        }
+    });
+    let options = RecoveryOptions {
+        repair: true,
+        keep_zero_tail: true,
+        ..options()
+    };
+    let r = recover(&dir, &options).unwrap();
+    assert_eq!(r.db.seq, SEGMENTS * COMMITS_PER_SEGMENT);
+    assert_eq!(r.torn_tail, None);
+    assert_eq!(r.newest_zero_tail_at, Some(newest_frames_len(&payloads)));
+    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
+    let len = std::fs::metadata(&newest).unwrap().len();
+    assert_eq!(len, newest_frames_len(&payloads) + ZERO_TAIL_BYTES as u64);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn zeros_with_anything_behind_them_in_the_newest_segment_are_damage_and_nothing_is_cut() {
     let dir = tempdir("zero-then-byte");
     let payloads = payloads();
@@ -282,6 +308,7 @@ fn zeros_with_anything_behind_them_in_the_newest_segment_are_damage_and_nothing_
     });
     let options = RecoveryOptions {
         repair: true,
+        keep_zero_tail: false,
         ..options()
     };
     let (file, off, reason) = corrupt_at(recover(&dir, &options).err().unwrap());

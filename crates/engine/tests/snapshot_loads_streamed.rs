@@ -146,6 +146,7 @@ fn options() -> RecoveryOptions {
         limits: Limits::default(),
         retention: Retention::default(),
         repair: false,
+        keep_zero_tail: false,
     }
 }
 

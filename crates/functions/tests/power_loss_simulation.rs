@@ -466,6 +466,7 @@ fn recovery_options() -> RecoveryOptions {
         limits: Limits::default(),
         retention: Retention::default(),
         repair: true,
+        keep_zero_tail: false,
     }
 }
 

@@ -147,9 +147,14 @@ pub trait LogFileFactory: Send + Sync {
             "this log file factory prepares no files",
         ))
     }
-    /// Opens a prepared file (renamed to its segment's name) for writing from its start.
-    fn open_prepared(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let _ = path;
+    /// Opens a prepared segment for writing over its zeros from byte `offset` (0 for a file
+    /// just prepared; after a restart, where recovery found its frames end).
+    fn open_prepared(
+        &self,
+        path: &std::path::Path,
+        offset: u64,
+    ) -> std::io::Result<Box<dyn LogFile>> {
+        let _ = (path, offset);
         Err(std::io::Error::other(
             "this log file factory prepares no files",
         ))
@@ -183,8 +188,14 @@ impl LogFileFactory for RealFiles {
     ) -> std::io::Result<()> {
         prepare_zeroed_file(path, bytes, stop)
     }
-    fn open_prepared(&self, path: &std::path::Path) -> std::io::Result<Box<dyn LogFile>> {
-        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    fn open_prepared(
+        &self,
+        path: &std::path::Path,
+        offset: u64,
+    ) -> std::io::Result<Box<dyn LogFile>> {
+        use std::io::Seek;
+        let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.seek(std::io::SeekFrom::Start(offset))?;
         Ok(Box::new(PreparedFile { file }))
     }
 }

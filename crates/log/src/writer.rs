@@ -81,6 +81,11 @@ pub struct LogConfig {
     /// [`crate::io::PreparedFile`]). The server turns it on; off by default so that library
     /// users and tests that edit segment files by hand see plain appended files.
     pub prepare_segments: bool,
+    /// The newest segment's frames end at this byte and only zeros follow (recovery kept a
+    /// prepared segment's unwritten end, `RecoveryOptions::keep_zero_tail`): the log writes
+    /// over them from there instead of appending after them. Needs a factory that
+    /// [`LogFileFactory::prepares`].
+    pub resume_newest_at: Option<u64>,
 }
 
 /// The file the next segment is prepared in (a name [`list_segments`] never lists).
@@ -110,6 +115,7 @@ impl LogConfig {
             sync_threads: SYNC_THREADS_DEFAULT,
             sync_inline_below: SYNC_INLINE_BELOW_DEFAULT,
             prepare_segments: false,
+            resume_newest_at: None,
         }
     }
 }
@@ -223,11 +229,16 @@ impl<W: Waiter> Log<W> {
             Some(seg) => (seg.first_seq, seg.path.clone()),
             None => (last_seq + 1, segment_path(&config.dir, last_seq + 1)),
         };
-        let file = config
-            .files
-            .open_append(&path)
-            .map_err(|e| LogError::io(&path, e))?;
-        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let resume_at = config.resume_newest_at.filter(|_| !existing.is_empty());
+        let file = match resume_at {
+            Some(at) => config.files.open_prepared(&path, at),
+            None => config.files.open_append(&path),
+        }
+        .map_err(|e| LogError::io(&path, e))?;
+        let size = match resume_at {
+            Some(at) => at,
+            None => std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+        };
         if existing.is_empty() {
             config
                 .files
@@ -280,19 +291,12 @@ impl<W: Waiter> Log<W> {
             let prep = Arc::new(Prep {
                 path: config.dir.join(PREPARED_FILE_NAME),
                 bytes: config.segment_bytes_max.clamp(1, PREPARED_BYTES_MAX),
-                state: Mutex::new(PrepState {
-                    wanted: true,
-                    ..PrepState::default()
-                }),
+                // Nothing is prepared before the first write (`Prep::want`): a restart's
+                // startup does not compete with 64 MiB of zeros, nor a server nobody writes
+                // to. A file left by an earlier run is never `ready`: it is written over.
+                state: Mutex::new(PrepState::default()),
                 changed: Condvar::new(),
             });
-            // A file left by an earlier run may be partly written: always start over.
-            match std::fs::remove_file(&prep.path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(LogError::io(&prep.path, e))
-                }
-                _ => {}
-            }
             let (p, files) = (prep.clone(), config.files.clone());
             let thread = std::thread::Builder::new()
                 .name("sluice-log-prep".into())
@@ -310,7 +314,8 @@ impl<W: Waiter> Log<W> {
                 config,
                 file,
                 prep: thread_prep,
-                prepared_active: false,
+                // Written over from `resume_at`, it is sealed at its roll like a prepared one.
+                prepared_active: resume_at.is_some(),
                 segment_bytes: size,
                 progress,
                 last_sync: Instant::now(),
@@ -564,6 +569,15 @@ struct PrepState {
 impl Prep {
     fn is_ready(&self) -> bool {
         lock(&self.state).ready
+    }
+
+    /// Asks for a prepared file if none is ready or being written.
+    fn want(&self) {
+        let mut state = lock(&self.state);
+        if !state.ready && !state.wanted {
+            state.wanted = true;
+            self.changed.notify_all();
+        }
     }
 
     /// Renames the prepared file to `segment` if one is ready (and `segment` does not exist
@@ -900,6 +914,11 @@ impl<W: Waiter> LogThread<W> {
                 return self.poison(e.to_string(), waiters);
             }
             self.segment_bytes += buf.len() as u64;
+            if !self.prepared_active {
+                if let Some(prep) = &self.prep {
+                    prep.want();
+                }
+            }
             self.shared.append_latency.record(started.elapsed());
             {
                 let mut stats = lock(&self.shared.stats);
@@ -1036,7 +1055,7 @@ impl<W: Waiter> LogThread<W> {
             None => false,
         };
         let opened = if prepared {
-            self.config.files.open_prepared(&path)
+            self.config.files.open_prepared(&path, 0)
         } else {
             self.config.files.open_append(&path)
         };
@@ -1656,6 +1675,52 @@ mod tests {
             !prepared.exists(),
             "the prepared file is removed at shutdown"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// After a crash the newest prepared segment ends in zeros; recovery keeps them and the
+    /// reopened log writes over them from where the frames end (not after them), and seals
+    /// the segment when it stops.
+    #[test]
+    fn a_reopened_log_writes_over_the_kept_zeros_from_where_the_frames_end() {
+        let dir = temp_dir("resume");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut bytes = Vec::new();
+        for seq in 1..=3u64 {
+            bytes.extend_from_slice(&one_frame(seq));
+        }
+        let frames_end = bytes.len() as u64;
+        bytes.resize(8192, 0);
+        let path = segment_path(&dir, 1);
+        std::fs::write(&path, &bytes).unwrap();
+        let mut config = LogConfig::new(&dir);
+        config.resume_newest_at = Some(frames_end);
+        let log = Log::open(config, 3, |_| {}).unwrap();
+        let (tx, rx) = mpsc::channel();
+        for seq in 4..=6u64 {
+            let waiter = TestWaiter {
+                seq,
+                durability: Durability::Fsync,
+                done: tx.clone(),
+            };
+            log.submit(&one_frame(seq), 1, seq, [waiter]).unwrap();
+            assert_eq!(rx.recv().unwrap(), (seq, true));
+        }
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            8192,
+            "written over the zeros, not appended"
+        );
+        log.shutdown().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut seqs = Vec::new();
+        let end = crate::segment::scan::<LogError>(&path, &bytes, false, |_, p| {
+            seqs.push(u64::from_le_bytes(p.try_into().unwrap()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
+        assert_eq!(end.valid_len, bytes.len() as u64, "sealed at shutdown");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

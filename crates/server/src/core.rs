@@ -185,6 +185,7 @@ impl Core {
                 limits: config.limits.clone(),
                 retention: config.retention,
                 repair: true,
+                keep_zero_tail: config.log_prepare_segments && config.log_files.0.prepares(),
             },
         )?;
         let seq = recovered.db.seq;
@@ -206,6 +207,7 @@ impl Core {
         log_config.sync_threads = config.log_sync_threads;
         log_config.sync_inline_below = config.log_sync_inline_below;
         log_config.prepare_segments = config.log_prepare_segments;
+        log_config.resume_newest_at = recovered.newest_zero_tail_at;
         log_config.files = config.log_files.0.clone();
         let progress_confirm = confirm.clone();
         let log = Log::open(log_config, seq, move |p| progress_confirm.progressed(p))?;
