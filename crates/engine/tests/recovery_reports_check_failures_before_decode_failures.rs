@@ -237,21 +237,38 @@ fn newest_frames_len(payloads: &[Vec<u8>]) -> u64 {
         .sum()
 }
 
-#[test]
-fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
-    let dir = tempdir("zero-tail");
-    let payloads = payloads();
-    write_log(&dir, &payloads, |s, bytes, _| {
+/// A log whose newest segment has `ZERO_TAIL_BYTES` zeros after its frames, then `after`.
+fn log_with_zero_tail(what: &str, payloads: &[Vec<u8>], after: &[u8]) -> std::path::PathBuf {
+    let dir = tempdir(what);
+    write_log(&dir, payloads, |s, bytes, _| {
         if s == SEGMENTS - 1 {
             bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
+            bytes.extend_from_slice(after);
         }
     });
-    let options = RecoveryOptions {
+    dir
+}
+
+/// Options that repair, keeping a zero tail or not.
+fn repairing(keep_zero_tail: bool) -> RecoveryOptions {
+    RecoveryOptions {
         repair: true,
-        keep_zero_tail: false,
+        keep_zero_tail,
         ..options()
-    };
-    let r = recover(&dir, &options).unwrap();
+    }
+}
+
+/// The newest segment's file length.
+fn newest_len(dir: &Path) -> u64 {
+    let newest = segment_path(dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
+    std::fs::metadata(&newest).unwrap().len()
+}
+
+#[test]
+fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
+    let payloads = payloads();
+    let dir = log_with_zero_tail("zero-tail", &payloads, &[]);
+    let r = recover(&dir, &repairing(false)).unwrap();
     assert_eq!(r.db.seq, SEGMENTS * COMMITS_PER_SEGMENT);
     assert_eq!(
         r.db.tables["t"].rows.len() as u64,
@@ -262,10 +279,8 @@ fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
         torn.contains("zero bytes") && torn.contains(&format!("; {ZERO_TAIL_BYTES} bytes after")),
         "{torn}"
     );
-    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
-    let len = std::fs::metadata(&newest).unwrap().len();
     assert_eq!(
-        len,
+        newest_len(&dir),
         newest_frames_len(&payloads),
         "cut after the last frame"
     );
@@ -274,44 +289,24 @@ fn the_zeros_after_the_newest_segments_frames_are_cut_and_every_row_recovers() {
 
 #[test]
 fn kept_zeros_after_the_newest_segments_frames_are_reported_where_they_start_and_left_alone() {
-    let dir = tempdir("zero-tail-kept");
     let payloads = payloads();
-    write_log(&dir, &payloads, |s, bytes, _| {
-        if s == SEGMENTS - 1 {
-            bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
-        }
-    });
-    let options = RecoveryOptions {
-        repair: true,
-        keep_zero_tail: true,
-        ..options()
-    };
-    let r = recover(&dir, &options).unwrap();
+    let dir = log_with_zero_tail("zero-tail-kept", &payloads, &[]);
+    let r = recover(&dir, &repairing(true)).unwrap();
     assert_eq!(r.db.seq, SEGMENTS * COMMITS_PER_SEGMENT);
     assert_eq!(r.torn_tail, None);
     assert_eq!(r.newest_zero_tail_at, Some(newest_frames_len(&payloads)));
-    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
-    let len = std::fs::metadata(&newest).unwrap().len();
-    assert_eq!(len, newest_frames_len(&payloads) + ZERO_TAIL_BYTES as u64);
+    assert_eq!(
+        newest_len(&dir),
+        newest_frames_len(&payloads) + ZERO_TAIL_BYTES as u64
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn zeros_with_anything_behind_them_in_the_newest_segment_are_damage_and_nothing_is_cut() {
-    let dir = tempdir("zero-then-byte");
     let payloads = payloads();
-    write_log(&dir, &payloads, |s, bytes, _| {
-        if s == SEGMENTS - 1 {
-            bytes.resize(bytes.len() + ZERO_TAIL_BYTES, 0);
-            bytes.push(1);
-        }
-    });
-    let options = RecoveryOptions {
-        repair: true,
-        keep_zero_tail: false,
-        ..options()
-    };
-    let (file, off, reason) = corrupt_at(recover(&dir, &options).err().unwrap());
+    let dir = log_with_zero_tail("zero-then-byte", &payloads, &[1]);
+    let (file, off, reason) = corrupt_at(recover(&dir, &repairing(false)).err().unwrap());
     assert_eq!(
         (file, off, reason.as_str()),
         (
@@ -320,10 +315,8 @@ fn zeros_with_anything_behind_them_in_the_newest_segment_are_damage_and_nothing_
             "frame length does not match its check"
         )
     );
-    let newest = segment_path(&dir, (SEGMENTS - 1) * COMMITS_PER_SEGMENT + 1);
-    let len = std::fs::metadata(&newest).unwrap().len();
     assert_eq!(
-        len,
+        newest_len(&dir),
         newest_frames_len(&payloads) + ZERO_TAIL_BYTES as u64 + 1
     );
     std::fs::remove_dir_all(&dir).unwrap();
