@@ -13,7 +13,7 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -259,7 +259,7 @@ impl Server {
                     }
                     panic!("sluice serve exited with {status} before listening:\n{stderr}");
                 }
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                if server.says_it_listens() {
                     return server;
                 }
                 assert!(
@@ -294,7 +294,7 @@ impl Server {
             if let Some(status) = server.child.try_wait().unwrap() {
                 return (status, server.stderr());
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            if server.says_it_listens() {
                 panic!(
                     "sluice serve started on a data directory it must refuse:\n{}",
                     server.stderr()
@@ -330,6 +330,17 @@ impl Server {
     /// What the server wrote to stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Whether this process logged that it bound `addr`. A TCP connect is not proof: with
+    /// tests running in parallel, two may pick the same free port, and a connect then reaches
+    /// the other test's server while this one fails to bind (and exits), or the other server
+    /// is killed a moment later and the first request finds nobody listening.
+    fn says_it_listens(&self) -> bool {
+        let said = format!("://{}", self.addr);
+        self.stderr()
+            .lines()
+            .any(|l| l.contains("sluice listening on") && l.contains(&said))
     }
 
     /// `kill -9`: no chance to flush, snapshot or say goodbye.
