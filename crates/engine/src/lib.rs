@@ -8,6 +8,8 @@
 //!
 //! # Layout
 //! - [`value`]: column types, [`Value`], [`Key`], JSON conversion, SQLite-like ordering.
+//! - [`thin`]: [`ThinStr`] and [`ThinBytes`], text and bytes behind a thin pointer (a
+//!   [`Value`] is 16 bytes).
 //! - [`schema`]: table schemas and [`SchemaChange`] (what DDL means).
 //! - [`cow`]: [`cow::CowMap`], the chunked copy-on-write ordered map that holds rows.
 //! - [`table`]: rows and indexes of one table.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod recovery;
 pub mod schema;
 pub mod table;
+pub mod thin;
 pub mod topic;
 pub mod value;
 
@@ -37,5 +40,6 @@ pub use db::{
 pub use error::{ErrorCode, TxError};
 pub use schema::{ColumnDef, IndexDef, PolicyCommand, PolicyDef, SchemaChange, TableSchema};
 pub use sluice_log::critical;
+pub use thin::{ThinBytes, ThinStr};
 pub use topic::{Appended, Record, TagFilter, TagIndex, Topic, TopicConfig, TopicRules};
 pub use value::{ColumnType, Key, Value};

@@ -7,6 +7,8 @@ use std::cmp::Ordering;
 use std::fmt;
 
 use base64::Engine as _;
+
+use crate::thin::{ThinBytes, ThinStr};
 use serde_json::Value as Json;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,10 +60,10 @@ pub enum Value {
     Integer(i64),
     Real(f64),
     Boolean(bool),
-    Text(Box<str>),
-    Blob(Box<[u8]>),
+    Text(ThinStr),
+    Blob(ThinBytes),
     /// Any JSON value, kept as its compact text (validated on the way in).
-    Json(Box<str>),
+    Json(ThinStr),
     /// Microseconds since the Unix epoch.
     Timestamp(i64),
 }
@@ -213,8 +215,12 @@ impl Eq for Value {}
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Key {
     Int(i64),
-    Text(Box<str>),
+    Text(ThinStr),
 }
+
+// Rows are slices of values and tables are maps of keys: their size is most of the memory.
+const _: () = assert!(std::mem::size_of::<Value>() == 16);
+const _: () = assert!(std::mem::size_of::<Key>() == 16);
 
 /// Integer keys interpolate (ids are dense, so a lookup lands on or next to its row);
 /// text keys and a span across both kinds search by bisection.

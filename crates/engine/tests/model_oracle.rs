@@ -180,7 +180,7 @@ impl MVal {
             MVal::Real(bits) => Value::Real(f64::from_bits(*bits)),
             MVal::Bool(b) => Value::Boolean(*b),
             MVal::Text(s) => Value::Text(s.as_str().into()),
-            MVal::Blob(b) => Value::Blob(b.clone().into_boxed_slice()),
+            MVal::Blob(b) => Value::Blob(b.as_slice().into()),
             MVal::Json(s) => Value::Json(s.as_str().into()),
             MVal::Ts(t) => Value::Timestamp(*t),
         }

@@ -1311,7 +1311,7 @@ mod tests {
             vec![Value::Timestamp(1)],
             vec![Value::Boolean(true)],
             vec![Value::Null],
-            vec![Value::Blob(Box::new([1]))],
+            vec![Value::Blob([1].into())],
             vec![Value::Integer(1), Value::Null],
         ];
         for a in &cases {

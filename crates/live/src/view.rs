@@ -628,7 +628,7 @@ mod tests {
             Value::Real(1e300),
             Value::Boolean(true),
             Value::Text("quote \" and \\ and \u{1}, ünï".into()),
-            Value::Blob(Box::new([0, 255, 3])),
+            Value::Blob([0, 255, 3].into()),
             Value::Json(r#"{"b": [1, 2.50, "x"]}"#.into()),
             Value::Timestamp(1_700_000_000_000_000),
         ]

@@ -1162,7 +1162,7 @@ fn typed(raw: &RawValue) -> Result<Value, String> {
         "null" => Value::Null,
         "true" => Value::Boolean(true),
         "false" => Value::Boolean(false),
-        _ if s.starts_with('"') => Value::Text(parse!(s).map(String::into_boxed_str)?),
+        _ if s.starts_with('"') => Value::Text(parse!(s).map(|t: String| t.into())?),
         _ if s.contains(['.', 'e', 'E']) => {
             Value::Real(s.parse().map_err(|e| format!("bad REAL {s}: {e}"))?)
         }
