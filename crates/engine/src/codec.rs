@@ -425,8 +425,13 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
     pub fn string(&mut self) -> DecodeResult<String> {
+        self.str_ref().map(str::to_owned)
+    }
+    /// The next text, borrowed from the input (checked UTF-8): a value is built from it
+    /// with one allocation of its own size.
+    pub fn str_ref(&mut self) -> DecodeResult<&'a str> {
         let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| "invalid UTF-8 text".to_string())
+        std::str::from_utf8(b).map_err(|_| "invalid UTF-8 text".to_string())
     }
     pub fn value(&mut self) -> DecodeResult<Value> {
         Ok(match self.u8()? {
@@ -435,9 +440,9 @@ impl<'a> Reader<'a> {
             TAG_REAL => Value::Real(f64::from_le_bytes(self.take(8)?.try_into().expect("8"))),
             TAG_FALSE => Value::Boolean(false),
             TAG_TRUE => Value::Boolean(true),
-            TAG_TEXT => Value::Text(self.string()?.into()),
+            TAG_TEXT => Value::Text(self.str_ref()?.into()),
             TAG_BLOB => Value::Blob(self.bytes()?.into()),
-            TAG_JSON => Value::Json(self.string()?.into()),
+            TAG_JSON => Value::Json(self.str_ref()?.into()),
             TAG_TIMESTAMP => Value::Timestamp(self.zigzag()?),
             t => return Err(format!("unknown value tag {t}")),
         })
@@ -451,7 +456,7 @@ impl<'a> Reader<'a> {
             }
             Some(&TAG_TEXT) => {
                 self.pos += 1;
-                return Ok(Key::Text(self.string()?.into()));
+                return Ok(Key::Text(self.str_ref()?.into()));
             }
             _ => {}
         }
