@@ -206,7 +206,7 @@ impl Report {
             self.machine.one_line()
         );
         let _ = writeln!(out, "Command: `{}`\n", command_line());
-        if let Some(warning) = self.busy_warning() {
+        for warning in self.warnings() {
             let _ = writeln!(out, "**{warning}**\n");
         }
         for p in &self.intro {
@@ -243,6 +243,23 @@ impl Report {
             "Raw samples: `samples.json`{csv}; machine, arguments and timestamps: `run.json`."
         );
         out
+    }
+
+    /// What made this run's numbers lower or noisier than an idle machine's.
+    fn warnings(&self) -> Vec<String> {
+        let mut warnings: Vec<String> = self.busy_warning().into_iter().collect();
+        if let Some(rate) = self.machine.fresh_memory_gib_per_s {
+            if rate < crate::sys::FRESH_MEMORY_SLOW_GIB_PER_S {
+                warnings.push(format!(
+                    "Fresh memory was slow when this run started ({rate:.2} GiB/s to fault in \
+                     new pages, where bare-metal Linux does 4–10): on a VM whose host backs \
+                     guest memory on first use, every case that grows the server's memory \
+                     (ingest, log replay, building views) pays for each new page, and its \
+                     numbers move with this figure from run to run."
+                ));
+            }
+        }
+        warnings
     }
 
     /// A warning when other work was running: it takes CPU from both sides of every case.
@@ -319,7 +336,7 @@ impl Report {
             self.suite,
             self.machine.one_line()
         );
-        if let Some(warning) = self.busy_warning() {
+        for warning in self.warnings() {
             println!("{warning}\n");
         }
         if !self.targets.is_empty() {
@@ -420,5 +437,19 @@ mod tests {
         assert!(std::fs::read_to_string(dir.join("summary.md"))
             .unwrap()
             .contains("![a chart](c.svg)"));
+        let rate = run["machine"]["fresh_memory_gib_per_s"].as_f64().unwrap();
+        assert!(rate.is_finite() && rate > 0.0, "fresh memory rate {rate}");
+    }
+
+    #[test]
+    fn slow_fresh_memory_is_named_in_the_summary_and_fast_memory_is_not() {
+        let mut r = Report::new("unit", json!({}));
+        r.machine.load_average = None;
+        r.machine.fresh_memory_gib_per_s = Some(0.61);
+        let summary = r.summary_markdown();
+        assert!(summary.contains("fresh memory 0.61 GiB/s"), "{summary}");
+        assert!(summary.contains("**Fresh memory was slow"), "{summary}");
+        r.machine.fresh_memory_gib_per_s = Some(crate::sys::FRESH_MEMORY_SLOW_GIB_PER_S * 2.0);
+        assert!(!r.summary_markdown().contains("Fresh memory was slow"));
     }
 }
