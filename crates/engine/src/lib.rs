@@ -8,7 +8,7 @@
 //!
 //! # Layout
 //! - [`value`]: column types, [`Value`], [`Key`], JSON conversion, SQLite-like ordering.
-//! - [`thin`]: [`ThinStr`] and [`ThinBytes`], text and bytes behind a thin pointer (a
+//! - [`thin`]: [`ThinStr`] and [`ThinBytes`], text and bytes in 12 bytes (pointer and u32 length: a
 //!   [`Value`] is 16 bytes).
 //! - [`schema`]: table schemas and [`SchemaChange`] (what DDL means).
 //! - [`cow`]: [`cow::CowMap`], the chunked copy-on-write ordered map that holds rows.
