@@ -230,15 +230,14 @@ impl<W: Waiter> Log<W> {
             None => (last_seq + 1, segment_path(&config.dir, last_seq + 1)),
         };
         let resume_at = config.resume_newest_at.filter(|_| !existing.is_empty());
-        let file = match resume_at {
-            Some(at) => config.files.open_prepared(&path, at),
-            None => config.files.open_append(&path),
-        }
-        .map_err(|e| LogError::io(&path, e))?;
-        let size = match resume_at {
-            Some(at) => at,
-            None => std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+        let (file, size) = match resume_at {
+            Some(at) => (config.files.open_prepared(&path, at), at),
+            None => (
+                config.files.open_append(&path),
+                std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+            ),
         };
+        let file = file.map_err(|e| LogError::io(&path, e))?;
         if existing.is_empty() {
             config
                 .files
@@ -1141,6 +1140,21 @@ mod tests {
         buf
     }
 
+    /// Where a [`TestWaiter`] reports `(seq, ok)`, and where a test reads it.
+    type Acks = (mpsc::Sender<(u64, bool)>, mpsc::Receiver<(u64, bool)>);
+
+    /// Submits `frame` as commit `seq` with an fsync waiter and waits for its acknowledgement,
+    /// which must be a success.
+    fn commit_fsync(log: &Log<TestWaiter>, frame: &[u8], seq: u64, acks: &Acks) {
+        let waiter = TestWaiter {
+            seq,
+            durability: Durability::Fsync,
+            done: acks.0.clone(),
+        };
+        log.submit(frame, 1, seq, [waiter]).unwrap();
+        assert_eq!(acks.1.recv().unwrap(), (seq, true));
+    }
+
     #[test]
     fn many_fsync_commits_share_few_syncs() {
         let dir = temp_dir("group");
@@ -1546,15 +1560,9 @@ mod tests {
             config.segment_bytes_max = 60;
             config.files = Arc::new(disk.clone());
             let log = Log::open(config, 0, |_| {}).unwrap();
-            let (tx, rx) = mpsc::channel();
+            let acks = mpsc::channel();
             for seq in 1..=12u64 {
-                let waiter = TestWaiter {
-                    seq,
-                    durability: Durability::Fsync,
-                    done: tx.clone(),
-                };
-                log.submit(&one_frame(seq), 1, seq, [waiter]).unwrap();
-                assert_eq!(rx.recv().unwrap(), (seq, true));
+                commit_fsync(&log, &one_frame(seq), seq, &acks);
             }
             let image = disk.halt_now(Cut::PowerLoss);
             drop(log);
@@ -1615,7 +1623,7 @@ mod tests {
         config.prepare_segments = true;
         let log = Log::open(config, 0, |_| {}).unwrap();
         let prepared = dir.join(PREPARED_FILE_NAME);
-        let (tx, rx) = mpsc::channel();
+        let acks = mpsc::channel();
         let payload = |seq: u64| {
             let mut p = seq.to_le_bytes().to_vec();
             p.resize(200, seq as u8);
@@ -1628,13 +1636,7 @@ mod tests {
                 last.set(seq);
                 let mut frame = Vec::new();
                 frame::encode_into(&mut frame, &payload(seq)).unwrap();
-                let waiter = TestWaiter {
-                    seq,
-                    durability: Durability::Fsync,
-                    done: tx.clone(),
-                };
-                log.submit(&frame, 1, seq, [waiter]).unwrap();
-                assert_eq!(rx.recv().unwrap(), (seq, true));
+                commit_fsync(&log, &frame, seq, &acks);
             }
         };
         // The first segment grows by appends until a prepared file is ready.
@@ -1710,15 +1712,9 @@ mod tests {
         let mut config = LogConfig::new(&dir);
         config.resume_newest_at = Some(frames_end);
         let log = Log::open(config, 3, |_| {}).unwrap();
-        let (tx, rx) = mpsc::channel();
+        let acks = mpsc::channel();
         for seq in 4..=6u64 {
-            let waiter = TestWaiter {
-                seq,
-                durability: Durability::Fsync,
-                done: tx.clone(),
-            };
-            log.submit(&one_frame(seq), 1, seq, [waiter]).unwrap();
-            assert_eq!(rx.recv().unwrap(), (seq, true));
+            commit_fsync(&log, &one_frame(seq), seq, &acks);
         }
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
