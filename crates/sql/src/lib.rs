@@ -48,10 +48,21 @@ pub fn parse_ddl(sql: &str) -> Result<Vec<Ddl>, SqlError> {
         .into_iter()
         .map(|s| {
             let text = s.to_string();
-            Ok(Ddl {
-                change: statement(s)?,
-                sql: text,
-            })
+            // The normalised text is what the log keeps and `/v1/changes` shows, so it must
+            // mean the statement that was applied. sqlparser prints a few things back in a
+            // form its own tokenizer reads differently (a quote right after a backslash in a
+            // string literal is written unescaped); such a statement is refused, not stored
+            // as text that says something else.
+            let prints_back = Parser::parse_sql(&GenericDialect {}, &text).ok().as_deref()
+                == Some(std::slice::from_ref(&s));
+            let change = statement(s)?;
+            if !prints_back {
+                return Err(SqlError::Unsupported(format!(
+                    "this statement, printed back, reads `{text}`, which parses differently; \
+                     a string literal with a backslash right before a quote is one such case"
+                )));
+            }
+            Ok(Ddl { change, sql: text })
         })
         .collect()
 }

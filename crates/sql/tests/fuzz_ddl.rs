@@ -89,3 +89,21 @@ fn a_default_of_a_double_minus_is_refused() {
     let ddl = parse_ddl("CREATE TABLE y (id INTEGER PRIMARY KEY, s TIMESTAMP DEFAULT -1)").unwrap();
     assert!(ddl[0].sql.contains("DEFAULT -1"), "{}", ddl[0].sql);
 }
+
+/// Found by `fuzz_ddl_parse_apply_and_replay` in CI (SLUICE_FUZZ_SEED=271805097, execution
+/// 279): the literal `'\'''` (a backslash and a quote) was accepted, and sqlparser prints it
+/// back as `'\''`, an unterminated string — the text kept in the log would not parse. A
+/// statement whose printed text parses differently is now refused by name; an ordinary
+/// backslash in a literal still round-trips.
+#[test]
+fn a_literal_that_prints_back_differently_is_refused() {
+    const INPUT: &str = r#"CREATE TABLE""(""INTEGER PRIMARY KEY,""TEXT DEFAULT'\''')"#;
+    match parse_ddl(INPUT) {
+        Err(SqlError::Unsupported(m)) => assert!(m.contains("parses differently"), "{m}"),
+        other => panic!("expected the statement to be refused, got {other:?}"),
+    }
+    let ddl =
+        parse_ddl(r"CREATE TABLE p (id INTEGER PRIMARY KEY, d TEXT DEFAULT 'C:\dir\')").unwrap();
+    assert!(ddl[0].sql.contains(r"DEFAULT 'C:\dir\'"), "{}", ddl[0].sql);
+    parse_ddl(&ddl[0].sql).expect("its printed text parses again");
+}
