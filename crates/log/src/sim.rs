@@ -128,6 +128,20 @@ struct SimFile {
     /// A sync of this file failed: the kernel may have dropped its dirty pages, so even a
     /// process crash keeps only a prefix of the unsynced bytes.
     sync_failed: bool,
+    /// Bytes made durable by syncs that succeeded before any sync of this file failed:
+    /// after a failed sync a later one may report success for pages the kernel dropped
+    /// (fsyncgate), so it proves nothing.
+    trusted_synced_len: usize,
+}
+
+/// One file of a [`SimDisk`] at one moment, by length ([`SimDisk::lengths`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileLengths {
+    /// Bytes appended: what the page cache holds.
+    pub written: u64,
+    /// Bytes that any cut keeps: synced by a sync that proved it (see `trusted_synced_len`),
+    /// and 0 while the file's directory entry is not durable (a power loss may lose it).
+    pub durable: u64,
 }
 
 struct State {
@@ -209,6 +223,28 @@ impl SimDisk {
         self.lock().stats
     }
 
+    /// Every file's lengths now. An acknowledgement can be checked against the lengths
+    /// taken when it was made: whatever the threads' timing, a commit acknowledged as
+    /// written must lie within `written` and one acknowledged as synced within `durable`.
+    pub fn lengths(&self) -> BTreeMap<PathBuf, FileLengths> {
+        self.lock()
+            .files
+            .iter()
+            .map(|(path, f)| {
+                let durable = if f.entry_durable {
+                    f.trusted_synced_len
+                } else {
+                    0
+                };
+                let lengths = FileLengths {
+                    written: f.data.len() as u64,
+                    durable: durable as u64,
+                };
+                (path.clone(), lengths)
+            })
+            .collect()
+    }
+
     /// The bytes appended to `path` so far (page cache view), if the disk knows the file.
     pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
         self.lock().files.get(path).map(|f| f.data.clone())
@@ -284,6 +320,9 @@ impl SimDisk {
         }
         let file = st.files.get_mut(path).expect("syncs go to opened files");
         file.synced_len = file.data.len();
+        if !file.sync_failed {
+            file.trusted_synced_len = file.synced_len;
+        }
         Ok(())
     }
 }
@@ -365,6 +404,7 @@ impl LogFileFactory for SimDisk {
             let file = match std::fs::read(path) {
                 Ok(data) => SimFile {
                     synced_len: data.len(),
+                    trusted_synced_len: data.len(),
                     data,
                     entry_durable: true,
                     sync_failed: false,
@@ -372,6 +412,7 @@ impl LogFileFactory for SimDisk {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => SimFile {
                     data: Vec::new(),
                     synced_len: 0,
+                    trusted_synced_len: 0,
                     entry_durable: false,
                     sync_failed: false,
                 },
@@ -493,6 +534,47 @@ mod tests {
             disk.halt_now(Cut::PowerLoss).files[&dir().join("new.log")].is_none()
         });
         assert!(vanished);
+    }
+
+    #[test]
+    fn durable_length_counts_only_syncs_before_a_failed_one_and_a_durable_entry() {
+        let disk = SimDisk::new(FaultPlan {
+            sync: Some(2),
+            ..FaultPlan::default()
+        });
+        let path = dir().join("a.log");
+        let mut f = open(&disk, "a.log");
+        f.append(b"one").unwrap();
+        f.sync().unwrap();
+        let lengths = |d: &SimDisk| d.lengths()[&path];
+        // Synced, but the directory entry is not durable yet: a power loss may lose it all.
+        assert_eq!(
+            lengths(&disk),
+            FileLengths {
+                written: 3,
+                durable: 0
+            }
+        );
+        disk.sync_dir(&dir()).unwrap();
+        assert_eq!(
+            lengths(&disk),
+            FileLengths {
+                written: 3,
+                durable: 3
+            }
+        );
+        f.append(b"two").unwrap();
+        assert!(f.sync().is_err(), "sync #2 fails as planned");
+        f.append(b"three").unwrap();
+        f.sync().unwrap();
+        // The sync after the failed one reports success, but proves nothing (fsyncgate).
+        assert_eq!(
+            lengths(&disk),
+            FileLengths {
+                written: 11,
+                durable: 3
+            }
+        );
     }
 
     #[test]
