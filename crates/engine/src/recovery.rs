@@ -458,14 +458,18 @@ fn plan_window(
     let mut torn_tail = None;
     let mut chain = SeqChain::new(state_seq);
     let mut before: Vec<(u64, usize)> = Vec::new();
+    // Only frame lengths and seqs are kept, so one small buffer serves every piece of every
+    // segment: it stays in the cache, and it is the only fresh memory this pass touches
+    // (it runs beside the snapshot's load, which faults in a whole table's worth).
+    let buffer = std::cell::Cell::new(Vec::with_capacity(PLAN_PIECE_BYTES));
     for i in 0..segments.len() {
         scan_segment(
             segments,
             i,
             &mut chain,
             opts,
-            SEGMENT_PIECE_BYTES,
-            || Some(Vec::new()),
+            PLAN_PIECE_BYTES,
+            || Some(buffer.take()),
             |piece| {
                 for f in &piece.frames {
                     if f.seq <= state_seq {
@@ -475,7 +479,8 @@ fn plan_window(
                 if piece.torn.is_some() {
                     torn_tail = piece.torn;
                 }
-                Some(Some(piece.buf))
+                buffer.set(piece.buf);
+                Some(None)
             },
         )?;
         if chain.prev.is_some_and(|p| p > state_seq) {
@@ -569,9 +574,12 @@ fn scan_segment(
             return Ok(false);
         };
         buf.clear();
-        buf.extend_from_slice(&carry);
         // At least one byte more than the carried part of a frame, and the whole frame.
         let want = whole_frame_len(&carry).max(carry.len() + piece_bytes);
+        // Room for the whole piece at once: `read_to_end` would otherwise grow the buffer
+        // by doubling, copying it and faulting in fresh pages at each step.
+        buf.reserve(want);
+        buf.extend_from_slice(&carry);
         let mut eof = false;
         while buf.len() < want {
             let had = buf.len();
@@ -924,6 +932,10 @@ const SEGMENT_BUFFERS: usize = 2;
 
 /// Bytes of a segment read at a time (see [`scan_segment`]).
 const SEGMENT_PIECE_BYTES: usize = 16 << 20;
+
+/// Bytes read at a time by [`plan_window`], which keeps no frame: small enough to stay in
+/// the cache, large enough that a read costs little per byte.
+const PLAN_PIECE_BYTES: usize = 1 << 20;
 
 /// A piece of a segment read and checked by the reader thread of [`recover_from`]: whole
 /// frames only (a frame the piece's end cuts starts the next piece).
