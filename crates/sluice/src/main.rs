@@ -294,6 +294,14 @@ struct ServeArgs {
     /// Messages (replies, live events) queued for one WebSocket connection's socket.
     #[arg(long, default_value_t = 64)]
     ws_outbound_messages: usize,
+    /// Keep transparent huge pages (2 MiB) once serving. By default recovery runs with them
+    /// (rebuilding the tables grows the heap in bulk: one fault per 2 MiB, not 512) and the
+    /// server turns them off as it starts serving: the first touch of each huge page stalls
+    /// the thread touching it while the kernel clears 2 MiB — a writer round, a view's build
+    /// (4.6 ms p99 per fresh page on the VM measured). Where that is cheap, huge pages save
+    /// TLB misses on large tables.
+    #[arg(long)]
+    transparent_huge_pages: bool,
     /// Count live heap bytes and blocks for `/metrics` (`sluice_alloc_bytes`,
     /// `sluice_alloc_blocks`); costs two shared atomic adds per allocation, so off by default.
     #[arg(long)]
@@ -572,6 +580,11 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // Commands other than `serve` run on 4 KiB pages (see
+    // `sched::set_transparent_huge_pages`): the bench's clients and in-process cases too,
+    // which share the machine with the server. `serve` recovers with huge pages and decides
+    // once it has recovered.
+    set_transparent_huge_pages(matches!(cli.command, Command::Serve(_)));
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::Check { data } => check(&data),
@@ -586,6 +599,12 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn set_transparent_huge_pages(enabled: bool) {
+    if let Err(e) = sched::set_transparent_huge_pages(enabled) {
+        tracing::debug!("transparent huge pages stay as the kernel has them: {e}");
     }
 }
 
@@ -675,6 +694,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let core = tokio::task::spawn_blocking(move || Core::open(config))
             .await?
             .with_context(|| format!("cannot open data directory {}", data.display()))?;
+        if !args.transparent_huge_pages {
+            // Recovered (with huge pages: bulk growth); serving on 4 KiB pages from here.
+            set_transparent_huge_pages(false);
+        }
         if let Some(slice) = slice {
             // By name, once the threads exist, rather than as each starts: a thread inherits
             // its creator's slice, and the live thread (bulk work: building a large view)
