@@ -332,12 +332,11 @@ pub const FRESH_MEMORY_SLOW_GIB_PER_S: f64 = 2.0;
 /// ingested 1.26 M rows/s on cold memory and 2.3–2.5 M/s minutes later on warm memory. The
 /// figure in each summary says which kind of run it was.
 ///
-/// Measured with transparent huge pages allowed (as a server recovers; `sluice` runs its
-/// other commands, and serves, on 4 KiB pages): a huge page's fault shows the host's state
-/// starkly — 0.43 GiB/s cold against 15–20 warm — where 4 KiB faults run at ~1.2–3 GiB/s
-/// either way. The process's own setting is restored afterwards.
+/// Measured with the system's transparent-huge-page setting, which the bench process keeps
+/// (mimalloc asks for huge pages, as a server recovers with them): a huge page's fault shows
+/// the host's state starkly — 0.43 GiB/s cold against 15–20 warm — where 4 KiB faults run at
+/// ~1.2–3 GiB/s either way.
 pub fn fresh_memory_rate() -> Option<f64> {
-    let _huge_pages = HugePagesAllowed::new();
     const PAGE_BYTES: usize = 4096;
     let mut block: Vec<u8> = Vec::new();
     block.try_reserve_exact(FRESH_MEMORY_PROBE_BYTES).ok()?;
@@ -349,34 +348,6 @@ pub fn fresh_memory_rate() -> Option<f64> {
     let elapsed = started.elapsed().as_secs_f64();
     std::hint::black_box(&block);
     Some(FRESH_MEMORY_PROBE_BYTES as f64 / (1u64 << 30) as f64 / elapsed.max(1e-9))
-}
-
-/// Lifts `PR_SET_THP_DISABLE` for the process while it lives, if it was set.
-struct HugePagesAllowed {
-    was_disabled: bool,
-}
-
-#[allow(unsafe_code)]
-impl HugePagesAllowed {
-    fn new() -> Self {
-        // SAFETY: prctl on integer arguments only; an error (another OS, an old kernel)
-        // leaves the setting as it was.
-        let was_disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1;
-        if was_disabled {
-            unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) };
-        }
-        HugePagesAllowed { was_disabled }
-    }
-}
-
-#[allow(unsafe_code)]
-impl Drop for HugePagesAllowed {
-    fn drop(&mut self) {
-        if self.was_disabled {
-            // SAFETY: as in `new`.
-            unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-        }
-    }
 }
 
 fn command_output_raw(program: &str, args: &[&str]) -> Option<String> {

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value as Json};
-use sluice_engine::codec::{encode_commit, encode_snapshot};
+use sluice_engine::codec::{decode_commit, encode_commit, encode_snapshot};
 use sluice_engine::recovery::{recover, RecoveryOptions};
 use sluice_engine::table::RowEntry;
 use sluice_engine::{Changelog, Commit, Db, Key, Limits, Retention, TopicConfig, TxRef, TxState};
@@ -368,7 +368,7 @@ fn check_acks(acks: &[Ack], disk: &SimDisk) {
         let data = disk.contents(&path).expect("a file the disk lists");
         let mut at = 0;
         while let frame::Decoded::Frame { payload, next } = frame::decode(&data, at) {
-            let seq = u64::from_le_bytes(payload[1..9].try_into().expect("kind, then the seq"));
+            let (seq, _) = decode_commit(payload).expect("a frame the log wrote decodes");
             frames.insert(seq, (path.clone(), next as u64));
             at = next;
         }

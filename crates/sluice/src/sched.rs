@@ -89,8 +89,8 @@ pub fn request_slice_named(names: &[&str], slice: Duration) -> std::io::Result<u
     Ok(applied)
 }
 
-/// With `enabled: false`, stops the kernel from backing this process's memory with transparent huge pages
-/// (`PR_SET_THP_DISABLE`; inherited by children): mimalloc asks for them on its arenas
+/// With `enabled: false`, stops the kernel from backing this process's memory with
+/// transparent huge pages (`PR_SET_THP_DISABLE`; inherited by children): mimalloc asks for them on its arenas
 /// (`MADV_HUGEPAGE`), and the first touch of each 2 MiB page then stalls the touching thread
 /// while the kernel clears it. On the 2-core VM measured, touching 1 GiB of fresh heap in
 /// 256 KiB allocations took 2.3 s with a p99 stall of 4.6 ms per allocation, and 0.35–0.47 s
@@ -98,8 +98,8 @@ pub fn request_slice_named(names: &[&str], slice: Duration) -> std::io::Result<u
 /// build that grows the heap pays that. Databases usually say the same (Redis warns when THP
 /// is on). Older kernels and other systems refuse; nothing else changes then.
 ///
-/// `enabled: true` lifts that again (a process inherits the setting from its parent: a
-/// server started by `sluice bench` would otherwise recover without huge pages).
+/// `enabled: true` lifts that again (a process inherits the setting from its parent, which
+/// may have set it).
 #[cfg(target_os = "linux")]
 pub fn set_transparent_huge_pages(enabled: bool) -> std::io::Result<()> {
     let disable = libc::c_ulong::from(!enabled);
