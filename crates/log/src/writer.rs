@@ -31,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::io::{sync_dir, LogFile, LogFileFactory, RealFiles, SyncHandle};
+use crate::io::{remove_file_gradually, sync_dir, LogFile, LogFileFactory, RealFiles, SyncHandle};
 use crate::latency::LatencyHistogram;
 use crate::segment::{list_segments, segment_path};
 use crate::{Durability, LogError};
@@ -457,7 +457,9 @@ impl<W: Waiter> Log<W> {
             if seg.first_seq >= active || next.first_seq > keep_from_seq {
                 break;
             }
-            std::fs::remove_file(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
+            // Off the writer's path (the snapshot thread calls this), in steps: a whole
+            // segment's blocks freed at once would hold the log's next sync up.
+            remove_file_gradually(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
             removed += 1;
         }
         if removed > 0 {

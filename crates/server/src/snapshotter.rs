@@ -149,7 +149,7 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
         for (_, path) in &snapshots[..excess] {
-            std::fs::remove_file(path).map_err(|e| sluice_log::LogError::Io {
+            sluice_log::io::remove_file_gradually(path).map_err(|e| sluice_log::LogError::Io {
                 path: path.clone(),
                 source: e,
             })?;
