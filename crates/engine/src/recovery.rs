@@ -151,7 +151,8 @@ fn snapshot_is_intact(path: &Path, snapshot_seq: u64) -> bool {
 /// commit up to the snapshot anyway (so loading it would be followed by decoding the whole
 /// log for the window). Replaying every commit from seq 1 builds the same state and the same
 /// window — it is what recovery does when there is no snapshot. Decided from file names and
-/// sizes (segment bytes bound the frames' payload bytes from above); the snapshot must
+/// sizes (segment bytes bound the frames' payload bytes from above; for the newest segment,
+/// which may be prepared, where its zeros begin: [`frames_end_estimate`]); the snapshot must
 /// also pass [`snapshot_is_intact`], checked alongside the replay.
 fn whole_log_replaces_snapshot(
     dir: &Path,
@@ -169,19 +170,54 @@ fn whole_log_replaces_snapshot(
         return Ok(None);
     }
     let mut bytes = 0u64;
-    for seg in &segments {
-        let len = std::fs::metadata(&seg.path)
-            .map_err(|source| LogError::Io {
-                path: seg.path.clone(),
-                source,
-            })?
-            .len();
+    for (i, seg) in segments.iter().enumerate() {
+        let io = |source| LogError::Io {
+            path: seg.path.clone(),
+            source,
+        };
+        let mut len = std::fs::metadata(&seg.path).map_err(io)?.len();
+        if i + 1 == segments.len() {
+            len = frames_end_estimate(&seg.path, len).map_err(io)?;
+        }
         bytes = bytes.saturating_add(len);
         if bytes > opts.retention.bytes_max as u64 {
             return Ok(None);
         }
     }
     Ok(Some((snapshot_seq, path.clone())))
+}
+
+/// Block size of [`frames_end_estimate`]'s search.
+const ZERO_PROBE_BYTES: u64 = 4096;
+
+/// Where the frames of the newest segment end, estimated from above without reading it
+/// whole: a prepared segment (zeros written and synced ahead, then written over) is a
+/// segment's full size long however few frames it holds, so its length says nothing. The
+/// frames are followed by zeros; a binary search over [`ZERO_PROBE_BYTES`] blocks finds
+/// the first all-zero one (a few reads). A payload holding a whole zero block can make it
+/// stop early: it only steers [`whole_log_replaces_snapshot`]'s choice between two ways
+/// to the same state, never what recovery reads.
+fn frames_end_estimate(path: &Path, len: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    let mut block = vec![0u8; ZERO_PROBE_BYTES as usize];
+    let mut is_zero = |index: u64| -> std::io::Result<bool> {
+        let at = index * ZERO_PROBE_BYTES;
+        let n = (len - at).min(ZERO_PROBE_BYTES) as usize;
+        file.read_exact_at(&mut block[..n], at)?;
+        Ok(block[..n].iter().all(|&b| b == 0))
+    };
+    // The first block of the all-zero end: blocks before `lo` hold data, `hi` is zero.
+    let (mut lo, mut hi) = (0u64, len.div_ceil(ZERO_PROBE_BYTES));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if is_zero(mid)? {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok((lo * ZERO_PROBE_BYTES).min(len))
 }
 
 /// Recovery from the newest snapshot that passes its checks and the log after it, or, with

@@ -571,6 +571,49 @@ fn recovery_replays_the_whole_log_instead_of_a_snapshot_it_covers_with_the_same_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server writes over prepared segments (zeros written ahead), so its newest segment is a
+/// segment's full size however few frames it holds: the choice counts the frames, not the
+/// zeros after them, and still replays a small log whole.
+#[test]
+fn a_prepared_newest_segment_counts_only_its_frames_toward_the_window() {
+    let dir = scratch("whole-prepared");
+    let wide = Retention {
+        commits_max: 100_000,
+        bytes_max: 64 << 20,
+    };
+    let live = build_with(&dir, 0x9E_57A7, 200, Some(120), wide);
+    let segments = sluice_log::segment::list_segments(&dir).unwrap();
+    let newest = &segments.last().unwrap().path;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(newest)
+        .unwrap();
+    let frames_len = file.metadata().unwrap().len();
+    // Zeros past the frames, the file longer than the window's bytes on its own.
+    file.set_len((wide.bytes_max as u64) + (1 << 20)).unwrap();
+    drop(file);
+    let opts = RecoveryOptions {
+        retention: wide,
+        keep_zero_tail: true,
+        ..options()
+    };
+    let recovered = recover(&dir, &opts).expect("recovers");
+    assert!(recovered.whole_log, "the 64 MiB of zeros were counted");
+    assert_eq!(state(&recovered.db), state(&live));
+    // More frames than the window holds: loaded as a snapshot, zeros or not.
+    let tight = RecoveryOptions {
+        retention: Retention {
+            commits_max: 100_000,
+            bytes_max: (frames_len / 2) as usize,
+        },
+        ..opts
+    };
+    let recovered = recover(&dir, &tight).expect("recovers");
+    assert!(!recovered.whole_log);
+    assert_eq!(recovered.db.seq, live.seq);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The whole log is replayed instead of a snapshot only when it starts at seq 1 and fits the
 /// window: a log too large for the window, or one whose first segments were deleted, loads
 /// the snapshot.
