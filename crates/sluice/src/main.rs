@@ -659,6 +659,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         alloc::enable_counting();
         sluice_server::add_metrics_hook(alloc::render_metrics);
     }
+    alloc::purge_in_background();
     let slice =
         (args.ack_slice_us > 0).then(|| std::time::Duration::from_micros(args.ack_slice_us));
     let runtime = tokio::runtime::Builder::new_multi_thread()
