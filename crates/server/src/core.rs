@@ -137,6 +137,8 @@ pub(crate) struct Shared {
     pub schemas: crate::decode::SchemaCache,
     /// The node's cluster role and the `replicated` commits waiting for the quorum.
     pub cluster: crate::replication::ClusterState,
+    /// Encodes large snapshots' chunks off the runtime's workers.
+    pub encoder: crate::encoder::Encoder,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -232,7 +234,11 @@ impl Core {
             // ticker's topic expiry) before the cluster's commits arrive.
             *cluster.role.write() = crate::replication::Role::Follower { leader: None };
         }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let encoder = crate::encoder::Encoder::start(crate::encoder::Encoder::threads_for(cores))
+            .map_err(|source| OpenError::Thread { source })?;
         let shared = Arc::new(Shared {
+            encoder,
             auth,
             rules: Default::default(),
             schemas: Default::default(),

@@ -35,6 +35,7 @@ pub mod error;
 pub mod point;
 
 mod confirm;
+mod encoder;
 mod live;
 mod live_chunks;
 mod metrics;

@@ -151,20 +151,19 @@ pub(crate) async fn sse(
     .await?;
     // The guard counts this stream against the caller's connections while it is open.
     // A large snapshot goes out as several SSE events, each encoded when hyper asks for it.
+    let encoder = core.shared.encoder.clone();
     let stream = futures_util::stream::unfold(
-        (subscription, guard, None::<SseChunks>),
-        |(mut s, g, mut chunks)| async move {
+        (subscription, guard, None::<SseChunks>, encoder),
+        |(mut s, g, mut chunks, encoder)| async move {
             if let Some(c) = chunks.as_mut() {
                 c.ready().await;
-            }
-            if let Some(sse) = chunks.as_mut().and_then(Iterator::next) {
-                // Between chunks, let other tasks on this worker run (see `send_ws`).
-                tokio::task::yield_now().await;
-                return Some((Ok::<_, Infallible>(sse), (s, g, chunks)));
+                if let Some(sse) = c.next_event(&encoder).await {
+                    return Some((Ok::<_, Infallible>(sse), (s, g, chunks, encoder)));
+                }
             }
             let mut next = SseChunks::new(s.next().await?);
-            let sse = next.next()?;
-            Some((Ok(sse), (s, g, Some(next))))
+            let sse = next.next_event(&encoder).await?;
+            Some((Ok(sse), (s, g, Some(next), encoder)))
         },
     );
     Ok(Sse::new(stream)

@@ -3,7 +3,8 @@
 //! The live thread hands a snapshot of more than
 //! [`SNAPSHOT_MESSAGE_ROWS_MAX`](sluice_live::chunked::SNAPSHOT_MESSAGE_ROWS_MAX) rows over
 //! frozen ([`ChunkedSnapshot`]) instead of rendered; the subscriber's task encodes it here,
-//! one chunk at a time, straight from the typed values into the form its transport speaks.
+//! one chunk at a time, straight from the typed values into the form its transport speaks,
+//! on an encoder thread ([`crate::encoder`]), not on the runtime's workers.
 //! A chunk is encoded only when the transport asks for the next one — when hyper polls the
 //! SSE stream again, or when the WebSocket connection's bounded outbound queue has room —
 //! so a slow reader holds the frozen rows (pointers to the view's values) and a chunk or
@@ -14,7 +15,9 @@ use std::sync::Arc;
 use axum::extract::ws::Message;
 use axum::response::sse::Event as SseEvent;
 use serde_json::Value;
-use sluice_live::chunked::{ChunkedSnapshot, Cursor};
+use sluice_live::chunked::Cursor;
+
+use crate::encoder::Encoder;
 use sluice_live::{Event, EventKind};
 use tokio::sync::mpsc;
 
@@ -47,13 +50,13 @@ impl SseChunks {
     }
 }
 
-impl Iterator for SseChunks {
-    type Item = SseEvent;
-
-    fn next(&mut self) -> Option<SseEvent> {
-        let mut cursor = self.next.take()?;
-        let event = &self.event;
-        let Some(snapshot) = &event.chunked else {
+impl SseChunks {
+    /// The next SSE event: the event itself, or its snapshot's next chunk, encoded on an
+    /// encoder thread ([`crate::encoder`]). `None` once everything is sent.
+    pub(crate) async fn next_event(&mut self, encoder: &Encoder) -> Option<SseEvent> {
+        let cursor = self.next.take()?;
+        let event = self.event.clone();
+        if event.chunked.is_none() {
             let mut sse = SseEvent::default()
                 .event(event.kind.as_str())
                 .data(&event.json);
@@ -61,28 +64,43 @@ impl Iterator for SseChunks {
                 sse = sse.id(event.seq.to_string());
             }
             return Some(sse);
-        };
-        let text = snapshot.json_chunk(&mut cursor, None);
-        let sse = SseEvent::default().event("snapshot").data(text);
-        if cursor.done() {
-            // Only the whole snapshot is a place to resume from: `Last-Event-ID` must not
-            // name a seq whose rows the client holds only part of.
-            Some(sse.id(event.seq.to_string()))
-        } else {
-            self.next = Some(cursor);
-            Some(sse)
         }
+        let (sse, cursor) = encoder
+            .run(move || {
+                let mut cursor = cursor;
+                let snapshot = event.chunked.as_ref().expect("checked above");
+                let text = snapshot.json_chunk(&mut cursor, None);
+                let sse = SseEvent::default().event("snapshot").data(text);
+                // Only the whole snapshot is a place to resume from: `Last-Event-ID` must
+                // not name a seq whose rows the client holds only part of.
+                let sse = if cursor.done() {
+                    sse.id(event.seq.to_string())
+                } else {
+                    sse
+                };
+                (sse, cursor)
+            })
+            .await;
+        if !cursor.done() {
+            self.next = Some(cursor);
+        }
+        Some(sse)
     }
 }
 
 /// Sends a large snapshot's chunks to a WebSocket connection's outbound queue, each encoded
-/// once the queue has room for it. `false` if the connection is gone.
+/// (on an encoder thread) once the queue has room for it. `false` if the connection is
+/// gone. `event` must hold a chunked snapshot.
 pub(crate) async fn send_ws(
-    snapshot: &ChunkedSnapshot,
+    encoder: &Encoder,
+    event: &Arc<Event>,
     qid: &Value,
     msgpack: bool,
     out: &mpsc::Sender<Message>,
 ) -> bool {
+    let Some(snapshot) = &event.chunked else {
+        return true;
+    };
     let mut cursor = Cursor::default();
     loop {
         // A snapshot streamed while its view is built: the last chunk needs the build's
@@ -93,18 +111,23 @@ pub(crate) async fn send_ws(
         let Ok(permit) = out.reserve().await else {
             return false;
         };
-        if msgpack {
-            let bytes = snapshot.msgpack_chunk(&mut cursor, qid);
-            permit.send(Message::Binary(bytes.into()));
-        } else {
-            let text = snapshot.json_chunk(&mut cursor, Some(qid));
-            permit.send(Message::Text(text.into()));
-        }
-        if cursor.done() {
+        let (event, qid) = (event.clone(), qid.clone());
+        let (message, next) = encoder
+            .run(move || {
+                let mut cursor = cursor;
+                let snapshot = event.chunked.as_ref().expect("checked above");
+                let message = if msgpack {
+                    Message::Binary(snapshot.msgpack_chunk(&mut cursor, &qid).into())
+                } else {
+                    Message::Text(snapshot.json_chunk(&mut cursor, Some(&qid)).into())
+                };
+                (message, cursor)
+            })
+            .await;
+        permit.send(message);
+        if next.done() {
             return true;
         }
-        // Encoding a chunk is a millisecond or so of CPU on a runtime worker: let the
-        // connection's other requests (and other connections) run between chunks.
-        tokio::task::yield_now().await;
+        cursor = next;
     }
 }

@@ -10,7 +10,7 @@ use sluice_log::Durability;
 use sluice_server::{Config, Core};
 
 mod alloc;
-mod sched;
+use sluice_sched as sched;
 mod tls;
 
 /// mimalloc: the write path allocates on tokio threads and frees on the writer thread;

@@ -303,12 +303,14 @@ async fn drain(
         if confirm && !error && core.wait_confirmed(event.seq).await.is_err() {
             return Drained::Ended;
         }
-        if let Some(snapshot) = &event.chunked {
+        if event.chunked.is_some() {
             // A large snapshot: its chunks are encoded as the outbound queue takes them.
             let msgpack = encoding == Encoding::Msgpack;
             // Rendered from a `Value`, so it parses back.
             let qid: Value = serde_json::from_str(qid).unwrap_or(Value::Null);
-            if !crate::live_chunks::send_ws(snapshot, &qid, msgpack, events).await {
+            if !crate::live_chunks::send_ws(&core.shared.encoder, &event, &qid, msgpack, events)
+                .await
+            {
                 return Drained::Stop;
             }
             continue;

@@ -142,7 +142,7 @@ mod tests {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "sched::tests::transparent_huge_pages_can_be_disabled_for_the_process",
+                "tests::transparent_huge_pages_can_be_disabled_for_the_process",
             ])
             .env("SLUICE_THP_PROBE", "1")
             .output()
