@@ -8,8 +8,9 @@
 //! CPU-bound threads with the same short slice as the writer, each preempted only at the
 //! 4 ms tick, and `perf sched timehist` showed the writer thread runnable but waiting 3.9 ms
 //! behind them while a writer's acknowledgement took 12 ms. Here the chunks are encoded by
-//! [`Encoder`] threads that keep the kernel's default slice, so the writer's threads
-//! preempt them when they wake; the workers only hand chunks on and write sockets.
+//! [`Encoder`] threads that keep the kernel's default slice, at nice [`ENCODE_NICE`], so the
+//! writer's threads preempt them when they wake; the workers only hand chunks on and write
+//! sockets.
 //!
 //! One chunk is about a millisecond of CPU: the hand-off (a channel send and a oneshot
 //! wake) is noise beside it. Encoding is pure (it reads a frozen version of the rows), so
@@ -20,6 +21,21 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// Nice value of the encoder threads. Measured at 5 M rows, three transports per run
+/// (`sluice bench bootstrap`): the slowest writer ack was 4.5–12.3 ms at nice 0, 3.5–8.1 ms
+/// at nice 5 and 4.3–7.3 ms at nice 10, with the same snapshot rows/s (the client's
+/// parsing, not the encoding, sets the pace on two shared cores).
+const ENCODE_NICE: i32 = 5;
+
+/// Lowers the calling thread's priority to [`ENCODE_NICE`] (Linux nice values are per
+/// thread). Best effort: a refusal only costs latency.
+fn lower_priority() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), ENCODE_NICE) {
+        tracing::debug!(error = %e, "could not lower an encoder thread's priority");
+    }
+}
 
 /// Threads that run encoding jobs in the order they were queued.
 #[derive(Clone)]
@@ -38,14 +54,17 @@ impl Encoder {
             let queue = queue.clone();
             std::thread::Builder::new()
                 .name(format!("sluice-encode-{i}"))
-                .spawn(move || loop {
-                    // The lock is held only to take one job, never while running it.
-                    let job = match queue.lock() {
-                        Ok(q) => q.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(job) = job else { return };
-                    job();
+                .spawn(move || {
+                    lower_priority();
+                    loop {
+                        // The lock is held only to take one job, never while running it.
+                        let job = match queue.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return,
+                        };
+                        let Ok(job) = job else { return };
+                        job();
+                    }
                 })?;
         }
         Ok(Encoder { jobs })
