@@ -606,7 +606,7 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
     t.note = Some(
         "Phases are the server's `sluice_recovery_{snapshot,read_check,window,replay,build}_seconds`: \
          loading the snapshot; waiting for segments to be read and every frame and the seq \
-         chain checked (a reader thread runs one 16 MiB piece of a segment ahead of decoding: only what it does \
+         chain checked (a reader thread runs one piece of a segment — 1 MiB first, doubling to 16 MiB — ahead of decoding: only what it does \
          not hide counts); \
          decoding the commits at or before the snapshot into the changelog window (rows the \
          snapshot holds are shared, not decoded again); decoding (on worker threads) and \

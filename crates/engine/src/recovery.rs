@@ -325,13 +325,14 @@ fn recover_from(
         let segments = &segments;
         let mut chain = SeqChain::new(db.seq);
         let reader = scope.spawn(move || {
+            let mut pieces = PieceSizes::growing(FIRST_PIECE_BYTES, SEGMENT_PIECE_BYTES);
             for i in 0..segments.len() {
                 let scanned = scan_segment(
                     segments,
                     i,
                     &mut chain,
                     opts,
-                    SEGMENT_PIECE_BYTES,
+                    &mut pieces,
                     // No buffer comes back once recovery stopped.
                     || spare_buffers.recv().ok(),
                     |piece| to_main.send(Ok(piece)).ok().map(|()| None),
@@ -504,7 +505,7 @@ fn plan_window(
             i,
             &mut chain,
             opts,
-            PLAN_PIECE_BYTES,
+            &mut PieceSizes::fixed(PLAN_PIECE_BYTES),
             || Some(buffer.take()),
             |piece| {
                 for f in &piece.frames {
@@ -574,8 +575,8 @@ impl SeqChain {
     }
 }
 
-/// Reads segment `segments[index]` piece by piece — about `piece_bytes`
-/// ([`SEGMENT_PIECE_BYTES`]) at a time, more for a larger frame — and checks every frame
+/// Reads segment `segments[index]` piece by piece — `pieces` says how many bytes each
+/// ([`PieceSizes`]), more for a larger frame — and checks every frame
 /// (checksums, seq chain) with the verdicts `segment::scan` gives on the whole file; cuts a
 /// torn tail of the newest (last) segment when repairing. Each piece's buffer comes from
 /// `next_buf` (`None`: stop) and goes with its whole frames to `emit`, which hands it back
@@ -590,7 +591,7 @@ fn scan_segment(
     index: usize,
     chain: &mut SeqChain,
     opts: &RecoveryOptions,
-    piece_bytes: usize,
+    pieces: &mut PieceSizes,
     mut next_buf: impl FnMut() -> Option<Vec<u8>>,
     mut emit: impl FnMut(ScannedPiece) -> Option<Option<Vec<u8>>>,
 ) -> Result<bool, RecoveryError> {
@@ -611,7 +612,7 @@ fn scan_segment(
         };
         buf.clear();
         // At least one byte more than the carried part of a frame, and the whole frame.
-        let want = whole_frame_len(&carry).max(carry.len() + piece_bytes);
+        let want = whole_frame_len(&carry).max(carry.len() + pieces.next_piece());
         // Room for the whole piece at once: `read_to_end` would otherwise grow the buffer
         // by doubling, copying it and faulting in fresh pages at each step.
         buf.reserve(want);
@@ -966,8 +967,39 @@ const DECODE_THREADS_MAX: usize = 4;
 /// the other's frames are decoded and applied (two pieces in memory at most).
 const SEGMENT_BUFFERS: usize = 2;
 
-/// Bytes of a segment read at a time (see [`scan_segment`]).
+/// Bytes of a segment read at a time (see [`scan_segment`]), once the pieces have grown.
 const SEGMENT_PIECE_BYTES: usize = 16 << 20;
+
+/// Bytes of recovery's first piece; each next one is twice as large, up to
+/// [`SEGMENT_PIECE_BYTES`]. Why: decoding starts when the first piece is read and checked,
+/// so a first piece of 16 MiB made a 100 K-record log (14 MiB) wait 12–18 ms for its whole
+/// read before any decoding, on top of the decoding itself; a small first piece starts
+/// the decoders after ~1 MiB and the reader keeps a piece ahead of them from there.
+const FIRST_PIECE_BYTES: usize = 1 << 20;
+
+/// How many bytes [`scan_segment`] reads per piece: fixed, or growing by doubling (one
+/// sequence across every segment a pass reads).
+struct PieceSizes {
+    next: usize,
+    max: usize,
+}
+
+impl PieceSizes {
+    fn fixed(bytes: usize) -> PieceSizes {
+        PieceSizes::growing(bytes, bytes)
+    }
+
+    fn growing(first: usize, max: usize) -> PieceSizes {
+        assert!(0 < first && first <= max, "piece sizes {first} .. {max}");
+        PieceSizes { next: first, max }
+    }
+
+    fn next_piece(&mut self) -> usize {
+        let bytes = self.next;
+        self.next = (bytes * 2).min(self.max);
+        bytes
+    }
+}
 
 /// Bytes read at a time by [`plan_window`], which keeps no frame: small enough to stay in
 /// the cache, large enough that a read costs little per byte.
@@ -1227,7 +1259,7 @@ mod tests {
         (frames, end.map(|e| e.torn).map_err(|e| e.to_string()))
     }
 
-    fn pieces(path: &Path, is_newest: bool, piece_bytes: usize) -> Outcome {
+    fn pieces(path: &Path, is_newest: bool, mut sizes: PieceSizes) -> Outcome {
         // Another segment after it, unless it is the newest.
         let segments = vec![
             sluice_log::segment::SegmentFile {
@@ -1250,7 +1282,7 @@ mod tests {
             0,
             &mut chain,
             &opts,
-            piece_bytes,
+            &mut sizes,
             || Some(Vec::new()),
             |piece| {
                 for f in &piece.frames {
@@ -1306,7 +1338,7 @@ mod tests {
             for is_newest in [false, true] {
                 let expected = whole(&path, is_newest);
                 torn_seen |= matches!(expected.1, Ok(Some(_)));
-                for piece_bytes in [
+                let fixed = [
                     1,
                     2,
                     7,
@@ -1319,9 +1351,13 @@ mod tests {
                     len,
                     len + 1,
                     1 << 20,
-                ] {
-                    let got = pieces(&path, is_newest, piece_bytes);
-                    let case = format!("{name}, newest {is_newest}, pieces of {piece_bytes}");
+                ]
+                .map(|b| (b, b));
+                // Growing as recovery's are (doubling from a small first piece).
+                let growing = [(1, 64), (3, len), (16, 1 << 20)];
+                for (first, max) in fixed.into_iter().chain(growing) {
+                    let got = pieces(&path, is_newest, PieceSizes::growing(first, max));
+                    let case = format!("{name}, newest {is_newest}, pieces of {first}..{max}");
                     assert_eq!(got.1, expected.1, "{case}");
                     if expected.1.is_ok() {
                         assert_eq!(got.0, expected.0, "{case}");
@@ -1335,5 +1371,17 @@ mod tests {
         }
         assert!(torn_seen, "some variants are torn tails");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pieces_double_from_the_first_up_to_the_largest() {
+        let mut sizes = PieceSizes::growing(FIRST_PIECE_BYTES, SEGMENT_PIECE_BYTES);
+        let seen: Vec<usize> = (0..7).map(|_| sizes.next_piece() >> 20).collect();
+        assert_eq!(seen, [1, 2, 4, 8, 16, 16, 16]);
+        let mut fixed = PieceSizes::fixed(PLAN_PIECE_BYTES);
+        assert_eq!(
+            [fixed.next_piece(), fixed.next_piece()],
+            [PLAN_PIECE_BYTES; 2]
+        );
     }
 }
