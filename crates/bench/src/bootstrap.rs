@@ -386,6 +386,9 @@ pub struct SlowAck {
 /// Slow acks listed in the progress output per case (all of them go to samples.json).
 const SLOW_ACKS_SHOWN: usize = 8;
 
+/// The concurrent writer thread's scheduler slice (as `sluice serve --ack-slice-us`'s default).
+const WRITER_SLICE: Duration = Duration::from_micros(100);
+
 /// The concurrent writer, on a thread and runtime of its own: on the clients' runtime its
 /// response waited behind the snapshot client's parsing on the same workers, which the
 /// measurement then charged to the server. Its thread asks for the short scheduler slice
@@ -393,9 +396,6 @@ const SLOW_ACKS_SHOWN: usize = 8;
 /// showed it runnable but waiting 3.9–7.7 ms for a CPU behind the snapshot client's parsing
 /// (both cores busy), which the slowest ack then charged to the server as well. A real
 /// client is on another machine; this keeps the measurement about the server.
-/// The concurrent writer thread's scheduler slice (as `sluice serve --ack-slice-us`'s default).
-const WRITER_SLICE: Duration = Duration::from_micros(100);
-
 struct Writer {
     stop: Arc<AtomicBool>,
     started: Instant,

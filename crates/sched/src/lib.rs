@@ -89,6 +89,28 @@ pub fn request_slice_named(names: &[&str], slice: Duration) -> std::io::Result<u
     Ok(applied)
 }
 
+/// Sets the calling thread's nice value (Linux nice values are per thread): the bulk
+/// threads (snapshots, chunk encoding, returning freed memory) run at a lower priority than
+/// the ones a write's acknowledgement waits on. Raising it back needs privilege.
+#[cfg(target_os = "linux")]
+pub fn set_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: plain syscalls on integers; the id is the calling thread's own.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn set_nice(_nice: i32) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 /// With `enabled: false`, stops the kernel from backing this process's memory with
 /// transparent huge pages (`PR_SET_THP_DISABLE`; inherited by children): mimalloc asks for them on its arenas
 /// (`MADV_HUGEPAGE`), and the first touch of each 2 MiB page then stalls the touching thread
@@ -170,6 +192,22 @@ mod tests {
             (Ok(()), after) => assert_eq!(after, before),
             (Err(e), _) => assert_eq!(e.raw_os_error(), Some(libc::ENOSYS), "{e}"),
         }
+    }
+
+    #[test]
+    fn a_thread_lowers_its_own_priority_only() {
+        // SAFETY: getpriority on the calling thread (0) only.
+        let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let inside = std::thread::spawn(|| {
+            set_nice(7).unwrap();
+            // SAFETY: as above.
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, 7.max(before));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }, before);
     }
 
     #[test]

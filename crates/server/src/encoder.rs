@@ -28,15 +28,6 @@ type Job = Box<dyn FnOnce() + Send>;
 /// parsing, not the encoding, sets the pace on two shared cores).
 const ENCODE_NICE: i32 = 5;
 
-/// Lowers the calling thread's priority to [`ENCODE_NICE`] (Linux nice values are per
-/// thread). Best effort: a refusal only costs latency.
-fn lower_priority() {
-    let tid = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(tid), ENCODE_NICE) {
-        tracing::debug!(error = %e, "could not lower an encoder thread's priority");
-    }
-}
-
 /// Threads that run encoding jobs in the order they were queued.
 #[derive(Clone)]
 pub(crate) struct Encoder {
@@ -55,7 +46,10 @@ impl Encoder {
             std::thread::Builder::new()
                 .name(format!("sluice-encode-{i}"))
                 .spawn(move || {
-                    lower_priority();
+                    // Best effort: a refusal only costs latency.
+                    if let Err(e) = sluice_sched::set_nice(ENCODE_NICE) {
+                        tracing::debug!(error = %e, "an encoder thread keeps its priority");
+                    }
                     loop {
                         // The lock is held only to take one job, never while running it.
                         let job = match queue.lock() {

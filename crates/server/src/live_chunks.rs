@@ -16,10 +16,10 @@ use axum::extract::ws::Message;
 use axum::response::sse::Event as SseEvent;
 use serde_json::Value;
 use sluice_live::chunked::Cursor;
-
-use crate::encoder::Encoder;
 use sluice_live::{Event, EventKind};
 use tokio::sync::mpsc;
+
+use crate::encoder::Encoder;
 
 /// The SSE events of one live event: itself, or a large snapshot's chunks, encoded lazily.
 pub(crate) struct SseChunks {

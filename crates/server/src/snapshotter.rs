@@ -57,7 +57,10 @@ impl Snapshotter {
         let busy = Arc::new(AtomicBool::new(false));
         let thread_busy = busy.clone();
         sluice_log::critical::spawn("snapshot", move || {
-            lower_priority();
+            // Best effort: a refusal only costs latency, never correctness.
+            if let Err(e) = sluice_sched::set_nice(SNAPSHOT_NICE) {
+                tracing::debug!(error = %e, "could not lower the snapshot thread's priority");
+            }
             while let Ok(job) = rx.recv() {
                 sluice_log::critical::injected_panic_point("snapshot");
                 {
@@ -111,15 +114,6 @@ impl Snapshotter {
 /// acknowledgement passes through (HTTP tasks, the writer, the log). At nice 10 the
 /// scheduler gives it about a tenth of a contended core and the whole of an idle one.
 const SNAPSHOT_NICE: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority to [`SNAPSHOT_NICE`] (Linux nice values
-/// are per thread). Best effort: a refusal only costs latency, never correctness.
-fn lower_priority() {
-    let tid = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(tid), SNAPSHOT_NICE) {
-        tracing::debug!(error = %e, "could not lower the snapshot thread's priority");
-    }
-}
 
 fn run(shared: &Shared, job: Job) {
     let result = write(shared, &job);

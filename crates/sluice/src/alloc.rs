@@ -145,12 +145,8 @@ pub fn purge_in_background() {
     let spawned = std::thread::Builder::new()
         .name("sluice-purge".into())
         .spawn(|| {
-            // SAFETY: setpriority on the calling thread's own id; a failure is reported
-            // through the return value only.
-            unsafe {
-                let tid = libc::gettid();
-                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, PURGE_NICE);
-            }
+            // Best effort: a refusal only costs latency.
+            let _ = sluice_sched::set_nice(PURGE_NICE);
             loop {
                 std::thread::sleep(PURGE_INTERVAL);
                 // SAFETY: a plain call into the linked allocator, callable from any thread.
