@@ -117,6 +117,11 @@ pub struct JetStream {
     /// Commit seq = stream sequence + base (see the module docs); read with the stream's
     /// info.
     base: Arc<AtomicU64>,
+    /// How long one answer may take: each message of a streamed reply (a snapshot's
+    /// chunks, the list of snapshots) as well as each request. A stream whose next message
+    /// never comes (an object deleted while it is read) fails after this instead of
+    /// waiting for ever.
+    request_timeout: Duration,
 }
 
 /// How the stream's description records its base.
@@ -252,9 +257,24 @@ impl JetStream {
             lease,
             snapshots,
             base: Arc::new(AtomicU64::new(0)),
+            request_timeout: opts.request_timeout,
         };
         this.info().await?;
         Ok(this)
+    }
+
+    /// `step`'s output, or a (transient) [`ClusterError::JetStream`] naming `what` if it
+    /// takes longer than the request timeout.
+    async fn within<T>(
+        &self,
+        what: &'static str,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<T, ClusterError> {
+        tokio::time::timeout(self.request_timeout, step)
+            .await
+            .map_err(|_| {
+                ClusterError::js(what, format!("no answer within {:?}", self.request_timeout))
+            })
     }
 
     async fn stream(&self) -> Result<stream::Stream, ClusterError> {
@@ -510,7 +530,7 @@ impl Backbone for JetStream {
             .await
             .map_err(|e| ClusterError::js("snapshot list", e))?;
         let mut seqs = Vec::new();
-        while let Some(info) = list.next().await {
+        while let Some(info) = self.within("snapshot list", list.next()).await? {
             let info = info.map_err(|e| ClusterError::js("snapshot list", e))?;
             if let Some(seq) = snapshot_seq(&info.name) {
                 seqs.push(seq);
@@ -522,18 +542,28 @@ impl Backbone for JetStream {
     }
 
     async fn fetch_snapshot(&self, seq: u64, dest: &Path) -> Result<(), ClusterError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut object = self
-            .snapshots
-            .get(snapshot_name(seq))
-            .await
+            .within("snapshot fetch", self.snapshots.get(snapshot_name(seq)))
+            .await?
             .map_err(|e| ClusterError::js("snapshot fetch", e))?;
         let local =
             |e: std::io::Error| ClusterError::Local(format!("write {}: {e}", dest.display()));
         let mut file = tokio::fs::File::create(dest).await.map_err(local)?;
-        // The object's reader checks the SHA-256 digest it was stored with at its end.
-        tokio::io::copy(&mut object, &mut file)
-            .await
-            .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+        // The object's reader checks the SHA-256 digest it was stored with at its end. Each
+        // read is bounded: an object deleted while it is read (the leader keeps only the
+        // newest few) never sends its next chunk.
+        let mut chunk = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+        loop {
+            let read = self
+                .within("snapshot fetch", object.read(&mut chunk))
+                .await?
+                .map_err(|e| ClusterError::js("snapshot fetch", e))?;
+            if read == 0 {
+                break;
+            }
+            file.write_all(&chunk[..read]).await.map_err(local)?;
+        }
         file.sync_all().await.map_err(local)?;
         Ok(())
     }

@@ -273,7 +273,12 @@ pub async fn wait_stored_snapshot(cluster: &ClusterOptions, seq: u64) -> u64 {
     let log = backbone(cluster).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let stored = log.snapshots().await.expect("list the stored snapshots");
+        // A list racing the leader's deletion of an old snapshot times out; try again.
+        let stored = match log.snapshots().await {
+            Ok(stored) => stored,
+            Err(e) if e.is_transient() => Vec::new(),
+            Err(e) => panic!("list the stored snapshots: {e}"),
+        };
         if let Some(&newest) = stored.last().filter(|&&s| s >= seq) {
             return newest;
         }
