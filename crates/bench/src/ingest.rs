@@ -590,8 +590,19 @@ async fn inproc_case(
     // Dropping the last handle closes the writer's queue: the writer, log and snapshot
     // threads finish on their own. No graceful shutdown: its final snapshot of millions
     // of rows is not what this case measures.
+    // Waited for, so they neither take the next case's CPU nor lose their directory.
     drop(core);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gone = tokio::task::spawn_blocking(|| {
+        crate::transfer::cpu::wait_own_threads_gone(
+            &["sluice-writer", "sluice-log", "sluice-snapshot"],
+            Duration::from_secs(120),
+        )
+    })
+    .await?;
+    anyhow::ensure!(
+        gone,
+        "the core's threads still ran 120 s after it was dropped"
+    );
     tokio::task::spawn_blocking(move || drop(dir)).await?;
     Ok((measured?, Some(cpu)))
 }
