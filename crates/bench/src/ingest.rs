@@ -554,7 +554,7 @@ async fn inproc_case(
                             TypedOp::Put {
                                 schema: schema.clone(),
                                 key: Key::Int(id as i64),
-                                values: values.into(),
+                                values,
                                 if_version: None,
                                 replace: false,
                             }

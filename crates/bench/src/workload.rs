@@ -31,6 +31,27 @@ pub fn author(id: u64) -> String {
     format!("user-{}", id % AUTHORS)
 }
 
+/// `prefix` then `n` in decimal, as row text built without a `String` (the in-process
+/// tasks build millions of rows a second; what [`room`] and [`author`] give).
+fn numbered(prefix: &str, n: u64) -> sluice_engine::ThinStr {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut text = [0u8; 40];
+    let (p, d) = (prefix.len(), digits.len() - at);
+    text[..p].copy_from_slice(prefix.as_bytes());
+    text[p..p + d].copy_from_slice(&digits[at..]);
+    sluice_engine::ThinStr::new(std::str::from_utf8(&text[..p + d]).expect("ASCII"))
+}
+
 /// A [`BODY_BYTES`]-byte slice of [`BODY_SOURCE`] starting at an offset derived from `id`.
 pub fn body(id: u64) -> &'static str {
     let start = (id % BODY_BYTES as u64) as usize;
@@ -53,16 +74,17 @@ pub fn row_json(id: u64) -> Map<String, Value> {
 }
 
 /// Row `id` as typed values in the table's column order (the in-process cases build rows
-/// this way, as the typed mutate decoder would from [`row_json`]).
-pub fn row_values(id: u64) -> Vec<sluice_engine::Value> {
+/// this way, as the typed mutate decoder would from [`row_json`]: one allocation for the
+/// row, one for the body).
+pub fn row_values(id: u64) -> std::sync::Arc<[sluice_engine::Value]> {
     use sluice_engine::Value;
-    vec![
+    std::sync::Arc::new([
         Value::Integer(id as i64),
-        Value::Text(room(id).into()),
-        Value::Text(author(id).into()),
+        Value::Text(numbered("room-", id % ROOMS)),
+        Value::Text(numbered("user-", id % AUTHORS)),
         Value::Text(body(id).into()),
         Value::Integer(ts(id)),
-    ]
+    ])
 }
 
 /// Which rows a case writes: today's 5-column `events`, or the 10-column, ~200-byte
@@ -125,14 +147,14 @@ impl Shape {
     }
 
     /// Row `id` as typed values in the table's column order.
-    pub fn row_values(self, id: u64) -> Vec<sluice_engine::Value> {
+    pub fn row_values(self, id: u64) -> std::sync::Arc<[sluice_engine::Value]> {
         use sluice_engine::Value;
         match self {
             Shape::Events => row_values(id),
-            Shape::Wide => vec![
+            Shape::Wide => std::sync::Arc::new([
                 Value::Integer(id as i64),
-                Value::Text(room(id).into()),
-                Value::Text(author(id).into()),
+                Value::Text(numbered("room-", id % ROOMS)),
+                Value::Text(numbered("user-", id % AUTHORS)),
                 Value::Text(wide_body(id).into()),
                 Value::Integer(ts(id)),
                 Value::Text(KINDS[(id % 5) as usize].into()),
@@ -140,7 +162,7 @@ impl Shape {
                 Value::Boolean(id.is_multiple_of(3)),
                 Value::Text(COUNTRIES[(id % 6) as usize].into()),
                 Value::Integer((id / 2) as i64),
-            ],
+            ]),
         }
     }
 
@@ -365,6 +387,21 @@ mod tests {
             Shape::Wide.postgres_insert(1),
             "INSERT INTO wide_events (id, room, author, body, ts, kind, score, flag, country, ref_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
         );
+    }
+
+    #[test]
+    fn typed_rows_are_the_json_rows() {
+        let columns = ["id", "room", "author", "body", "ts"];
+        for id in [0, 7, 999, 1_000, 10_000, 123_456_789, u32::MAX as u64] {
+            let json = row_json(id);
+            let values = row_values(id);
+            assert_eq!(values.len(), columns.len());
+            for (value, column) in values.iter().zip(columns) {
+                assert_eq!(value.to_json(), json[column], "row {id}, {column}");
+            }
+        }
+        assert_eq!(numbered("user-", 0).as_str(), "user-0");
+        assert_eq!(numbered("r", u64::MAX).as_str(), format!("r{}", u64::MAX));
     }
 
     #[test]
