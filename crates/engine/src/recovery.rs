@@ -205,7 +205,7 @@ fn frames_end_estimate(path: &Path, len: u64) -> std::io::Result<u64> {
         let at = index * ZERO_PROBE_BYTES;
         let n = (len - at).min(ZERO_PROBE_BYTES) as usize;
         file.read_exact_at(&mut block[..n], at)?;
-        Ok(block[..n].iter().all(|&b| b == 0))
+        Ok(sluice_log::segment::all_zeros(&block[..n]))
     };
     // The first block of the all-zero end: blocks before `lo` hold data, `hi` is zero.
     let (mut lo, mut hi) = (0u64, len.div_ceil(ZERO_PROBE_BYTES));
@@ -595,7 +595,7 @@ fn scan_segment(
     mut next_buf: impl FnMut() -> Option<Vec<u8>>,
     mut emit: impl FnMut(ScannedPiece) -> Option<Option<Vec<u8>>>,
 ) -> Result<bool, RecoveryError> {
-    use std::io::{Read, Seek};
+    use std::io::Read;
     let (seg, is_newest) = (&segments[index], index + 1 == segments.len());
     let io = |source| LogError::Io {
         path: seg.path.clone(),
@@ -614,8 +614,13 @@ fn scan_segment(
         // At least one byte more than the carried part of a frame, and the whole frame.
         let want = whole_frame_len(&carry).max(carry.len() + pieces.next_piece());
         // Room for the whole piece at once: `read_to_end` would otherwise grow the buffer
-        // by doubling, copying it and faulting in fresh pages at each step.
-        buf.reserve(want);
+        // by doubling, copying it and faulting in fresh pages at each step. A buffer too
+        // small for the piece is replaced, not grown: growing would copy its whole old
+        // capacity (the allocator cannot know it was cleared).
+        if buf.capacity() < want {
+            drop(std::mem::take(&mut buf));
+            buf = Vec::with_capacity(want);
+        }
         buf.extend_from_slice(&carry);
         let mut eof = false;
         while buf.len() < want {
@@ -651,7 +656,8 @@ fn scan_segment(
         };
         // `Some(torn)`: the segment ended here (`torn` says whether with a torn tail).
         let mut ended: Option<Option<String>> = None;
-        let mut zero_tail_at = None;
+        // Where a run of zeros starts that may reach the newest segment's end.
+        let mut zero_run_at: Option<usize> = None;
         loop {
             match sluice_log::frame::decode(&buf, pos) {
                 sluice_log::frame::Decoded::Frame { payload, next } => {
@@ -670,37 +676,11 @@ fn scan_segment(
                 _ => {
                     // Zeros from a frame boundary to the end of the newest segment — the
                     // unwritten end of a prepared segment, mostly — need not be read into
-                    // memory to be judged: streamed through a small buffer.
-                    if is_newest && buf[pos..].iter().all(|&b| b == 0) {
-                        let rest = if eof {
-                            Some(0)
-                        } else {
-                            zeros_to_end(&mut file).map_err(io)?
-                        };
-                        if let Some(rest) = rest {
-                            let valid_len = base + pos as u64;
-                            if opts.keep_zero_tail {
-                                zero_tail_at = Some(valid_len);
-                                ended = Some(None);
-                                break;
-                            }
-                            let after = (buf.len() - pos) as u64 + rest;
-                            let torn = sluice_log::segment::torn_tail_message(
-                                &seg.path,
-                                valid_len,
-                                sluice_log::segment::ZERO_TAIL_REASON,
-                                after,
-                            );
-                            tracing::warn!("{torn}");
-                            if opts.repair {
-                                truncate(&seg.path, valid_len)?;
-                            }
-                            ended = Some(Some(torn));
-                            break;
-                        }
-                        // Not zeros all the way: judged as below, the whole rest in view.
-                        file.seek(std::io::SeekFrom::Start(base + buf.len() as u64))
-                            .map_err(io)?;
+                    // memory to be judged: streamed through a small buffer, after the
+                    // frames before them went to be applied (below).
+                    if is_newest && sluice_log::segment::all_zeros(&buf[pos..]) {
+                        zero_run_at = Some(pos);
+                        break;
                     }
                     // Damage or a torn tail: judged as a scan of the whole file would,
                     // with the rest of the file in view (trailing zeros tell a torn tail).
@@ -729,9 +709,43 @@ fn scan_segment(
                 }
             }
         }
+        if let Some(pos) = zero_run_at {
+            // The frames before the zeros are checked: they are applied while the rest of
+            // the file is judged here (50 MiB of a prepared segment's zeros take a few ms
+            // to read even from the page cache).
+            let valid_len = base + pos as u64;
+            let zeros_in_piece = (buf.len() - pos) as u64;
+            if !frames.is_empty() {
+                let piece = ScannedPiece {
+                    seg: index,
+                    buf,
+                    frames,
+                    torn: None,
+                    zero_tail_at: None,
+                };
+                if emit(piece).is_none() {
+                    return Ok(false);
+                }
+            }
+            let (torn, zero_tail_at) =
+                judge_zero_run(seg, &mut file, valid_len, zeros_in_piece, eof, opts)?;
+            if torn.is_some() || zero_tail_at.is_some() {
+                let last = ScannedPiece {
+                    seg: index,
+                    buf: Vec::new(),
+                    frames: Vec::new(),
+                    torn,
+                    zero_tail_at,
+                };
+                if emit(last).is_none() {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
         let piece_len = pos;
         let (frames_empty, torn) = (frames.is_empty(), ended.clone().flatten());
-        if frames_empty && torn.is_none() && zero_tail_at.is_none() {
+        if frames_empty && torn.is_none() {
             spare = Some(buf);
         } else {
             match emit(ScannedPiece {
@@ -739,7 +753,7 @@ fn scan_segment(
                 buf,
                 frames,
                 torn,
-                zero_tail_at,
+                zero_tail_at: None,
             }) {
                 None => return Ok(false),
                 Some(back) => spare = back,
@@ -750,6 +764,64 @@ fn scan_segment(
         }
         base += piece_len as u64;
     }
+}
+
+/// Judges the newest segment from `valid_len` (a frame boundary followed by zeros for the
+/// `zeros_in_piece` bytes read so far; `file` is positioned after them, at its end if
+/// `eof`) as a scan of the whole file would: zeros to the end are the prepared segment's
+/// unwritten part (kept with [`RecoveryOptions::keep_zero_tail`], else a torn tail, cut
+/// with `repair`); anything else is judged with the rest of the file in view. Returns
+/// the torn tail found, if any, and where the kept zeros start.
+fn judge_zero_run(
+    seg: &sluice_log::segment::SegmentFile,
+    file: &mut std::fs::File,
+    valid_len: u64,
+    zeros_in_piece: u64,
+    eof: bool,
+    opts: &RecoveryOptions,
+) -> Result<(Option<String>, Option<u64>), RecoveryError> {
+    use std::io::{Read, Seek};
+    let io = |source| LogError::Io {
+        path: seg.path.clone(),
+        source,
+    };
+    let rest = if eof {
+        Some(0)
+    } else {
+        zeros_to_end(file).map_err(io)?
+    };
+    if let Some(rest) = rest {
+        if opts.keep_zero_tail {
+            return Ok((None, Some(valid_len)));
+        }
+        let torn = sluice_log::segment::torn_tail_message(
+            &seg.path,
+            valid_len,
+            sluice_log::segment::ZERO_TAIL_REASON,
+            zeros_in_piece + rest,
+        );
+        tracing::warn!("{torn}");
+        if opts.repair {
+            truncate(&seg.path, valid_len)?;
+        }
+        return Ok((Some(torn), None));
+    }
+    // Not zeros all the way: damage or a torn tail, judged with the rest in view.
+    file.seek(std::io::SeekFrom::Start(valid_len)).map_err(io)?;
+    let mut rest = Vec::new();
+    file.read_to_end(&mut rest).map_err(io)?;
+    let mut rest_frames = 0usize;
+    let end = sluice_log::segment::scan_at(&seg.path, &rest, valid_len, true, |_, _| {
+        rest_frames += 1;
+        Ok::<(), RecoveryError>(())
+    })?;
+    // The bytes at `valid_len` are zeros, so no frame starts there: the scan stops at once.
+    assert_eq!(rest_frames, 0, "zeros never decode as a frame");
+    let torn = end.torn.inspect(|torn| tracing::warn!("{torn}"));
+    if torn.is_some() && opts.repair {
+        truncate(&seg.path, end.valid_len)?;
+    }
+    Ok((torn, None))
 }
 
 /// Reads `file` from its position to its end through a small buffer: the number of bytes
@@ -765,7 +837,7 @@ fn zeros_to_end(file: &mut std::fs::File) -> std::io::Result<Option<u64>> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        if chunk[..n].iter().any(|&b| b != 0) {
+        if !sluice_log::segment::all_zeros(&chunk[..n]) {
             return Ok(None);
         }
         read += n as u64;

@@ -114,14 +114,14 @@ pub fn scan_at<E: From<LogError>>(
                 // Zero fill, possibly after a length written only in part: nothing whole
                 // can hide behind it.
                 let after_len = (offset + 8).min(bytes.len());
-                if !(is_newest && bytes[after_len..].iter().all(|&b| b == 0)) {
+                if !(is_newest && all_zeros(&bytes[after_len..])) {
                     return Err(corrupt(offset, "frame length does not match its check").into());
                 }
                 ZERO_TAIL_REASON
             }
             Decoded::BadChecksum { end } => {
                 // The last frame, possibly followed by file-system zero fill.
-                if !(is_newest && bytes[end..].iter().all(|&b| b == 0)) {
+                if !(is_newest && all_zeros(&bytes[end..])) {
                     return Err(corrupt(offset, "frame checksum mismatch").into());
                 }
                 "the last frame fails its checksum"
@@ -137,6 +137,20 @@ pub fn scan_at<E: From<LogError>>(
             )),
         });
     }
+}
+
+/// Whether every byte of `bytes` is zero. In blocks whose OR is taken without an early exit,
+/// so it is vectorised: 0.5 ms for 64 MiB where `iter().all(|&b| b == 0)`, which stops at
+/// the first non-zero byte and so is checked byte by byte, took 17 ms — the zeros of a
+/// prepared newest segment are checked at every start.
+pub fn all_zeros(bytes: &[u8]) -> bool {
+    let mut blocks = bytes.chunks_exact(256);
+    for block in &mut blocks {
+        if block.iter().fold(0u8, |acc, &b| acc | b) != 0 {
+            return false;
+        }
+    }
+    blocks.remainder().iter().all(|&b| b == 0)
 }
 
 /// Why a scan ended at a frame boundary followed only by zeros ([`torn_tail_message`]).
@@ -178,6 +192,19 @@ mod tests {
             ends.push(buf.len());
         }
         (buf, ends)
+    }
+
+    #[test]
+    fn all_zeros_finds_a_non_zero_byte_anywhere() {
+        for len in [0usize, 1, 255, 256, 257, 511, 512, 1000, 4096] {
+            let mut bytes = vec![0u8; len];
+            assert!(all_zeros(&bytes), "{len} zeros");
+            for at in 0..len {
+                bytes[at] = 0x80 >> (at % 8);
+                assert!(!all_zeros(&bytes), "{len} bytes, non-zero at {at}");
+                bytes[at] = 0;
+            }
+        }
     }
 
     #[test]
