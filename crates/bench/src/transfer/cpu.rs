@@ -188,12 +188,16 @@ mod tests {
     #[test]
     fn waiting_for_threads_ends_when_they_end() {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (running, started) = std::sync::mpsc::channel::<()>();
         let t = std::thread::Builder::new()
             .name("bench-wait-test".into())
             .spawn(move || {
+                let _ = running.send(());
                 let _ = stopped.recv();
             })
             .unwrap();
+        // A new thread names itself once it runs.
+        started.recv().unwrap();
         let limit = std::time::Duration::from_millis(50);
         assert!(!wait_own_threads_gone(&["bench-wait-test"], limit));
         drop(stop);
