@@ -593,7 +593,7 @@ async fn inproc_case(
     // Waited for, so they neither take the next case's CPU nor lose their directory.
     drop(core);
     let gone = tokio::task::spawn_blocking(|| {
-        crate::transfer::cpu::wait_own_threads_gone(
+        wait_own_threads_gone(
             &["sluice-writer", "sluice-log", "sluice-snapshot"],
             Duration::from_secs(120),
         )
@@ -1322,4 +1322,46 @@ fn case_cells(c: &Case, id: &[String], cells: impl Fn(&Measured) -> Vec<String>)
         }
     }
     row
+}
+
+/// Waits (up to `limit`) until no thread of this process is named one of `names`;
+/// whether they were all gone in time. An in-process case uses it so that threads of its
+/// dropped core (a snapshot of millions of rows still being written) neither take CPU from
+/// the next case nor see their data directory removed under them.
+fn wait_own_threads_gone(names: &[&str], limit: std::time::Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if sluice_sched::own_threads_named(names).is_ok_and(|t| t.is_empty()) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_for_threads_ends_when_they_end() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (running, started) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name("bench-wait-test".into())
+            .spawn(move || {
+                let _ = running.send(());
+                let _ = stopped.recv();
+            })
+            .unwrap();
+        // A new thread names itself once it runs.
+        started.recv().unwrap();
+        let limit = std::time::Duration::from_millis(50);
+        assert!(!wait_own_threads_gone(&["bench-wait-test"], limit));
+        drop(stop);
+        t.join().unwrap();
+        assert!(wait_own_threads_gone(&["bench-wait-test"], limit));
+    }
 }

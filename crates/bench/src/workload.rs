@@ -34,22 +34,13 @@ pub fn author(id: u64) -> String {
 /// `prefix` then `n` in decimal, as row text built without a `String` (the in-process
 /// tasks build millions of rows a second; what [`room`] and [`author`] give).
 fn numbered(prefix: &str, n: u64) -> sluice_engine::ThinStr {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut text = [0u8; 40];
-    let (p, d) = (prefix.len(), digits.len() - at);
-    text[..p].copy_from_slice(prefix.as_bytes());
-    text[p..p + d].copy_from_slice(&digits[at..]);
-    sluice_engine::ThinStr::new(std::str::from_utf8(&text[..p + d]).expect("ASCII"))
+    use std::io::Write as _;
+    const ROOM_BYTES: usize = 64;
+    let mut text = [0u8; ROOM_BYTES];
+    let mut free = &mut text[..];
+    write!(free, "{prefix}{n}").expect("a short prefix and a u64 fit");
+    let len = ROOM_BYTES - free.len();
+    sluice_engine::ThinStr::new(std::str::from_utf8(&text[..len]).expect("UTF-8 in, UTF-8 out"))
 }
 
 /// A [`BODY_BYTES`]-byte slice of [`BODY_SOURCE`] starting at an offset derived from `id`.

@@ -687,24 +687,13 @@ fn scan_segment(
                     if !eof {
                         file.read_to_end(&mut buf).map_err(io)?;
                     }
-                    let mut rest_frames = Vec::new();
-                    let end = sluice_log::segment::scan_at(
-                        &seg.path,
+                    ended = Some(judge_damage(
+                        seg,
                         &buf[pos..],
                         base + pos as u64,
                         is_newest,
-                        |offset, payload| {
-                            rest_frames.push((offset, payload.len()));
-                            Ok::<(), RecoveryError>(())
-                        },
-                    )?;
-                    // The frame at `pos` failed its checks, so the scan stops right there.
-                    assert!(rest_frames.is_empty(), "frame::decode judges alike twice");
-                    let torn = end.torn.inspect(|torn| tracing::warn!("{torn}"));
-                    if torn.is_some() && opts.repair {
-                        truncate(&seg.path, end.valid_len)?;
-                    }
-                    ended = Some(torn);
+                        opts,
+                    )?);
                     break;
                 }
             }
@@ -810,18 +799,31 @@ fn judge_zero_run(
     file.seek(std::io::SeekFrom::Start(valid_len)).map_err(io)?;
     let mut rest = Vec::new();
     file.read_to_end(&mut rest).map_err(io)?;
+    Ok((judge_damage(seg, &rest, valid_len, true, opts)?, None))
+}
+
+/// Judges `bytes` (the rest of a segment from file offset `at`, where a frame failed its
+/// checks) as a scan of the whole file would: the torn tail it cut (warned of, and cut with
+/// `repair`), or the damage as an error.
+fn judge_damage(
+    seg: &sluice_log::segment::SegmentFile,
+    bytes: &[u8],
+    at: u64,
+    is_newest: bool,
+    opts: &RecoveryOptions,
+) -> Result<Option<String>, RecoveryError> {
     let mut rest_frames = 0usize;
-    let end = sluice_log::segment::scan_at(&seg.path, &rest, valid_len, true, |_, _| {
+    let end = sluice_log::segment::scan_at(&seg.path, bytes, at, is_newest, |_, _| {
         rest_frames += 1;
         Ok::<(), RecoveryError>(())
     })?;
-    // The bytes at `valid_len` are zeros, so no frame starts there: the scan stops at once.
-    assert_eq!(rest_frames, 0, "zeros never decode as a frame");
+    // The frame at `at` failed its checks, so the scan stops right there.
+    assert_eq!(rest_frames, 0, "frame::decode judges alike twice");
     let torn = end.torn.inspect(|torn| tracing::warn!("{torn}"));
     if torn.is_some() && opts.repair {
         truncate(&seg.path, end.valid_len)?;
     }
-    Ok((torn, None))
+    Ok(torn)
 }
 
 /// Reads `file` from its position to its end through a small buffer: the number of bytes

@@ -56,11 +56,7 @@ pub fn request_slice(tid: i32, slice: Duration) -> std::io::Result<()> {
     };
     // SAFETY: as above.
     let r = unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    zero_or_errno(r)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -68,10 +64,20 @@ pub fn request_slice(_tid: i32, _slice: Duration) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
-/// [`request_slice`] for every thread of this process named one of `names` (their names
-/// as `/proc/self/task/*/comm` shows them); how many it applied to.
+/// [`request_slice`] for every thread of this process named one of `names` (see
+/// [`own_threads_named`]); how many it applied to.
 pub fn request_slice_named(names: &[&str], slice: Duration) -> std::io::Result<usize> {
-    let mut applied = 0;
+    let tids = own_threads_named(names)?;
+    for &tid in &tids {
+        request_slice(tid, slice)?;
+    }
+    Ok(tids.len())
+}
+
+/// The thread ids of this process's threads named one of `names` (their names as
+/// `/proc/self/task/*/comm` shows them).
+pub fn own_threads_named(names: &[&str]) -> std::io::Result<Vec<i32>> {
+    let mut tids = Vec::new();
     for task in std::fs::read_dir("/proc/self/task")? {
         let task = task?;
         let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) else {
@@ -80,13 +86,21 @@ pub fn request_slice_named(names: &[&str], slice: Duration) -> std::io::Result<u
         if !names.contains(&comm.trim_end()) {
             continue;
         }
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-            continue;
-        };
-        request_slice(tid, slice)?;
-        applied += 1;
+        if let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) {
+            tids.push(tid);
+        }
     }
-    Ok(applied)
+    Ok(tids)
+}
+
+/// `Ok` for a syscall's 0, else the thread's `errno` as an error.
+#[cfg(target_os = "linux")]
+fn zero_or_errno(r: i64) -> std::io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Sets the calling thread's nice value (Linux nice values are per thread): the bulk
@@ -99,11 +113,7 @@ pub fn set_nice(nice: i32) -> std::io::Result<()> {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
     };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    zero_or_errno(r.into())
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -127,11 +137,7 @@ pub fn set_transparent_huge_pages(enabled: bool) -> std::io::Result<()> {
     let disable = libc::c_ulong::from(!enabled);
     // SAFETY: a prctl on integer arguments only.
     let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, disable, 0, 0, 0) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    zero_or_errno(r.into())
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -146,26 +146,6 @@ fn threads_cpu_s(pid: u32) -> BTreeMap<String, f64> {
     by_name
 }
 
-/// Waits (up to `limit`) until no thread of this process is named one of `names`;
-/// whether they were all gone in time. An in-process case uses it so that threads of its
-/// dropped core (a snapshot of millions of rows still being written) neither take CPU from
-/// the next case nor see their data directory removed under them.
-pub fn wait_own_threads_gone(names: &[&str], limit: std::time::Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        let alive = threads_cpu_s(std::process::id())
-            .keys()
-            .any(|n| names.contains(&n.as_str()));
-        if !alive {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,25 +163,5 @@ mod tests {
         let u = b.since(&a);
         assert!(u.server_cores.is_some() && u.bench_cores.is_some(), "{u:?}");
         assert!(!a.server_threads_s.is_empty());
-    }
-
-    #[test]
-    fn waiting_for_threads_ends_when_they_end() {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let (running, started) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::Builder::new()
-            .name("bench-wait-test".into())
-            .spawn(move || {
-                let _ = running.send(());
-                let _ = stopped.recv();
-            })
-            .unwrap();
-        // A new thread names itself once it runs.
-        started.recv().unwrap();
-        let limit = std::time::Duration::from_millis(50);
-        assert!(!wait_own_threads_gone(&["bench-wait-test"], limit));
-        drop(stop);
-        t.join().unwrap();
-        assert!(wait_own_threads_gone(&["bench-wait-test"], limit));
     }
 }
