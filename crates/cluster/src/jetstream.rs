@@ -103,8 +103,10 @@ fn snapshot_seq(name: &str) -> Option<u64> {
 }
 
 const LEASE_KEY: &str = "leader";
-/// How long a stream's creation may be retried while a new cluster settles its peers.
-const CREATE_WAIT: Duration = Duration::from_secs(20);
+/// How long a stream's creation may be retried while a new cluster settles its peers
+/// ("no suitable peers for placement" until every server of an R3 stream is known): 20 s
+/// was once not enough for a fresh 3-server cluster on a loaded 2-core CI machine.
+const CREATE_WAIT: Duration = Duration::from_secs(60);
 
 /// The JetStream backbone of one database.
 #[derive(Clone)]
