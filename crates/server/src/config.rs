@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use sluice_engine::{Limits, Retention};
 use sluice_log::Durability;
 
+/// Default of [`Config::snapshot_log_percent`]: a log as large as the last snapshot.
+pub const SNAPSHOT_LOG_PERCENT_DEFAULT: u64 = 100;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub data_dir: PathBuf,
@@ -26,8 +29,14 @@ pub struct Config {
     /// Changelog window kept for catch-up (`--retain-commits`, `--retain-bytes`).
     pub retention: Retention,
     /// A snapshot is taken once this many log bytes were written since the last one
-    /// (`--snapshot-log-bytes`).
+    /// (`--snapshot-log-bytes`) …
     pub snapshot_log_bytes: u64,
+    /// … and at least this percent of the last snapshot's size (`--snapshot-log-percent`;
+    /// 0: the byte count alone). A snapshot costs in proportion to the state, so a fixed
+    /// log interval makes a large table snapshot back to back; in proportion, the bytes
+    /// snapshots write stay within `100 / percent` times the log's (Redis rewrites its
+    /// append-only file on the same rule, `auto-aof-rewrite-percentage`).
+    pub snapshot_log_percent: u64,
     /// Segment size at which the log starts a new segment (`--segment-bytes`).
     pub segment_bytes_max: u64,
     /// Requests queued for the writer before callers wait (back-pressure).
@@ -90,6 +99,7 @@ impl Config {
             page_rows_max: 10_000,
             retention: Retention::default(),
             snapshot_log_bytes: 256 << 20,
+            snapshot_log_percent: SNAPSHOT_LOG_PERCENT_DEFAULT,
             segment_bytes_max: 64 << 20,
             writer_queue_max: 65_536,
             log_pending_bytes_max: 64 << 20,

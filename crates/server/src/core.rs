@@ -84,6 +84,9 @@ pub(crate) struct Counters {
     pub rejected: AtomicU64,
     pub snapshots: AtomicU64,
     pub snapshot_failures: AtomicU64,
+    /// Bytes of the newest snapshot on disk (0: none yet): the next automatic snapshot
+    /// waits for a log of at least `snapshot_log_percent` of it (see `Writer::snapshot_due`).
+    pub snapshot_bytes: AtomicU64,
     pub writer_batches: AtomicU64,
     pub calls: AtomicU64,
     pub call_failures: AtomicU64,
@@ -237,6 +240,11 @@ impl Core {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let encoder = crate::encoder::Encoder::start(crate::encoder::Encoder::threads_for(cores))
             .map_err(|source| OpenError::Thread { source })?;
+        // The newest snapshot's size paces the next one (`Config::snapshot_log_percent`).
+        let snapshot_bytes = sluice_log::snapshot::list_snapshots(&config.data_dir)
+            .ok()
+            .and_then(|s| s.last().and_then(|(_, path)| std::fs::metadata(path).ok()))
+            .map_or(0, |m| m.len());
         let shared = Arc::new(Shared {
             encoder,
             auth,
@@ -246,7 +254,10 @@ impl Core {
             db,
             log,
             confirm,
-            counters: Counters::default(),
+            counters: Counters {
+                snapshot_bytes: snapshot_bytes.into(),
+                ..Counters::default()
+            },
             live,
             closing: watch::Sender::new(false),
             hub,

@@ -151,6 +151,11 @@ pub(crate) fn render(core: &Core) -> String {
         );
     };
     gauge(
+        "sluice_snapshot_bytes",
+        "Bytes of the newest snapshot (it paces the next: --snapshot-log-percent).",
+        c.snapshot_bytes.load(Ordering::Relaxed),
+    );
+    gauge(
         "sluice_log_pending_bytes",
         "Log bytes submitted and not yet taken by the log thread.",
         log.pending_bytes,

@@ -157,6 +157,12 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
     match &result {
         Ok(seq) => {
             shared.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+            if *seq == job.seq && bytes > 0 {
+                shared
+                    .counters
+                    .snapshot_bytes
+                    .store(bytes as u64, Ordering::Relaxed);
+            }
             tracing::info!(seq, bytes, rows = job.state.row_count(), "snapshot written");
         }
         Err(e) => {

@@ -18,6 +18,7 @@ use sluice_functions::{Functions, TxAccess};
 use sluice_log::{frame, Durability, LogError, Waiter};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::config::Config;
 use crate::core::{CallOk, MutateOk, MutateOps, Op, OpenError, Shared};
 use crate::error::{CoreError, Refusal, WriterResult};
 use crate::topics::{apply_topic_op, AppendOk, NewRecord, PutTopicOk, TopicOp};
@@ -668,7 +669,11 @@ impl Writer {
             }
             return shutdown;
         }
-        let due = self.log_bytes_since_snapshot >= shared.config.snapshot_log_bytes;
+        let due = snapshot_due(
+            self.log_bytes_since_snapshot,
+            shared.counters.snapshot_bytes.load(Ordering::Relaxed),
+            &shared.config,
+        );
         if (!snapshot_replies.is_empty() || due) && !self.snapshotter.busy() {
             let job = self.snapshot_job(snapshot_replies);
             match self.snapshotter.offer(job) {
@@ -1118,4 +1123,50 @@ fn apply_ops(
     }
     let commit = tx.commit().expect("every successful op writes a row");
     Ok((commit, results))
+}
+
+/// Whether an automatic snapshot is due after `log_bytes` of log since the last one, whose
+/// size was `last_snapshot_bytes` (0: none): at least `snapshot_log_bytes`, and at least
+/// `snapshot_log_percent` of the last snapshot ([`Config::snapshot_log_percent`]).
+fn snapshot_due(log_bytes: u64, last_snapshot_bytes: u64, config: &Config) -> bool {
+    let in_proportion = (u128::from(last_snapshot_bytes) * u128::from(config.snapshot_log_percent)
+        / 100)
+        .min(u128::from(u64::MAX)) as u64;
+    log_bytes >= config.snapshot_log_bytes.max(in_proportion)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(bytes: u64, percent: u64) -> Config {
+        Config {
+            snapshot_log_bytes: bytes,
+            snapshot_log_percent: percent,
+            ..Config::new("unused")
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_due_after_the_larger_of_the_byte_count_and_the_share_of_the_last() {
+        let c = config(100, 100);
+        // No snapshot yet, or a small one: the byte count decides.
+        assert!(!snapshot_due(99, 0, &c));
+        assert!(snapshot_due(100, 0, &c));
+        assert!(snapshot_due(100, 60, &c));
+        // A large last snapshot: a log as large as it.
+        assert!(!snapshot_due(999, 1000, &c));
+        assert!(snapshot_due(1000, 1000, &c));
+        // Half of it at 50 %, twice it at 200 %.
+        assert!(snapshot_due(500, 1000, &config(100, 50)));
+        assert!(!snapshot_due(1999, 1000, &config(100, 200)));
+        assert!(snapshot_due(2000, 1000, &config(100, 200)));
+    }
+
+    #[test]
+    fn percent_zero_keeps_the_fixed_interval_and_huge_values_do_not_overflow() {
+        assert!(snapshot_due(100, u64::MAX, &config(100, 0)));
+        assert!(!snapshot_due(u64::MAX - 1, u64::MAX, &config(100, 1000)));
+        assert!(snapshot_due(u64::MAX, u64::MAX, &config(100, 1000)));
+    }
 }

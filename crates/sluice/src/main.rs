@@ -217,9 +217,16 @@ struct ServeArgs {
     /// Approximate bytes kept in the changelog for catch-up.
     #[arg(long, default_value_t = 64 << 20)]
     retain_bytes: usize,
-    /// Log bytes written between background snapshots.
+    /// Log bytes written between background snapshots (at least; see
+    /// --snapshot-log-percent).
     #[arg(long, default_value_t = 256 << 20)]
     snapshot_log_bytes: u64,
+    /// A background snapshot also waits for a log of this percent of the last snapshot's
+    /// size, so a large state is not snapshotted back to back: snapshots then write at most
+    /// 100 / percent times the log's bytes, and a restart replays at most that share of the
+    /// state from the log. 0: --snapshot-log-bytes alone.
+    #[arg(long, default_value_t = sluice_server::config::SNAPSHOT_LOG_PERCENT_DEFAULT)]
+    snapshot_log_percent: u64,
     /// Size at which a log segment is closed and a new one started.
     #[arg(long, default_value_t = 64 << 20)]
     segment_bytes: u64,
@@ -472,6 +479,7 @@ impl ServeArgs {
         config.retention.commits_max = self.retain_commits;
         config.retention.bytes_max = self.retain_bytes;
         config.snapshot_log_bytes = self.snapshot_log_bytes;
+        config.snapshot_log_percent = self.snapshot_log_percent;
         config.segment_bytes_max = self.segment_bytes;
         config.function_limits.time_max = std::time::Duration::from_millis(self.function_time_ms);
         config.function_limits.memory_bytes_max = self.function_memory_bytes;

@@ -314,6 +314,9 @@ async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
         "8192",
         "--snapshot-log-bytes",
         "16384",
+        // Snapshots on the byte interval alone, however large the state: many of them.
+        "--snapshot-log-percent",
+        "0",
         "--retain-commits",
         "500",
     ];

@@ -201,6 +201,9 @@ fn start(data: &std::path::Path, logs: &std::path::Path, module: &std::path::Pat
             module.to_str().unwrap(),
             "--snapshot-log-bytes",
             "65536",
+            // Snapshots on the byte interval alone, however large the state: many of them.
+            "--snapshot-log-percent",
+            "0",
             "--segment-bytes",
             "32768",
         ],

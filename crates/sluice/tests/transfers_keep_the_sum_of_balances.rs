@@ -577,6 +577,9 @@ async fn transfers_survive_kill_dash_nine() {
         "65536",
         "--snapshot-log-bytes",
         "262144",
+        // Snapshots on the byte interval alone, however large the state: many of them.
+        "--snapshot-log-percent",
+        "0",
     ];
     let mut clients = make_clients(&mut rng);
     let mut model = Model::default();
