@@ -77,8 +77,13 @@ impl LogFile for PreparedFile {
 /// Bytes of zeros written per `write` while preparing a file.
 const PREPARE_CHUNK_BYTES: usize = 1 << 20;
 
-/// Writes `bytes` zero bytes to a new file at `path` (replacing one left there) and syncs
-/// it, stopping early with [`std::io::ErrorKind::Interrupted`] once `stop` returns true.
+/// Makes `path` a file of `bytes` zero bytes and syncs it, stopping early with
+/// [`std::io::ErrorKind::Interrupted`] once `stop` returns true. A file already there (a
+/// retired segment handed on as the log's spare, or one left by an earlier run) is written
+/// over in place, not truncated first: its pages are likely still in the page cache, and
+/// writing into them costs a copy, where truncating frees them and every new page has to
+/// be allocated and zeroed again (on a VM whose host backs guest memory lazily, ~0.4 GB/s
+/// against ~10 GB/s measured here); its blocks stay allocated, too.
 pub fn prepare_zeroed_file(
     path: &std::path::Path,
     bytes: u64,
@@ -87,7 +92,7 @@ pub fn prepare_zeroed_file(
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .write(true)
-        .truncate(true)
+        .truncate(false)
         .open(path)?;
     let zeros = vec![0u8; PREPARE_CHUNK_BYTES];
     let mut left = bytes;
@@ -102,6 +107,8 @@ pub fn prepare_zeroed_file(
         file.write_all(&zeros[..n])?;
         left -= n as u64;
     }
+    // A longer file written over keeps nothing past `bytes`.
+    file.set_len(bytes)?;
     file.sync_all()
 }
 

@@ -91,6 +91,10 @@ pub struct LogConfig {
 /// The file the next segment is prepared in (a name [`list_segments`] never lists).
 pub const PREPARED_FILE_NAME: &str = "next-segment.prepared";
 
+/// A retired segment kept to prepare the next segment over (see [`Log::retire_segments_before`]).
+/// It ends in `.tmp`: a server that starts removes it with its other temporary files.
+pub const SPARE_FILE_NAME: &str = "next-segment.spare.tmp";
+
 /// The most bytes prepared for one segment (a larger `segment_bytes_max` grows past it).
 pub const PREPARED_BYTES_MAX: u64 = 256 << 20;
 
@@ -289,6 +293,7 @@ impl<W: Waiter> Log<W> {
         let prep = if config.prepare_segments && config.files.prepares() {
             let prep = Arc::new(Prep {
                 path: config.dir.join(PREPARED_FILE_NAME),
+                spare: config.dir.join(SPARE_FILE_NAME),
                 bytes: config.segment_bytes_max.clamp(1, PREPARED_BYTES_MAX),
                 // Nothing is prepared before the first write (`Prep::want`): a restart's
                 // startup does not compete with 64 MiB of zeros, nor a server nobody writes
@@ -457,10 +462,17 @@ impl<W: Waiter> Log<W> {
             if seg.first_seq >= active || next.first_seq > keep_from_seq {
                 break;
             }
+            removed += 1;
+            // Kept, when there is no spare yet, for the next segment to be prepared over: no
+            // fresh page cache to fill with zeros, no blocks to free and allocate again.
+            if let Some((prep, _)) = &self.prep {
+                if prep.keep_spare(&seg.path)? {
+                    continue;
+                }
+            }
             // Off the writer's path (the snapshot thread calls this), in steps: a whole
             // segment's blocks freed at once would hold the log's next sync up.
             remove_file_gradually(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
-            removed += 1;
         }
         if removed > 0 {
             sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
@@ -487,8 +499,9 @@ impl<W: Waiter> Log<W> {
         if let Some((prep, thread)) = self.prep.take() {
             prep.stop();
             let _ = thread.join();
-            // Not a segment; the next open would start it over anyway.
+            // Not segments; the next open would start them over anyway.
             let _ = std::fs::remove_file(&prep.path);
+            let _ = std::fs::remove_file(&prep.spare);
         }
     }
 }
@@ -555,6 +568,8 @@ struct SyncResult {
 struct Prep {
     /// `<dir>/`[`PREPARED_FILE_NAME`].
     path: PathBuf,
+    /// `<dir>/`[`SPARE_FILE_NAME`]: a retired segment the next file is prepared over.
+    spare: PathBuf,
     bytes: u64,
     state: Mutex<PrepState>,
     changed: Condvar,
@@ -568,6 +583,8 @@ struct PrepState {
     ready: bool,
     /// The log is stopping: the preparing thread gives up.
     stop: bool,
+    /// Preparing failed and stopped for good (no spare is kept for it).
+    gave_up: bool,
 }
 
 impl Prep {
@@ -601,6 +618,36 @@ impl Prep {
         lock(&self.state).stop = true;
         self.changed.notify_all();
     }
+
+    /// Renames the retired `segment` to the spare if there is none: whether it did. The
+    /// directory is synced, as for a segment deleted in steps, so a crash never brings a
+    /// retired segment back after a later one is gone.
+    fn keep_spare(&self, segment: &std::path::Path) -> Result<bool, LogError> {
+        {
+            // Held for the rename only (the log thread takes this lock at every roll).
+            let state = lock(&self.state);
+            if state.stop || state.gave_up || self.spare.exists() {
+                return Ok(false);
+            }
+            std::fs::rename(segment, &self.spare).map_err(|e| LogError::io(segment, e))?;
+        }
+        let dir = self
+            .spare
+            .parent()
+            .expect("the spare is in the log's directory");
+        sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
+        Ok(true)
+    }
+
+    /// Moves the spare (if any) to `path`, where the next file is prepared over it.
+    fn use_spare(&self) {
+        let _state = lock(&self.state);
+        if self.spare.exists() && !self.path.exists() {
+            if let Err(e) = std::fs::rename(&self.spare, &self.path) {
+                tracing::debug!(error = %e, "the spare log segment is not used");
+            }
+        }
+    }
 }
 
 /// The preparing thread: writes a prepared file whenever one is wanted. A failure (a full
@@ -619,6 +666,7 @@ fn prepare_thread(prep: Arc<Prep>, files: Arc<dyn LogFileFactory>) {
             }
         }
         let stopping = || lock(&prep.state).stop;
+        prep.use_spare();
         match files.prepare(&prep.path, prep.bytes, &stopping) {
             Ok(()) => {
                 let mut state = lock(&prep.state);
@@ -626,7 +674,9 @@ fn prepare_thread(prep: Arc<Prep>, files: Arc<dyn LogFileFactory>) {
                 state.wanted = false;
             }
             Err(e) => {
+                lock(&prep.state).gave_up = true;
                 let _ = std::fs::remove_file(&prep.path);
+                let _ = std::fs::remove_file(&prep.spare);
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::warn!(
                         path = %prep.path.display(),
@@ -1693,6 +1743,96 @@ mod tests {
             !prepared.exists(),
             "the prepared file is removed at shutdown"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A retired segment becomes the spare (when there is none) and the next segment is
+    /// prepared over it: the same file (inode), zeros where its old frames were, so every
+    /// segment still reads back exactly its own frames; further retired ones are deleted,
+    /// and the spare goes at shutdown.
+    #[test]
+    fn a_retired_segment_is_kept_as_the_spare_the_next_segment_is_prepared_over() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = temp_dir("spare");
+        let mut config = LogConfig::new(&dir);
+        config.segment_bytes_max = 4096;
+        config.prepare_segments = true;
+        let log = Log::open(config, 0, |_| {}).unwrap();
+        let spare = dir.join(SPARE_FILE_NAME);
+        let acks = mpsc::channel();
+        let payload = |seq: u64| {
+            let mut p = seq.to_le_bytes().to_vec();
+            p.resize(300, seq as u8);
+            p
+        };
+        let last = std::cell::Cell::new(0u64);
+        let submit = |n: u64| {
+            for _ in 0..n {
+                let seq = last.get() + 1;
+                last.set(seq);
+                let mut frame = Vec::new();
+                frame::encode_into(&mut frame, &payload(seq)).unwrap();
+                commit_fsync(&log, &frame, seq, &acks);
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while list_segments(&dir).unwrap().len() < 4 || log.stats().segments_prepared < 2 {
+            assert!(Instant::now() < deadline, "{:?}", log.stats());
+            submit(1);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let before = list_segments(&dir).unwrap();
+        let keep_from = before[2].first_seq;
+        let retired = log.retire_segments_before(keep_from).unwrap();
+        assert_eq!(retired, 2, "{before:?}");
+        assert!(spare.exists(), "the first retired segment is the spare");
+        let spare_inode = std::fs::metadata(&spare).unwrap().ino();
+        assert_eq!(
+            std::fs::metadata(&before[0].path).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        let after = list_segments(&dir).unwrap();
+        assert_eq!(after[0].first_seq, keep_from, "{after:?}");
+
+        // The next prepared files: one of them is the spare, written over.
+        let prepared_before = log.stats().segments_prepared;
+        while log.stats().segments_prepared < prepared_before + 2 {
+            assert!(Instant::now() < deadline, "{:?}", log.stats());
+            submit(1);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!spare.exists(), "the spare was used");
+        let segments = list_segments(&dir).unwrap();
+        assert!(
+            segments
+                .iter()
+                .any(|s| std::fs::metadata(&s.path).unwrap().ino() == spare_inode),
+            "no segment is the spare's file"
+        );
+        // A second retirement finds no spare and keeps one again.
+        log.retire_segments_before(segments[1].first_seq).unwrap();
+        assert!(spare.exists());
+        let mut seen = Vec::new();
+        let segments = list_segments(&dir).unwrap();
+        for (i, segment) in segments.iter().enumerate() {
+            let bytes = std::fs::read(&segment.path).unwrap();
+            let newest = i + 1 == segments.len();
+            let end = crate::segment::scan::<LogError>(&segment.path, &bytes, newest, |_, p| {
+                seen.push(u64::from_le_bytes(p[..8].try_into().unwrap()));
+                assert_eq!(p, payload(*seen.last().unwrap()));
+                Ok(())
+            })
+            .unwrap();
+            if !newest {
+                assert_eq!(end.valid_len, bytes.len() as u64, "{segment:?} is sealed");
+            }
+        }
+        assert_eq!(
+            seen,
+            (segments[0].first_seq..=last.get()).collect::<Vec<_>>()
+        );
+        log.shutdown().unwrap();
+        assert!(!spare.exists(), "the spare is removed at shutdown");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
