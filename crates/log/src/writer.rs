@@ -91,9 +91,16 @@ pub struct LogConfig {
 /// The file the next segment is prepared in (a name [`list_segments`] never lists).
 pub const PREPARED_FILE_NAME: &str = "next-segment.prepared";
 
-/// A retired segment kept to prepare the next segment over (see [`Log::retire_segments_before`]).
-/// It ends in `.tmp`: a server that starts removes it with its other temporary files.
-pub const SPARE_FILE_NAME: &str = "next-segment.spare.tmp";
+/// Retired segments kept to prepare the next segments over (see
+/// [`Log::retire_segments_before`]): at most this many, named `next-segment.spare-<i>.tmp`
+/// (ending in `.tmp`: a server that starts removes them with its other temporary files).
+/// Four 64 MiB segments are the log between two snapshots at the default interval.
+pub const SPARES_MAX: usize = 4;
+
+/// The path of spare `i` (< [`SPARES_MAX`]) in `dir`.
+pub fn spare_path(dir: &std::path::Path, i: usize) -> PathBuf {
+    dir.join(format!("next-segment.spare-{i}.tmp"))
+}
 
 /// The most bytes prepared for one segment (a larger `segment_bytes_max` grows past it).
 pub const PREPARED_BYTES_MAX: u64 = 256 << 20;
@@ -293,7 +300,9 @@ impl<W: Waiter> Log<W> {
         let prep = if config.prepare_segments && config.files.prepares() {
             let prep = Arc::new(Prep {
                 path: config.dir.join(PREPARED_FILE_NAME),
-                spare: config.dir.join(SPARE_FILE_NAME),
+                spares: (0..SPARES_MAX)
+                    .map(|i| spare_path(&config.dir, i))
+                    .collect(),
                 bytes: config.segment_bytes_max.clamp(1, PREPARED_BYTES_MAX),
                 // Nothing is prepared before the first write (`Prep::want`): a restart's
                 // startup does not compete with 64 MiB of zeros, nor a server nobody writes
@@ -463,8 +472,8 @@ impl<W: Waiter> Log<W> {
                 break;
             }
             removed += 1;
-            // Kept, when there is no spare yet, for the next segment to be prepared over: no
-            // fresh page cache to fill with zeros, no blocks to free and allocate again.
+            // Kept, while fewer than `SPARES_MAX` are, for a next segment to be prepared over:
+            // no fresh page cache to fill with zeros, no blocks to free and allocate again.
             if let Some((prep, _)) = &self.prep {
                 if prep.keep_spare(&seg.path)? {
                     continue;
@@ -501,7 +510,7 @@ impl<W: Waiter> Log<W> {
             let _ = thread.join();
             // Not segments; the next open would start them over anyway.
             let _ = std::fs::remove_file(&prep.path);
-            let _ = std::fs::remove_file(&prep.spare);
+            prep.remove_spares();
         }
     }
 }
@@ -568,8 +577,8 @@ struct SyncResult {
 struct Prep {
     /// `<dir>/`[`PREPARED_FILE_NAME`].
     path: PathBuf,
-    /// `<dir>/`[`SPARE_FILE_NAME`]: a retired segment the next file is prepared over.
-    spare: PathBuf,
+    /// [`spare_path`]s: retired segments the next files are prepared over.
+    spares: Vec<PathBuf>,
     bytes: u64,
     state: Mutex<PrepState>,
     changed: Condvar,
@@ -619,33 +628,41 @@ impl Prep {
         self.changed.notify_all();
     }
 
-    /// Renames the retired `segment` to the spare if there is none: whether it did. The
-    /// directory is synced, as for a segment deleted in steps, so a crash never brings a
+    /// Renames the retired `segment` to a free spare name if there is one: whether it did.
+    /// The directory is synced, as for a segment deleted in steps, so a crash never brings a
     /// retired segment back after a later one is gone.
     fn keep_spare(&self, segment: &std::path::Path) -> Result<bool, LogError> {
-        {
+        let spare = {
             // Held for the rename only (the log thread takes this lock at every roll).
             let state = lock(&self.state);
-            if state.stop || state.gave_up || self.spare.exists() {
+            let free = self.spares.iter().find(|s| !s.exists());
+            let Some(spare) = free.filter(|_| !state.stop && !state.gave_up) else {
                 return Ok(false);
-            }
-            std::fs::rename(segment, &self.spare).map_err(|e| LogError::io(segment, e))?;
-        }
-        let dir = self
-            .spare
-            .parent()
-            .expect("the spare is in the log's directory");
+            };
+            std::fs::rename(segment, spare).map_err(|e| LogError::io(segment, e))?;
+            spare
+        };
+        let dir = spare.parent().expect("spares are in the log's directory");
         sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
         Ok(true)
     }
 
-    /// Moves the spare (if any) to `path`, where the next file is prepared over it.
+    /// Moves a spare (if any) to `path`, where the next file is prepared over it.
     fn use_spare(&self) {
         let _state = lock(&self.state);
-        if self.spare.exists() && !self.path.exists() {
-            if let Err(e) = std::fs::rename(&self.spare, &self.path) {
-                tracing::debug!(error = %e, "the spare log segment is not used");
+        if self.path.exists() {
+            return;
+        }
+        if let Some(spare) = self.spares.iter().find(|s| s.exists()) {
+            if let Err(e) = std::fs::rename(spare, &self.path) {
+                tracing::debug!(error = %e, "a spare log segment is not used");
             }
+        }
+    }
+
+    fn remove_spares(&self) {
+        for spare in &self.spares {
+            let _ = std::fs::remove_file(spare);
         }
     }
 }
@@ -676,7 +693,7 @@ fn prepare_thread(prep: Arc<Prep>, files: Arc<dyn LogFileFactory>) {
             Err(e) => {
                 lock(&prep.state).gave_up = true;
                 let _ = std::fs::remove_file(&prep.path);
-                let _ = std::fs::remove_file(&prep.spare);
+                prep.remove_spares();
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::warn!(
                         path = %prep.path.display(),
@@ -1746,19 +1763,24 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A retired segment becomes the spare (when there is none) and the next segment is
-    /// prepared over it: the same file (inode), zeros where its old frames were, so every
-    /// segment still reads back exactly its own frames; further retired ones are deleted,
-    /// and the spare goes at shutdown.
+    /// Retired segments become spares (up to [`SPARES_MAX`], the rest are deleted) and the
+    /// next segments are prepared over them: the same files (inodes), zeros where their old
+    /// frames were, so every segment still reads back exactly its own frames; the spares go
+    /// at shutdown.
     #[test]
-    fn a_retired_segment_is_kept_as_the_spare_the_next_segment_is_prepared_over() {
+    fn retired_segments_are_kept_as_spares_the_next_segments_are_prepared_over() {
         use std::os::unix::fs::MetadataExt;
         let dir = temp_dir("spare");
         let mut config = LogConfig::new(&dir);
         config.segment_bytes_max = 4096;
         config.prepare_segments = true;
         let log = Log::open(config, 0, |_| {}).unwrap();
-        let spare = dir.join(SPARE_FILE_NAME);
+        let spares = || -> Vec<u64> {
+            (0..SPARES_MAX)
+                .filter_map(|i| std::fs::metadata(spare_path(&dir, i)).ok())
+                .map(|m| m.ino())
+                .collect()
+        };
         let acks = mpsc::channel();
         let payload = |seq: u64| {
             let mut p = seq.to_le_bytes().to_vec();
@@ -1766,52 +1788,45 @@ mod tests {
             p
         };
         let last = std::cell::Cell::new(0u64);
-        let submit = |n: u64| {
-            for _ in 0..n {
+        let submit_until = |done: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !done() {
+                assert!(Instant::now() < deadline, "{:?}", log.stats());
                 let seq = last.get() + 1;
                 last.set(seq);
                 let mut frame = Vec::new();
                 frame::encode_into(&mut frame, &payload(seq)).unwrap();
                 commit_fsync(&log, &frame, seq, &acks);
+                std::thread::sleep(Duration::from_millis(1));
             }
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while list_segments(&dir).unwrap().len() < 4 || log.stats().segments_prepared < 2 {
-            assert!(Instant::now() < deadline, "{:?}", log.stats());
-            submit(1);
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        submit_until(&|| list_segments(&dir).unwrap().len() >= SPARES_MAX + 3);
         let before = list_segments(&dir).unwrap();
-        let keep_from = before[2].first_seq;
-        let retired = log.retire_segments_before(keep_from).unwrap();
-        assert_eq!(retired, 2, "{before:?}");
-        assert!(spare.exists(), "the first retired segment is the spare");
-        let spare_inode = std::fs::metadata(&spare).unwrap().ino();
-        assert_eq!(
-            std::fs::metadata(&before[0].path).unwrap_err().kind(),
-            std::io::ErrorKind::NotFound
-        );
-        let after = list_segments(&dir).unwrap();
-        assert_eq!(after[0].first_seq, keep_from, "{after:?}");
-
-        // The next prepared files: one of them is the spare, written over.
-        let prepared_before = log.stats().segments_prepared;
-        while log.stats().segments_prepared < prepared_before + 2 {
-            assert!(Instant::now() < deadline, "{:?}", log.stats());
-            submit(1);
-            std::thread::sleep(Duration::from_millis(1));
+        let retire = SPARES_MAX + 1;
+        let retired = log
+            .retire_segments_before(before[retire].first_seq)
+            .unwrap();
+        assert_eq!(retired, retire, "{before:?}");
+        let kept = spares();
+        assert_eq!(kept.len(), SPARES_MAX, "the rest were deleted");
+        for seg in &before[..retire] {
+            assert!(!seg.path.exists(), "{seg:?} is retired");
         }
-        assert!(!spare.exists(), "the spare was used");
-        let segments = list_segments(&dir).unwrap();
-        assert!(
-            segments
-                .iter()
-                .any(|s| std::fs::metadata(&s.path).unwrap().ino() == spare_inode),
-            "no segment is the spare's file"
+        assert_eq!(
+            list_segments(&dir).unwrap()[0].first_seq,
+            before[retire].first_seq
         );
-        // A second retirement finds no spare and keeps one again.
-        log.retire_segments_before(segments[1].first_seq).unwrap();
-        assert!(spare.exists());
+
+        // The next prepared files are the spares, written over.
+        submit_until(&|| spares().is_empty() && log.stats().segments_prepared >= 2);
+        submit_until(&|| {
+            let inodes: Vec<u64> = list_segments(&dir)
+                .unwrap()
+                .iter()
+                .map(|s| std::fs::metadata(&s.path).unwrap().ino())
+                .collect();
+            kept.iter().all(|k| inodes.contains(k))
+        });
         let mut seen = Vec::new();
         let segments = list_segments(&dir).unwrap();
         for (i, segment) in segments.iter().enumerate() {
@@ -1831,8 +1846,11 @@ mod tests {
             seen,
             (segments[0].first_seq..=last.get()).collect::<Vec<_>>()
         );
+        // A second retirement keeps spares again; shutdown removes them.
+        log.retire_segments_before(segments[1].first_seq).unwrap();
+        assert_eq!(spares().len(), 1);
         log.shutdown().unwrap();
-        assert!(!spare.exists(), "the spare is removed at shutdown");
+        assert!(spares().is_empty(), "the spares are removed at shutdown");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
