@@ -92,14 +92,15 @@ pub struct LogConfig {
 pub const PREPARED_FILE_NAME: &str = "next-segment.prepared";
 
 /// Retired segments kept to prepare the next segments over (see
-/// [`Log::retire_segments_before`]): at most this many, named `next-segment.spare-<i>.tmp`
-/// (ending in `.tmp`: a server that starts removes them with its other temporary files).
-/// Four 64 MiB segments are the log between two snapshots at the default interval.
+/// [`Log::retire_segments_before`]): at most this many, named `next-segment.spare-<i>`.
+/// Four 64 MiB segments are the log between two snapshots at the default interval. They
+/// outlive the process (a restart prepares over them; removing them would cost the start
+/// their blocks' discards), unless a log opens without preparing, which removes them.
 pub const SPARES_MAX: usize = 4;
 
 /// The path of spare `i` (< [`SPARES_MAX`]) in `dir`.
 pub fn spare_path(dir: &std::path::Path, i: usize) -> PathBuf {
-    dir.join(format!("next-segment.spare-{i}.tmp"))
+    dir.join(format!("next-segment.spare-{i}"))
 }
 
 /// The most bytes prepared for one segment (a larger `segment_bytes_max` grows past it).
@@ -297,7 +298,14 @@ impl<W: Waiter> Log<W> {
             on_progress: Box::new(on_progress),
         });
         let dir = config.dir.clone();
-        let prep = if config.prepare_segments && config.files.prepares() {
+        let prepares = config.prepare_segments && config.files.prepares();
+        if !prepares {
+            // Spares an earlier run kept, which nothing would use.
+            for i in 0..SPARES_MAX {
+                let _ = std::fs::remove_file(spare_path(&dir, i));
+            }
+        }
+        let prep = if prepares {
             let prep = Arc::new(Prep {
                 path: config.dir.join(PREPARED_FILE_NAME),
                 spares: (0..SPARES_MAX)
@@ -508,9 +516,9 @@ impl<W: Waiter> Log<W> {
         if let Some((prep, thread)) = self.prep.take() {
             prep.stop();
             let _ = thread.join();
-            // Not segments; the next open would start them over anyway.
+            // Not a segment; the next open would start it over anyway. The spares stay for
+            // the next open to prepare over.
             let _ = std::fs::remove_file(&prep.path);
-            prep.remove_spares();
         }
     }
 }
@@ -1765,8 +1773,8 @@ mod tests {
 
     /// Retired segments become spares (up to [`SPARES_MAX`], the rest are deleted) and the
     /// next segments are prepared over them: the same files (inodes), zeros where their old
-    /// frames were, so every segment still reads back exactly its own frames; the spares go
-    /// at shutdown.
+    /// frames were, so every segment still reads back exactly its own frames. The spares
+    /// outlive a shutdown; a log that opens without preparing removes them.
     #[test]
     fn retired_segments_are_kept_as_spares_the_next_segments_are_prepared_over() {
         use std::os::unix::fs::MetadataExt;
@@ -1846,11 +1854,17 @@ mod tests {
             seen,
             (segments[0].first_seq..=last.get()).collect::<Vec<_>>()
         );
-        // A second retirement keeps spares again; shutdown removes them.
+        // A second retirement keeps a spare again; it outlives the shutdown.
         log.retire_segments_before(segments[1].first_seq).unwrap();
         assert_eq!(spares().len(), 1);
         log.shutdown().unwrap();
-        assert!(spares().is_empty(), "the spares are removed at shutdown");
+        assert_eq!(spares().len(), 1, "kept for the next open");
+        let reopened = Log::<TestWaiter>::open(LogConfig::new(&dir), last.get(), |_| {}).unwrap();
+        assert!(
+            spares().is_empty(),
+            "removed by a log that does not prepare"
+        );
+        drop(reopened);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
