@@ -66,6 +66,7 @@ pub mod recovery;
 pub mod report;
 pub mod server;
 pub mod snapshot;
+pub mod snapshot_pacing;
 pub mod svg;
 pub mod sys;
 pub mod topics;

@@ -1,7 +1,7 @@
 //! `sluice bench snapshot`: how much a snapshot slows the writes that go on while it is
 //! written, and what the copy-on-write row map costs the write path.
 //!
-//! Two parts:
+//! Three parts:
 //! - **ack latency around a snapshot** (the real binary): load `--rows` `events` rows, then
 //!   one closed-loop writer (one HTTP client, one single-row upsert of a random existing row
 //!   per request, the next sent when the previous is acknowledged) runs for `--seconds`
@@ -11,6 +11,9 @@
 //!   SIGKILL and restarted: it must come back with the same rows (count and checksum),
 //!   replaying only the commits after its last snapshot — the snapshot file recovers the
 //!   state it froze.
+//! - **snapshot pacing** (the real binary, `crate::snapshot_pacing`): steady updates to a
+//!   state far larger than `--pacing-interval-bytes`, with `--snapshot-log-percent` 0 and
+//!   100: snapshots taken, and snapshot bytes written per log byte;
 //! - **row map micro-benchmark** (in process): CPU time per operation of the engine's
 //!   `CowMap` next to `BTreeMap` — ascending inserts, random inserts, gets and removes at
 //!   each of `--map-sizes` — and the time to clone (freeze) a full map.
@@ -67,6 +70,13 @@ pub struct SnapshotArgs {
     /// Skip the server part (only the map micro-benchmark).
     #[arg(long)]
     pub map_only: bool,
+    /// Seconds of updates measured per snapshot-pacing case (0 skips the pacing part).
+    #[arg(long, default_value_t = 10.0)]
+    pub pacing_seconds: f64,
+    /// `--snapshot-log-bytes` of the pacing cases: far below the state's size, as for a
+    /// large table at the default interval.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub pacing_interval_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -76,6 +86,8 @@ struct Params {
     classes: Vec<String>,
     map_sizes: Vec<u64>,
     map_only: bool,
+    pacing_seconds: f64,
+    pacing_interval_bytes: u64,
     quick: bool,
 }
 
@@ -234,14 +246,29 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<bool> {
             args.map_sizes.iter().copied().filter(|&n| n > 0).collect()
         },
         map_only: args.map_only,
+        pacing_seconds: if quick { 0.5 } else { args.pacing_seconds },
+        pacing_interval_bytes: if quick {
+            256 << 10
+        } else {
+            args.pacing_interval_bytes
+        },
         quick,
     };
+    anyhow::ensure!(
+        (0.0..=600.0).contains(&params.pacing_seconds),
+        "--pacing-seconds must be in [0, 600]"
+    );
+    anyhow::ensure!(
+        params.pacing_interval_bytes >= 4096,
+        "--pacing-interval-bytes must be at least 4096"
+    );
     let mut report = Report::new("snapshot", serde_json::to_value(&params)?);
     let progress = Progress::new("snapshot");
     let mut failed = 0;
 
     let mut ack_cases = Vec::new();
     let mut recovered = None;
+    let mut pacing = Vec::new();
     if !params.map_only {
         let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
         let runtime = crate::harness::runtime()?;
@@ -257,6 +284,16 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<bool> {
                 report.notes.push(format!("the server part failed: {e:#}"));
                 failed += 1;
             }
+        }
+        if params.pacing_seconds > 0.0 {
+            pacing = runtime.block_on(crate::snapshot_pacing::run(
+                &bin,
+                params.rows,
+                params.pacing_seconds,
+                params.pacing_interval_bytes,
+                &progress,
+            ));
+            failed += pacing.iter().filter(|c| c.error.is_some()).count();
         }
     }
     let mut map_cases = Vec::new();
@@ -276,6 +313,10 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<bool> {
         recovered.as_ref(),
         &map_cases,
     );
+    if !pacing.is_empty() {
+        report.tables.push(crate::snapshot_pacing::table(&pacing));
+    }
+    report.samples["pacing"] = serde_json::to_value(&pacing)?;
     crate::harness::standard_notes(&mut report, quick);
     crate::harness::finish_report(&report, &args.common.out, failed)
 }
@@ -650,6 +691,13 @@ pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
             samples["recovered"]["ok"] == true,
             "the restart did not recover the same rows: {}",
             samples["recovered"]
+        );
+    }
+    for c in samples["pacing"].as_array().into_iter().flatten() {
+        anyhow::ensure!(c["error"].is_null(), "a pacing case failed: {c}");
+        anyhow::ensure!(
+            c["rows_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "no writes in a pacing case: {c}"
         );
     }
     Ok(())

@@ -249,6 +249,15 @@ fn score(id: u64) -> f64 {
 /// The body of `POST /v1/mutate` inserting rows `first..first + count`, written directly
 /// (no `serde_json::Value` in between) so the client spends little CPU per row.
 pub fn mutate_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
+    rows_body("insert", first, count, durability)
+}
+
+/// As [`mutate_body`], upserting (rows that exist are replaced by the same values).
+pub fn upsert_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
+    rows_body("upsert", first, count, durability)
+}
+
+fn rows_body(op: &str, first: u64, count: u64, durability: Durability) -> Vec<u8> {
     let mut s = String::with_capacity(count as usize * 200 + 64);
     s.push_str(r#"{"durability":""#);
     s.push_str(durability.as_str());
@@ -259,7 +268,7 @@ pub fn mutate_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
         }
         let _ = write!(
             s,
-            r#"{{"op":"insert","table":"{TABLE}","row":{{"id":{id},"room":"room-{}","author":"user-{}","body":"{}","ts":{}}}}}"#,
+            r#"{{"op":"{op}","table":"{TABLE}","row":{{"id":{id},"room":"room-{}","author":"user-{}","body":"{}","ts":{}}}}}"#,
             id % ROOMS,
             id % AUTHORS,
             body(id),
