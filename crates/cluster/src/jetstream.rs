@@ -103,10 +103,37 @@ fn snapshot_seq(name: &str) -> Option<u64> {
 }
 
 const LEASE_KEY: &str = "leader";
-/// How long a stream's creation may be retried while a new cluster settles its peers
-/// ("no suitable peers for placement" until every server of an R3 stream is known): 20 s
-/// was once not enough for a fresh 3-server cluster on a loaded 2-core CI machine.
+/// How long opening the stream and buckets may be retried while the cluster settles its
+/// peers ("no suitable peers for placement" until every server of an R3 stream is known):
+/// 20 s was once not enough for a fresh 3-server cluster on a loaded 2-core CI machine.
 const CREATE_WAIT: Duration = Duration::from_secs(60);
+
+/// `step` until it succeeds, retried every 200 ms until [`CREATE_WAIT`] has passed since
+/// `started` (tried at least once): while a cluster settles — servers joining, or a meta
+/// leader elected again after a server went down — JetStream answers "no suitable peers"
+/// or nothing at all. A node that joins then waits instead of exiting (CI once saw a
+/// follower restarted while a NATS server was down give up after one 5 s timeout).
+async fn settling<T, E, F, Fut>(
+    what: &'static str,
+    started: std::time::Instant,
+    mut step: F,
+) -> Result<T, ClusterError>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    loop {
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if started.elapsed() < CREATE_WAIT => {
+                tracing::debug!("{what}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(ClusterError::js(what, e)),
+        }
+    }
+}
 
 /// The JetStream backbone of one database.
 #[derive(Clone)]
@@ -188,70 +215,58 @@ impl JetStream {
         let stream = format!("sluice-{}", opts.database);
         let subject = format!("sluice.{}.log", opts.database);
         let started = std::time::Instant::now();
-        loop {
-            let created = js
-                .get_or_create_stream(stream::Config {
-                    name: stream.clone(),
-                    subjects: vec![subject.clone()],
-                    num_replicas: opts.replicas,
-                    storage: stream::StorageType::File,
-                    max_messages: opts.retain_commits,
-                    max_bytes: opts.retain_bytes,
-                    discard: stream::DiscardPolicy::Old,
-                    duplicate_window: Duration::from_secs(120),
-                    allow_direct: true,
-                    ..Default::default()
-                })
-                .await;
-            match created {
-                Ok(_) => break,
-                Err(e) if started.elapsed() < CREATE_WAIT => {
-                    tracing::debug!("creating stream {stream}: {e}; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => return Err(ClusterError::js("stream creation", e)),
-            }
-        }
+        settling("stream creation", started, || {
+            js.get_or_create_stream(stream::Config {
+                name: stream.clone(),
+                subjects: vec![subject.clone()],
+                num_replicas: opts.replicas,
+                storage: stream::StorageType::File,
+                max_messages: opts.retain_commits,
+                max_bytes: opts.retain_bytes,
+                discard: stream::DiscardPolicy::Old,
+                duplicate_window: Duration::from_secs(120),
+                allow_direct: true,
+                ..Default::default()
+            })
+        })
+        .await?;
         let bucket = format!("sluice-{}-lease", opts.database);
         // The bucket's stream made as the client's `create_key_value` would (which first
         // asks for account info in a shape nats-server 2.9 does not send).
-        js.get_or_create_stream(stream::Config {
-            name: format!("KV_{bucket}"),
-            subjects: vec![format!("$KV.{bucket}.>")],
-            max_messages_per_subject: 1,
-            max_age: opts.lease_ttl,
-            storage: stream::StorageType::File,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            num_replicas: opts.replicas,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
+        settling("lease bucket creation", started, || {
+            js.get_or_create_stream(stream::Config {
+                name: format!("KV_{bucket}"),
+                subjects: vec![format!("$KV.{bucket}.>")],
+                max_messages_per_subject: 1,
+                max_age: opts.lease_ttl,
+                storage: stream::StorageType::File,
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                num_replicas: opts.replicas,
+                discard: stream::DiscardPolicy::New,
+                ..Default::default()
+            })
         })
-        .await
-        .map_err(|e| ClusterError::js("lease bucket creation", e))?;
-        let lease = js
-            .get_key_value(&bucket)
-            .await
-            .map_err(|e| ClusterError::js("lease bucket", e))?;
+        .await?;
+        let lease = settling("lease bucket", started, || js.get_key_value(&bucket)).await?;
         let bucket = format!("sluice-{}-snapshots", opts.database);
         // Made as the client's `create_object_store` would, but kept if it exists.
-        js.get_or_create_stream(stream::Config {
-            name: format!("OBJ_{bucket}"),
-            subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
-            storage: stream::StorageType::File,
-            num_replicas: opts.replicas,
-            discard: stream::DiscardPolicy::New,
-            allow_rollup: true,
-            allow_direct: true,
-            ..Default::default()
+        settling("snapshot bucket creation", started, || {
+            js.get_or_create_stream(stream::Config {
+                name: format!("OBJ_{bucket}"),
+                subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
+                storage: stream::StorageType::File,
+                num_replicas: opts.replicas,
+                discard: stream::DiscardPolicy::New,
+                allow_rollup: true,
+                allow_direct: true,
+                ..Default::default()
+            })
         })
-        .await
-        .map_err(|e| ClusterError::js("snapshot bucket creation", e))?;
-        let snapshots = js
-            .get_object_store(&bucket)
-            .await
-            .map_err(|e| ClusterError::js("snapshot bucket", e))?;
+        .await?;
+        let snapshots =
+            settling("snapshot bucket", started, || js.get_object_store(&bucket)).await?;
         let this = JetStream {
             js,
             stream,
