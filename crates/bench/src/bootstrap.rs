@@ -492,10 +492,7 @@ async fn write_loop(
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let id = x % rows;
+        let id = workload::xorshift64(&mut x) % rows;
         n += 1;
         let body = format!(
             r#"{{"durability":"memory","ops":[{{"op":"upsert","table":"{}","row":{{"id":{id},"room":"{}","author":"w-{n}","body":"{}","ts":{n}}}}}]}}"#,

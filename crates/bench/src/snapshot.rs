@@ -464,10 +464,7 @@ async fn ack_case(
             let mut x = 0x9E37_79B9_7F4A_7C15u64;
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let id = x % rows;
+                let id = workload::xorshift64(&mut x) % rows;
                 n += 1;
                 let body = format!(
                     r#"{{"durability":"{}","ops":[{{"op":"upsert","table":"{}","row":{{"id":{id},"room":"room-w","author":"w-{n}","body":"{}","ts":{n}}}}}]}}"#,
@@ -626,10 +623,7 @@ fn map_case_of<M: RowMap>(size: u64) -> MapCase {
     let mut order: Vec<u64> = (0..size).collect();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     for i in (1..order.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
+        order.swap(i, (workload::xorshift64(&mut x) % (i as u64 + 1)) as usize);
     }
     let mut m = M::empty();
     let ascending_insert_ns = cpu_ns_per_op(size, || {

@@ -104,20 +104,13 @@ async fn one_case(
         let stop = stop.clone();
         let url = server.url("/v1/mutate");
         let rows = case.rows;
-        let client = reqwest::Client::builder()
-            .default_headers(crate::server::auth_headers())
-            .no_proxy()
-            .timeout(Duration::from_secs(60))
-            .build()?;
+        let client = crate::live::client::http_client(Some(Duration::from_secs(60)))?;
         writers.push(tokio::spawn(async move {
             let mut latency = Latency::new();
             let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (w + 1);
             let mut acked = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let first = x % rows.saturating_sub(BATCH).max(1);
+                let first = workload::xorshift64(&mut x) % rows.saturating_sub(BATCH).max(1);
                 let body = workload::upsert_body(first, BATCH.min(rows), Durability::Disk);
                 let sent = Instant::now();
                 crate::live::client::post_json(&client, &url, body).await?;

@@ -252,6 +252,18 @@ pub fn mutate_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
     rows_body("insert", first, count, durability)
 }
 
+/// Marsaglia's xorshift64: the next of a cheap, reproducible sequence of `u64`s from
+/// `state` (never 0). The bench's writers pick rows with it, and the map benchmark its
+/// permutation.
+pub fn xorshift64(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
+}
+
 /// As [`mutate_body`], upserting (rows that exist are replaced by the same values).
 pub fn upsert_body(first: u64, count: u64, durability: Durability) -> Vec<u8> {
     rows_body("upsert", first, count, durability)

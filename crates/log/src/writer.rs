@@ -1232,6 +1232,30 @@ mod tests {
         assert_eq!(acks.1.recv().unwrap(), (seq, true));
     }
 
+    /// Reads every segment of `dir` back, checking each frame's payload against
+    /// `payload(seq)` and that every segment but the newest is sealed (exactly its frames).
+    /// Returns the seqs in order, and the newest segment's length and where its frames end.
+    fn read_back(dir: &std::path::Path, payload: impl Fn(u64) -> Vec<u8>) -> (Vec<u64>, u64, u64) {
+        let segments = list_segments(dir).unwrap();
+        let (mut seen, mut newest_len, mut newest_end) = (Vec::new(), 0, 0);
+        for (i, segment) in segments.iter().enumerate() {
+            let bytes = std::fs::read(&segment.path).unwrap();
+            let newest = i + 1 == segments.len();
+            let end = crate::segment::scan::<LogError>(&segment.path, &bytes, newest, |_, p| {
+                seen.push(u64::from_le_bytes(p[..8].try_into().unwrap()));
+                assert_eq!(p, payload(*seen.last().unwrap()));
+                Ok(())
+            })
+            .unwrap();
+            if newest {
+                (newest_len, newest_end) = (bytes.len() as u64, end.valid_len);
+            } else {
+                assert_eq!(end.valid_len, bytes.len() as u64, "{segment:?} is sealed");
+            }
+        }
+        (seen, newest_len, newest_end)
+    }
+
     #[test]
     fn many_fsync_commits_share_few_syncs() {
         let dir = temp_dir("group");
@@ -1729,30 +1753,13 @@ mod tests {
         // Most rolls find a prepared file (one that does not gets a growing segment, which
         // gives way at the first round after one is ready).
         assert!(stats.segments_prepared >= 2, "{stats:?}");
-        let segments = list_segments(&dir).unwrap();
-        let mut seen = Vec::new();
-        for (i, segment) in segments.iter().enumerate() {
-            let bytes = std::fs::read(&segment.path).unwrap();
-            let newest = i + 1 == segments.len();
-            let end = crate::segment::scan::<LogError>(&segment.path, &bytes, newest, |_, p| {
-                seen.push(u64::from_le_bytes(p[..8].try_into().unwrap()));
-                assert_eq!(p, payload(*seen.last().unwrap()));
-                Ok(())
-            })
-            .unwrap();
-            if newest {
-                // A prepared file: zeros after its frames (the scan checked them), unless its
-                // last write ran past the prepared size; else a growing one, its frames only.
-                assert!(
-                    bytes.len() >= 4096 || end.valid_len == bytes.len() as u64,
-                    "{} bytes, frames end at {}",
-                    bytes.len(),
-                    end.valid_len
-                );
-            } else {
-                assert_eq!(end.valid_len, bytes.len() as u64, "{segment:?} is sealed");
-            }
-        }
+        let (seen, newest_len, newest_end) = read_back(&dir, payload);
+        // The newest: a prepared file, zeros after its frames (the scan checked them), unless
+        // its last write ran past the prepared size; else a growing one, its frames only.
+        assert!(
+            newest_len >= 4096 || newest_end == newest_len,
+            "{newest_len} bytes, frames end at {newest_end}"
+        );
         assert_eq!(seen, (1..=100).collect::<Vec<_>>());
         log.shutdown().unwrap();
         let newest = list_segments(&dir).unwrap().pop().unwrap();
@@ -1835,21 +1842,8 @@ mod tests {
                 .collect();
             kept.iter().all(|k| inodes.contains(k))
         });
-        let mut seen = Vec::new();
+        let (seen, _, _) = read_back(&dir, payload);
         let segments = list_segments(&dir).unwrap();
-        for (i, segment) in segments.iter().enumerate() {
-            let bytes = std::fs::read(&segment.path).unwrap();
-            let newest = i + 1 == segments.len();
-            let end = crate::segment::scan::<LogError>(&segment.path, &bytes, newest, |_, p| {
-                seen.push(u64::from_le_bytes(p[..8].try_into().unwrap()));
-                assert_eq!(p, payload(*seen.last().unwrap()));
-                Ok(())
-            })
-            .unwrap();
-            if !newest {
-                assert_eq!(end.valid_len, bytes.len() as u64, "{segment:?} is sealed");
-            }
-        }
         assert_eq!(
             seen,
             (segments[0].first_seq..=last.get()).collect::<Vec<_>>()

@@ -85,7 +85,7 @@ pub(crate) struct Counters {
     pub snapshots: AtomicU64,
     pub snapshot_failures: AtomicU64,
     /// Bytes of the newest snapshot on disk (0: none yet): the next automatic snapshot
-    /// waits for a log of at least `snapshot_log_percent` of it (see `Writer::snapshot_due`).
+    /// waits for a log of at least `snapshot_log_percent` of it (see `writer::snapshot_due`).
     pub snapshot_bytes: AtomicU64,
     pub writer_batches: AtomicU64,
     pub calls: AtomicU64,

@@ -157,7 +157,8 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
     match &result {
         Ok(seq) => {
             shared.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-            if *seq == job.seq && bytes > 0 {
+            // 0 bytes: the snapshot was already on disk, and its size is known.
+            if bytes > 0 {
                 shared
                     .counters
                     .snapshot_bytes
