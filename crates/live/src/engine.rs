@@ -872,7 +872,7 @@ impl Live {
     }
 
     fn drop_view(&mut self, id: ViewId) {
-        if let Some(view) = self.views.remove(&id) {
+        if let Some(mut view) = self.views.remove(&id) {
             self.remove_routes(id, &view);
             let hash = self.key_hash(&view.shape.text, &view.params);
             self.by_query.remove(hash, id);
@@ -880,6 +880,7 @@ impl Live {
                 self.subs.remove(s);
                 self.folds.remove(s);
             }
+            view.mat.release_paced();
         }
     }
 

@@ -781,7 +781,7 @@ impl Operator {
                 // Sized once (untouched capacity costs address space, not memory): grown by
                 // doubling, a 5 M-row view copied ~600 MB on the live thread.
                 let mut out = Vec::with_capacity(rows.len().min(rows_max.saturating_add(1)));
-                for (k, r) in rows.iter() {
+                for (k, r) in sluice_sched::paced(rows.iter()) {
                     if !passes(select, params, &r.values) {
                         continue;
                     }
@@ -807,7 +807,7 @@ impl Operator {
                 if agg.keys.is_empty() {
                     groups.insert(Vec::new(), Group::new(&agg.aggs));
                 }
-                for r in rows.values() {
+                for r in sluice_sched::paced(rows.values()) {
                     if passes(select, params, &r.values) {
                         let env = env(&r.values, params, &[]);
                         let key: RKey = agg.keys.iter().map(|k| k.eval(&env)).collect();

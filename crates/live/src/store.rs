@@ -168,6 +168,18 @@ impl Store {
         }
     }
 
+    /// Empties the store row by row with a [`sluice_sched::Pacer`]: dropping a million-row
+    /// view in one call holds the live thread's CPU for tens of milliseconds.
+    pub fn release_paced(&mut self) {
+        match std::mem::replace(&mut self.repr, Repr::Small(Vec::new())) {
+            Repr::Small(rows) => sluice_sched::paced(rows.into_iter()).for_each(drop),
+            Repr::Large { rows, positions } => {
+                drop(positions);
+                sluice_sched::paced(rows.into_iter()).for_each(drop);
+            }
+        }
+    }
+
     fn large(&self, rows: Vec<(RKey, Out)>) -> Repr {
         let positions = if self.ordered {
             rows.iter().map(|(k, o)| self.pos(k, o)).collect()

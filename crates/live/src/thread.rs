@@ -14,6 +14,9 @@ use tokio::sync::oneshot;
 
 use crate::{Limits, Live, LiveStats, Sink, SubId, Subscribe};
 
+/// Subscriptions of a `subscribe_many` between two looks at the clock (a few µs each).
+const SUBSCRIBES_PER_CLOCK_CHECK: u32 = 16;
+
 enum Input {
     Commits(Vec<Arc<Commit>>),
     Subscribe {
@@ -185,9 +188,15 @@ fn run(
                     live.finish_pending();
                 }
                 Input::SubscribeMany { reqs, reply } => {
+                    // Thousands of subscriptions in one input: the CPU is offered between
+                    // them (never under the read lock, which each takes and releases).
+                    let mut pacer = sluice_sched::Pacer::check_every(SUBSCRIBES_PER_CLOCK_CHECK);
                     let results = reqs
                         .into_iter()
-                        .map(|(req, sink)| live.subscribe_with(|| db.read(), &req, sink))
+                        .map(|(req, sink)| {
+                            pacer.step();
+                            live.subscribe_with(|| db.read(), &req, sink)
+                        })
                         .collect();
                     *stats.lock() = live.stats();
                     let _ = reply.send(results);

@@ -127,9 +127,14 @@ impl Materialized {
             self.store.first_n(&mut rows, p.keep);
         }
         self.store.load(rows);
-        self.checksum = self
-            .visible()
+        self.checksum = sluice_sched::paced(self.visible())
             .fold(0u64, |acc, (_, o)| acc.wrapping_add(row_hash(&o.row)));
+    }
+
+    /// Drops every row, yielding the CPU now and then ([`Store::release_paced`]); the view
+    /// is empty afterwards (called on a view about to be dropped).
+    pub fn release_paced(&mut self) {
+        self.store.release_paced();
     }
 
     /// The keys of the rows whose key starts with `first` (a join anchor's rows).
