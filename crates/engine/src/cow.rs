@@ -56,6 +56,8 @@ guess_by_interpolation!(i64, u64, i32, u32, usize);
 
 impl Guess for str {}
 impl Guess for String {}
+/// Composite keys (a live view's result keys) search without a guess.
+impl<T> Guess for Vec<T> {}
 
 /// `(x − lo) / (hi − lo)` clamped to `[0, 1]`; `None` for an empty span.
 pub fn interpolate(x: f64, lo: f64, hi: f64) -> Option<f64> {
@@ -221,6 +223,12 @@ impl<K, V> CowMap<K, V> {
             .first()
             .and_then(|c| c.first())
             .map(|(k, v)| (k, v))
+    }
+
+    /// The chunks, in key order, each with up to [`CHUNK_MAX`] entries: for dropping a large
+    /// map a chunk at a time (between which the caller can yield the CPU).
+    pub fn into_chunks(self) -> impl Iterator<Item = Arc<Vec<(K, V)>>> {
+        self.chunks.into_iter()
     }
 
     pub fn last_key_value(&self) -> Option<(&K, &V)> {
@@ -641,6 +649,9 @@ impl<K: Ord + Clone, V> CowMapBuilder<K, V> {
 
     pub fn finish(mut self) -> CowMap<K, V> {
         if !self.current.is_empty() {
+            // A map of a few dozen entries keeps a few dozen slots, not CHUNK_MAX (a live
+            // view of 40 rows); the next insert past them grows the vec as usual.
+            self.current.shrink_to_fit();
             self.chunks.push(Arc::new(self.current));
         }
         let firsts = self.chunks.iter().map(|c| c[0].0.clone()).collect();
