@@ -12,6 +12,10 @@
 //! runtime's workers and the writer and log threads ask for a short slice; bulk work on
 //! the live thread keeps the default. Older kernels ignore the field; a refusal (another
 //! OS, a seccomp filter) is logged once and changes nothing else.
+//!
+//! A short slice is a hint the kernel does not always act on (a woken thread still waited a
+//! full 4 ms tick behind bulk work now and then), so long bulk loops also pace themselves
+//! ([`Pacer`]): they give up the CPU every [`BULK_RUN_MAX`] of work.
 #![allow(unsafe_code)]
 
 use std::time::Duration;
@@ -138,6 +142,12 @@ impl Pacer {
             check_steps: steps,
             yields: 0,
         }
+    }
+
+    /// Starts a new turn of work (after the thread waited: the wait was not work).
+    pub fn restart(&mut self) {
+        self.since = std::time::Instant::now();
+        self.until_check = self.check_steps;
     }
 
     /// Times this pacer yielded the CPU.
@@ -290,6 +300,10 @@ mod tests {
         assert_eq!(pacer.yields(), 1);
         pacer.step();
         assert_eq!(pacer.yields(), 1, "the turn starts again after a yield");
+        std::thread::sleep(BULK_RUN_MAX + Duration::from_micros(50));
+        pacer.restart();
+        pacer.step();
+        assert_eq!(pacer.yields(), 1, "a wait before a restart is not work");
 
         // The default pacer reads the clock only every PACE_CHECK_STEPS steps.
         let mut rows = Pacer::new();

@@ -278,6 +278,9 @@ const _: () = assert!(DROP_BATCH_COMMITS <= sluice_engine::changelog::DEFERRED_M
 /// Evicted-commit batches that may wait for the drop thread; beyond that the writer drops
 /// a batch itself.
 const DROP_BATCHES_MAX: usize = 16;
+/// Evicted commits dropped between two looks at the clock (a transfer's commit frees in
+/// well under a microsecond, an ingest batch's in tens).
+const COMMITS_DROPPED_PER_CLOCK_CHECK: u32 = 4;
 
 /// Starts the thread that drops the commits the changelog evicts. An evicted commit is
 /// usually the last reference to its changes and row images, all cold in cache by then:
@@ -289,9 +292,16 @@ fn spawn_dropper() -> Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>> {
     std::thread::Builder::new()
         .name("sluice-drop".into())
         .spawn(move || {
-            // Ends when the writer (the only sender) is gone.
+            // Ends when the writer (the only sender) is gone. A batch of ingest commits
+            // frees a hundred thousand rows or more: paced, so that the threads a write's
+            // acknowledgement waits on never queue behind it for a scheduler tick.
+            let mut pacer = sluice_sched::Pacer::check_every(COMMITS_DROPPED_PER_CLOCK_CHECK);
             while let Ok(batch) = rx.recv() {
-                drop(batch);
+                pacer.restart();
+                for commit in batch {
+                    drop(commit);
+                    pacer.step();
+                }
             }
         })
         .ok()?;
