@@ -864,14 +864,19 @@ impl Live {
                 .get(&id)
                 .is_some_and(|v| v.idle_since == Some(at))
             {
-                self.drop_view(id);
+                // Paced only on the live thread's own expiry pass: with `all_idle` the caller
+                // (a subscribe at `views_max`) holds the `Db` read lock, and a yield there
+                // would keep the writer waiting.
+                self.drop_view(id, !all_idle);
                 n += 1;
             }
         }
         n
     }
 
-    fn drop_view(&mut self, id: ViewId) {
+    /// Unregisters view `id` and drops it; with `paced`, its rows go a chunk at a time
+    /// with yields between ([`crate::view::Materialized::release_paced`]).
+    fn drop_view(&mut self, id: ViewId, paced: bool) {
         if let Some(mut view) = self.views.remove(&id) {
             self.remove_routes(id, &view);
             let hash = self.key_hash(&view.shape.text, &view.params);
@@ -880,7 +885,9 @@ impl Live {
                 self.subs.remove(s);
                 self.folds.remove(s);
             }
-            view.mat.release_paced();
+            if paced {
+                view.mat.release_paced();
+            }
         }
     }
 
@@ -1184,7 +1191,7 @@ impl Live {
                 self.subs[sub].1.fail(code, &e.to_string());
             }
         }
-        self.drop_view(id);
+        self.drop_view(id, false);
     }
 
     /// Rows the (first) view of this query holds: its whole result, or a top-k view's kept
