@@ -239,12 +239,13 @@ impl<K, V> CowMap<K, V> {
     }
 
     /// Builds a map from entries in strictly ascending key order (snapshot loading,
-    /// recovery), filling each chunk to [`CHUNK_MAX`].
-    pub fn from_sorted(entries: Vec<(K, V)>) -> Self
+    /// recovery, a live view's rows), filling each chunk to [`CHUNK_MAX`].
+    pub fn from_sorted(entries: impl IntoIterator<Item = (K, V)>) -> Self
     where
         K: Ord + Clone,
     {
-        let mut builder = CowMapBuilder::with_capacity(entries.len());
+        let entries = entries.into_iter();
+        let mut builder = CowMapBuilder::with_capacity(entries.size_hint().0);
         for (k, v) in entries {
             builder.push(k, v);
         }

@@ -19,7 +19,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use sluice_engine::cow::{CowMap, CowMapBuilder};
+use sluice_engine::cow::CowMap;
 use sluice_engine::Value;
 use sluice_query::sort_value_cmp;
 
@@ -179,18 +179,18 @@ impl Store {
         }
     }
 
-    /// Empties the store row by row with a [`sluice_sched::Pacer`]: dropping a million-row
-    /// view in one call holds the live thread's CPU for tens of milliseconds.
+    /// Empties the store a chunk of rows at a time with a [`sluice_sched::Pacer`]: dropping
+    /// a million-row view in one call holds the live thread's CPU for tens of milliseconds.
+    /// (A small store's few rows just go.)
     pub fn release_paced(&mut self) {
-        match std::mem::replace(&mut self.repr, Repr::Small(Vec::new())) {
-            Repr::Small(rows) => sluice_sched::paced(rows.into_iter()).for_each(drop),
-            Repr::Large { rows, positions } => {
-                drop(positions);
-                let mut pacer = sluice_sched::Pacer::check_every(CHUNKS_PER_CLOCK_CHECK);
-                for chunk in (*rows).into_chunks() {
-                    drop(chunk);
-                    pacer.step();
-                }
+        if let Repr::Large { rows, positions } =
+            std::mem::replace(&mut self.repr, Repr::Small(Vec::new()))
+        {
+            drop(positions);
+            let mut pacer = sluice_sched::Pacer::check_every(CHUNKS_PER_CLOCK_CHECK);
+            for chunk in (*rows).into_chunks() {
+                drop(chunk);
+                pacer.step();
             }
         }
     }
@@ -371,18 +371,14 @@ impl Store {
 const CHUNKS_PER_CLOCK_CHECK: u32 = 8;
 
 /// The rows by key. Rows already in ascending key order (a view built from a table scan,
-/// an aggregate's groups) are appended with a [`sluice_sched::Pacer`]; others are sorted
+/// an aggregate's groups) are appended, with a [`sluice_sched::Pacer`]; others are sorted
 /// first (the last of equal keys wins, as a map built by inserting them would keep).
 fn build_rows(rows: Vec<(RKey, Out)>) -> CowMap<RKey, Out> {
     let ascending = sluice_sched::paced(rows.windows(2)).all(|w| w[0].0 < w[1].0);
     if !ascending {
         return rows.into_iter().collect();
     }
-    let mut builder = CowMapBuilder::with_capacity(rows.len());
-    for (key, out) in sluice_sched::paced(rows.into_iter()) {
-        builder.push(key, out);
-    }
-    builder.finish()
+    CowMap::from_sorted(sluice_sched::paced(rows.into_iter()))
 }
 
 #[cfg(test)]
