@@ -354,6 +354,7 @@ async fn views_over_nodes(
         for r in &readers {
             r.measure_from_us.store(from, Ordering::Relaxed);
             r.lat_us.lock().expect("not poisoned").clear();
+            r.slow_us.lock().expect("not poisoned").clear();
         }
         let rooms = (count * v) as u64;
         let salt = epoch.elapsed().as_nanos() as u64;

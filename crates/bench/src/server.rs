@@ -24,6 +24,16 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between two `/health` probes while waiting for readiness.
 const HEALTH_POLL: Duration = Duration::from_millis(2);
 
+/// Has this process (a suite that only drives a spawned server) back its memory with 4 KiB
+/// pages, as `serve` does (`sluice_sched::set_transparent_huge_pages`). With huge pages, a
+/// client thread that first touches a fresh 2 MiB page stalls while the kernel clears it: on
+/// this kind of VM, 20–35 ms once or twice per live-load run, counted against the server's
+/// write→diff. Best effort: where the kernel refuses, the process keeps what it has.
+pub fn client_pages() {
+    // A refusal only leaves the kernel's setting (and its stalls) in place.
+    let _ = sluice_sched::set_transparent_huge_pages(false);
+}
+
 /// The admin token of every server this bench process starts: `sluice_admin_bench_` and
 /// 16 random bytes in hex, generated on first use.
 pub fn admin_token() -> &'static str {

@@ -111,7 +111,8 @@ pub fn render_metrics(out: &mut String) {
 // takes its allocation slow path. After a large view or snapshot was dropped that can be
 // hundreds of MiB at once: `perf` caught the writer thread in `mi_arena_purge` → `madvise`
 // for 21 ms in a row during `sluice bench bootstrap` (the slowest writer acks there were
-// 40–65 ms, the server's share of them as long). So `serve` sets the delay to
+// 40–65 ms, the server's share of them as long). So `serve` (and `bench`, whose client threads
+// met the same: a subscriber's thread purged for 30 ms in `bench live`) sets the delay to
 // [`PURGE_DELAY_NEVER_MS`] (no thread finds a purge due) and a thread of its own, at a low
 // priority, forces the purge of everything freed every [`PURGE_INTERVAL`]. mimalloc lets
 // one thread purge at a time and the others skip it, never wait.

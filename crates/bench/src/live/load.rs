@@ -97,10 +97,58 @@ pub struct LoadCase {
     pub subscribes_per_s: Option<f64>,
     /// Heap bytes (allocator counters) per subscribed idle view.
     pub heap_bytes_per_view: Option<f64>,
+    /// Writes slower than [`SLOW_US`], grouped into stalls by scheduled time.
+    pub stalls: Vec<Stall>,
+    /// CLOCK_MONOTONIC (s) when the measured part of the run began, which stall times count
+    /// from: to match them with a trace taken meanwhile (`perf record -k CLOCK_MONOTONIC`).
+    pub measured_from_monotonic_s: f64,
     pub verified: bool,
     pub detail: String,
     pub error: Option<String>,
 }
+
+/// A write→diff slower than this is part of a stall (the 50 K writes/s target's p99 bound).
+pub(crate) const SLOW_US: f64 = 2_000.0;
+/// Slow writes scheduled within this of each other belong to one stall.
+const STALL_GAP_US: u64 = 5_000;
+
+/// A run of slow writes: when it began (ms after the measured part of the run began), how
+/// long its writes' schedule spans, how many writes and the slowest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Stall {
+    pub at_ms: f64,
+    pub span_ms: f64,
+    pub writes: u64,
+    pub max_us: f64,
+}
+
+/// Groups slow writes `(scheduled µs, write→diff µs)` into stalls: writes scheduled within
+/// [`STALL_GAP_US`] of the previous one join its stall. Times count from `from_us`.
+fn stalls_of(slow: &mut [(u64, f64)], from_us: u64) -> Vec<Stall> {
+    slow.sort_unstable_by_key(|s| s.0);
+    let mut stalls: Vec<Stall> = Vec::new();
+    let mut last_us = 0;
+    for &(ts, took_us) in slow.iter() {
+        match stalls.last_mut() {
+            Some(s) if ts - last_us <= STALL_GAP_US => {
+                s.span_ms = (ts - from_us) as f64 / 1e3 - s.at_ms;
+                s.writes += 1;
+                s.max_us = s.max_us.max(took_us);
+            }
+            _ => stalls.push(Stall {
+                at_ms: ts.saturating_sub(from_us) as f64 / 1e3,
+                span_ms: 0.0,
+                writes: 1,
+                max_us: took_us,
+            }),
+        }
+        last_us = ts;
+    }
+    stalls
+}
+
+/// How many stalls per case the summary lists.
+const STALLS_LISTED: usize = 12;
 
 /// One window of the coalesce family.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -145,6 +193,9 @@ pub(crate) struct Reader {
     pub(crate) live: Arc<Live>,
     /// write→diff of rows stamped at or after `measure_from_us`, taken by each run.
     pub(crate) lat_us: Arc<std::sync::Mutex<Vec<f64>>>,
+    /// (scheduled µs, write→diff µs) of the measured writes slower than [`SLOW_US`]: the
+    /// load family's stall timeline.
+    pub(crate) slow_us: Arc<std::sync::Mutex<Vec<(u64, f64)>>>,
     pub(crate) measure_from_us: Arc<AtomicU64>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<Seen>>,
@@ -152,6 +203,18 @@ pub(crate) struct Reader {
 
 pub(crate) type WsSink =
     futures_util::stream::SplitSink<crate::transfer::clients::WsStream, Message>;
+
+/// Empties `v` with room for `n` items whose memory is already faulted in. A buffer that
+/// grows (or is first touched) while a run is measured takes page faults on fresh memory,
+/// and on this kind of VM a fault of a 2 MiB page held the bench's thread for 20–40 ms: a
+/// stall of the client that the run counted against the server.
+pub(crate) fn prefault<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
+    v.clear();
+    v.reserve(n);
+    v.resize(n, fill);
+    std::hint::black_box(&mut *v);
+    v.clear();
+}
 
 /// Opens a subscribing connection; its reader files events (keeping views when `mats`).
 pub(crate) async fn subscriber(
@@ -166,7 +229,19 @@ pub(crate) async fn subscriber(
     let measure_from_us = Arc::new(AtomicU64::new(u64::MAX));
     let (stop, mut stopped) = oneshot::channel();
     let lat_us = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (l, m, lat) = (live.clone(), measure_from_us.clone(), lat_us.clone());
+    let slow_us = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (l, m, lat, slow) = (
+        live.clone(),
+        measure_from_us.clone(),
+        lat_us.clone(),
+        slow_us.clone(),
+    );
+    let record = move |ts: u64, took_us: f64| {
+        lat.lock().expect("not poisoned").push(took_us);
+        if took_us > SLOW_US {
+            slow.lock().expect("not poisoned").push((ts, took_us));
+        }
+    };
     let task = tokio::spawn(async move {
         let mut seen = Seen::default();
         loop {
@@ -194,7 +269,7 @@ pub(crate) async fn subscriber(
                         rest = &rest[at + 5..];
                         if let Some(ts) = lean_u64(rest, "") {
                             if ts >= from {
-                                lat.lock().expect("not poisoned").push(now_us - ts as f64);
+                                record(ts, now_us - ts as f64);
                             }
                         }
                     }
@@ -215,7 +290,7 @@ pub(crate) async fn subscriber(
                     for c in changes {
                         if let Some(ts) = c["row"]["ts"].as_u64() {
                             if ts as f64 >= from {
-                                lat.lock().expect("not poisoned").push(now_us - ts as f64);
+                                record(ts, now_us - ts as f64);
                             }
                         }
                     }
@@ -265,6 +340,7 @@ pub(crate) async fn subscriber(
         Reader {
             live,
             lat_us,
+            slow_us,
             measure_from_us,
             stop: Some(stop),
             task,
@@ -415,7 +491,8 @@ pub(crate) async fn write_paced(
         queues.push(tx);
         let row = row.clone();
         let send = tokio::spawn(async move {
-            let mut late = Vec::with_capacity(n as usize);
+            let mut late = Vec::new();
+            prefault(&mut late, n as usize, 0.0);
             while let Some(first) = rx.recv().await {
                 let mut next = Some(first);
                 while let Some((i, due_us)) = next {
@@ -540,9 +617,15 @@ async fn load_run(
     // The first fifth (at most 1 s) warms up.
     let warm_us = (seconds * 0.2).min(1.0) * 1e6;
     let from = epoch.elapsed().as_micros() as u64 + warm_us as u64;
+    let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    case.measured_from_monotonic_s =
+        mono.tv_sec as f64 + mono.tv_nsec as f64 * 1e-9 + warm_us * 1e-6;
+    // Each reader hears about its share of the writes: room for twice that, faulted in now.
+    let per_reader = (rate as f64 * seconds) as usize * 2 / readers.len().max(1);
     for r in readers {
         r.measure_from_us.store(from, Ordering::Relaxed);
-        r.lat_us.lock().expect("not poisoned").clear();
+        prefault(&mut r.lat_us.lock().expect("not poisoned"), per_reader, 0.0);
+        r.slow_us.lock().expect("not poisoned").clear();
     }
     let salt = epoch.elapsed().as_nanos() as u64;
     let row = move |i: u64, stamp: u64| {
@@ -573,11 +656,13 @@ async fn load_run(
     };
     let waited = until(DRAIN_TIMEOUT, "every write's diff", || diffs() >= acked).await;
     case.diffs = diffs();
-    let mut lat = Vec::new();
+    let (mut lat, mut slow) = (Vec::new(), Vec::new());
     for r in readers {
         lat.append(&mut r.lat_us.lock().expect("not poisoned"));
+        slow.append(&mut r.slow_us.lock().expect("not poisoned"));
     }
     case.write_to_diff = Dist::of(&lat);
+    case.stalls = stalls_of(&mut slow, from);
     case.verified = waited.is_ok() && case.diffs == acked;
     case.detail = format!("{} diffs for {acked} acknowledged writes", case.diffs);
     Ok(())
@@ -789,6 +874,7 @@ async fn coalesce_family(
 }
 
 pub fn run(params: &Params, bin: &Path, out: &Path) -> anyhow::Result<bool> {
+    crate::server::client_pages();
     let runtime = crate::harness::runtime()?;
     let lp = &params.load;
     let mut report = Report::new("live-load", serde_json::to_value(params)?);
@@ -964,6 +1050,47 @@ fn write_report(report: &mut Report, loads: &[LoadCase], coalesced: &[CoalesceCa
     t.note = Some("Each write upserts the one row of a random room (`SELECT * FROM msg WHERE room = $1`, one view per room), so every write is one diff at one subscriber; verified = every acknowledged write's diff arrived, with no reset or error. Sent late: how long after its scheduled time the client sent a write (a pacing thread with the OS timer; the client's own share of write→diff). CPU: µs of CPU per write over the run, by server thread group and for the bench process (writers and every subscriber's socket), which shares the CPUs with the server.".into());
     report.tables.push(t);
     let mut t = Table::new(
+        "Stalls: writes whose diff took over 2 ms",
+        &[
+            "family",
+            "target writes/s",
+            "writes over 2 ms",
+            "stalls",
+            "largest stalls (at ms into the measured run: writes, schedule span, slowest)",
+        ],
+    );
+    for c in loads.iter().filter(|c| c.family == "load") {
+        let slow: u64 = c.stalls.iter().map(|s| s.writes).sum();
+        let mut largest: Vec<&Stall> = c.stalls.iter().collect();
+        largest.sort_by_key(|s| std::cmp::Reverse(s.writes));
+        largest.truncate(STALLS_LISTED);
+        largest.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
+        t.row(vec![
+            c.family.into(),
+            c.rate_target.to_string(),
+            format!(
+                "{slow} ({:.2} %)",
+                100.0 * slow as f64 / c.write_to_diff.n.max(1) as f64
+            ),
+            c.stalls.len().to_string(),
+            largest
+                .iter()
+                .map(|s| {
+                    format!(
+                        "+{:.0}: {} in {:.1} ms, {}",
+                        s.at_ms,
+                        s.writes,
+                        s.span_ms,
+                        fmt_us(s.max_us)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ]);
+    }
+    t.note = Some(format!("A stall is a run of writes slower than 2 ms whose scheduled times lie within {} ms of each other; the {STALLS_LISTED} with the most writes are listed in time order, so a cause that recurs on a timer shows as evenly spaced stalls.", STALL_GAP_US / 1000));
+    report.tables.push(t);
+    let mut t = Table::new(
         "Coalescing: hot rows (10 % of the rows take 90 % of the writes)",
         &[
             "coalesce_ms",
@@ -1017,4 +1144,39 @@ pub fn verify_samples(samples: &Value) -> anyhow::Result<()> {
 /// µs as the other tables print them (negative values do not occur here).
 fn fmt_us(us: f64) -> String {
     crate::hist::fmt_us(us.max(0.0).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_writes_close_in_schedule_form_one_stall_and_distant_ones_another() {
+        let from = 1_000_000;
+        let mut slow = vec![
+            (from + 503_000, 2_500.0),
+            (from + 500_000, 9_000.0),
+            (from + 507_000, 2_100.0),
+            (from + 1_000_000, 3_000.0),
+        ];
+        let stalls = stalls_of(&mut slow, from);
+        assert_eq!(
+            stalls,
+            vec![
+                Stall {
+                    at_ms: 500.0,
+                    span_ms: 7.0,
+                    writes: 3,
+                    max_us: 9_000.0
+                },
+                Stall {
+                    at_ms: 1_000.0,
+                    span_ms: 0.0,
+                    writes: 1,
+                    max_us: 3_000.0
+                },
+            ]
+        );
+        assert!(stalls_of(&mut [], from).is_empty());
+    }
 }
