@@ -379,6 +379,8 @@ pub struct SlowAck {
     /// When the write was sent, from the subscribe sent (negative: before it).
     pub at_ms: f64,
     pub took_ms: f64,
+    /// When the write was sent, CLOCK_MONOTONIC in seconds (see [`crate::sys::monotonic_s`]).
+    pub sent_monotonic_s: f64,
     /// `before the subscribe`, `subscribe → first message` (the view registered, the first
     /// chunk encoded) or `while chunks arrive`.
     pub phase: &'static str,
@@ -400,6 +402,8 @@ const WRITER_SLICE: Duration = Duration::from_micros(100);
 struct Writer {
     stop: Arc<AtomicBool>,
     started: Instant,
+    /// `started` on CLOCK_MONOTONIC, seconds.
+    started_monotonic_s: f64,
     acks: Arc<Mutex<Vec<Ack>>>,
     thread: std::thread::JoinHandle<anyhow::Result<()>>,
 }
@@ -409,6 +413,7 @@ impl Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(Mutex::new(Vec::new()));
         let started = Instant::now();
+        let started_monotonic_s = crate::sys::monotonic_s();
         let url = server.url("/v1/mutate");
         let thread = {
             let (stop, acks) = (stop.clone(), acks.clone());
@@ -426,6 +431,7 @@ impl Writer {
         Ok(Writer {
             stop,
             started,
+            started_monotonic_s,
             acks,
             thread,
         })
@@ -454,6 +460,7 @@ impl Writer {
                 slow.push(SlowAck {
                     at_ms: signed_ms(a, w.sent),
                     took_ms: took.as_secs_f64() * 1e3,
+                    sent_monotonic_s: self.started_monotonic_s + at.as_secs_f64(),
                     phase: if a < w.sent {
                         "before the subscribe"
                     } else if a < w.first {

@@ -94,6 +94,14 @@ fn sweep_stale_dirs(dir: &Path, running: impl Fn(u32) -> bool) -> usize {
 }
 
 /// A loopback port that was free a moment ago (bound to port 0, then released).
+/// CLOCK_MONOTONIC in seconds: where a result names a moment, this lets it be matched with a
+/// trace taken meanwhile (`perf record -k CLOCK_MONOTONIC`; `Instant` reads the same clock
+/// but does not show it).
+pub fn monotonic_s() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind 127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
