@@ -182,9 +182,10 @@ pub struct TransferArgs {
     /// restart must account for them (the case itself fails: its clients lost the server).
     #[arg(long, hide = true)]
     pub kill_mid_window: bool,
-    /// Profile the server's writer thread (`perf record -e cpu-clock -g -t <tid>`) over the
-    /// measured window of the `sluice-ws` case at the first α ≤ 0 (else the first α), and
-    /// put its top symbols in the summary (the flat report in writer-profile.txt). On by
+    /// Profile the server's writer thread (`perf record -e cpu-clock -t <tid>`) over the
+    /// warm-up of the `sluice-ws` case at the first α ≤ 0 (else the first α; from 2 s in to
+    /// 1 s before the measured window, which never runs under perf; the warm-up must be at
+    /// least 5 s), and put its top symbols in the summary (the flat report in writer-profile.txt). On by
     /// default in full-length runs (not --quick, --seconds ≥ 60) when `perf` is installed.
     #[arg(long, conflicts_with = "no_profile")]
     pub profile: bool,
@@ -219,7 +220,7 @@ pub struct Params {
     /// `--kill-mid-window`: a run whose Sluice cases fail, with unknown transfers.
     pub kill_mid_window: bool,
     /// The α of the `sluice-ws` case whose writer thread is profiled, if one is; else why
-    /// not (`--no-profile`, a short run, no `perf`).
+    /// not (`--no-profile`, a short run or warm-up, no `perf`).
     #[serde(skip)]
     pub profile: Result<f64, String>,
 }
@@ -271,6 +272,11 @@ impl Params {
             Err("--no-profile".to_string())
         } else if !args.profile && !full_length {
             Err("not a full-length run and no --profile".to_string())
+        } else if args.warmup_sec < PROFILE_WARMUP_MIN.as_secs_f64() {
+            Err(format!(
+                "the warm-up is under {} s (the profile is taken in it)",
+                PROFILE_WARMUP_MIN.as_secs()
+            ))
         } else if !profile::perf_available() {
             Err("perf is not installed (Debian: linux-perf)".to_string())
         } else {
@@ -613,6 +619,13 @@ fn failed_case(params: &Params, target: Target, alpha: f64, e: &anyhow::Error) -
     case
 }
 
+/// The writer's profile starts this far into a case's warm-up (the load has settled)...
+const PROFILE_SETTLE: Duration = Duration::from_secs(2);
+/// ...and stops this long before its measured window (perf writes out its data).
+const PROFILE_MARGIN: Duration = Duration::from_secs(1);
+/// The shortest warm-up a profile is taken in.
+const PROFILE_WARMUP_MIN: Duration = Duration::from_secs(5);
+
 async fn run_case(
     params: &Params,
     target: Target,
@@ -637,17 +650,18 @@ async fn run_case(
                 let _ = tokio::task::spawn_blocking(move || crate::sys::signal(pid, "KILL")).await;
             })
         });
-    // The writer's profile over the measured window: `perf record` starts when the warm-up
-    // ends and stops by itself when the window does.
+    // The writer's profile, from the end of the warm-up's first PROFILE_SETTLE to
+    // PROFILE_MARGIN before the measured window: `perf record` stops by itself, and is
+    // read back once the case is over.
     let profiler = running
         .server_pid()
         .filter(|_| target == Target::SluiceWs && params.profile == Ok(alpha))
         .map(|pid| {
-            let warmup = Duration::from_secs_f64(params.warmup_seconds);
-            let window = Duration::from_secs_f64(params.seconds);
+            let window = Duration::from_secs_f64(params.warmup_seconds)
+                .saturating_sub(PROFILE_SETTLE + PROFILE_MARGIN);
             let label = format!("{target}, α = {alpha}");
             tokio::spawn(async move {
-                tokio::time::sleep(warmup).await;
+                tokio::time::sleep(PROFILE_SETTLE).await;
                 tokio::task::spawn_blocking(move || profile::record_writer(pid, window, label))
                     .await
             })
@@ -657,9 +671,13 @@ async fn run_case(
         killer.abort();
     }
     if let Some(profiler) = profiler {
-        case.writer_profile = match profiler.await {
-            Ok(Ok(p)) => Some(p),
-            Ok(Err(e)) | Err(e) => Some(profile::Profile {
+        let recorded = match profiler.await {
+            Ok(Ok(recording)) => tokio::task::spawn_blocking(move || recording.report()).await,
+            Ok(Err(e)) | Err(e) => Err(e),
+        };
+        case.writer_profile = match recorded {
+            Ok(p) => Some(p),
+            Err(e) => Some(profile::Profile {
                 missing: Some(format!("the profiler task failed: {e}")),
                 ..profile::Profile::default()
             }),

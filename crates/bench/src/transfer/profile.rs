@@ -1,7 +1,8 @@
 //! The writer thread's profile (issue 12 asks for it in the summary): `perf record -e
-//! cpu-clock -g -t <tid of sluice-writer>` for the measured window of one `sluice-ws` case,
-//! then the top self-time symbols as a table, and the flat `perf report --stdio` text
-//! beside `summary.md`.
+//! cpu-clock -t <tid of sluice-writer>` for the last seconds of one `sluice-ws` case's warm-up
+//! (never its measured window: on two cores, perf's sampling and its own CPU would be charged
+//! to the server), then, once the case is over, the top self-time symbols as a table and the
+//! flat `perf report --stdio` text beside `summary.md`.
 //!
 //! Only `cpu-clock` is used (hardware counters are often missing on VMs). Without `perf`,
 //! or when it fails, the case runs as usual and the summary says why there is no profile.
@@ -62,33 +63,64 @@ pub fn thread_id(pid: u32, name: &str) -> Option<u32> {
     })
 }
 
-/// Samples `pid`'s writer thread for `window` (blocking; run it off the runtime) and reads
-/// the result back. Bounded: `perf record` stops by itself after `window` and is killed if
-/// it overruns by [`OVERRUN_S`].
-pub fn record_writer(pid: u32, window: Duration, case: String) -> Profile {
-    let mut profile = Profile {
+/// A recording of the writer thread, to be read back once the case is over.
+pub struct Recording {
+    case: String,
+    samples_s: f64,
+    /// The `perf.data` file, or why there is none.
+    data: Result<PathBuf, String>,
+}
+
+/// Samples `pid`'s writer thread for `window` (blocking; run it off the runtime). Bounded:
+/// `perf record` stops by itself after `window` and is killed if it overruns by
+/// [`OVERRUN_S`].
+pub fn record_writer(pid: u32, window: Duration, case: String) -> Recording {
+    let data = match thread_id(pid, WRITER_THREAD) {
+        None => Err(format!("no thread named {WRITER_THREAD} in pid {pid}")),
+        Some(tid) => {
+            let data = std::env::temp_dir().join(format!("sluice-bench-writer-{pid}.perf.data"));
+            record(tid, window, &data)
+                .map(|()| data)
+                .map_err(|e| format!("{e:#}"))
+        }
+    };
+    Recording {
         case,
         samples_s: window.as_secs_f64(),
-        ..Profile::default()
-    };
-    let Some(tid) = thread_id(pid, WRITER_THREAD) else {
-        profile.missing = Some(format!("no thread named {WRITER_THREAD} in pid {pid}"));
-        return profile;
-    };
-    let data = std::env::temp_dir().join(format!("sluice-bench-writer-{pid}.perf.data"));
-    let result = record(tid, window, &data).and_then(|()| report(&data));
-    let _ = std::fs::remove_file(&data);
-    match result {
-        Ok(text) => {
-            profile.rows = parse(&text);
-            if profile.rows.is_empty() {
-                profile.missing = Some("perf recorded no samples of the writer".into());
-            }
-            profile.text = text;
-        }
-        Err(e) => profile.missing = Some(format!("{e:#}")),
+        data,
     }
-    profile
+}
+
+impl Recording {
+    /// Reads the recording back into a profile and removes its file (blocking: `perf report`
+    /// takes seconds of CPU, so it runs after the case's measured window).
+    pub fn report(self) -> Profile {
+        let mut profile = Profile {
+            case: self.case,
+            samples_s: self.samples_s,
+            ..Profile::default()
+        };
+        let data = match self.data {
+            Ok(data) => data,
+            Err(e) => {
+                profile.missing = Some(e);
+                return profile;
+            }
+        };
+        let result = report(&data);
+        let _ = std::fs::remove_file(&data);
+        match result {
+            Ok(text) => {
+                profile.rows = parse(&text);
+                if profile.rows.is_empty() {
+                    profile.missing = Some("perf recorded no samples of the writer".into());
+                }
+                profile.text = text;
+            }
+            Err(e) => profile.missing = Some(format!("{e:#}")),
+        }
+        profile
+    }
 }
 
 fn record(tid: u32, window: Duration, data: &Path) -> anyhow::Result<()> {
@@ -98,7 +130,6 @@ fn record(tid: u32, window: Duration, data: &Path) -> anyhow::Result<()> {
             "record",
             "-e",
             "cpu-clock",
-            "-g",
             "-t",
             &tid.to_string(),
             "-o",
@@ -190,7 +221,7 @@ pub fn table(now: &Profile, before: Option<(&str, &[Row])>) -> Table {
     }
     let mut t = Table::new(
         format!(
-            "Writer thread profile ({WRITER_THREAD}, perf cpu-clock, {:.0} s of the {} measured window): top {TOP_ROWS} symbols by self time",
+            "Writer thread profile ({WRITER_THREAD}, perf cpu-clock, {:.0} s of the {} warm-up, just before its measured window): top {TOP_ROWS} symbols by self time",
             now.samples_s, now.case
         ),
         &headers,
