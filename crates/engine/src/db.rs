@@ -1476,8 +1476,58 @@ impl TxRef<'_> {
         debug_assert!(set
             .iter()
             .all(|(i, v)| *i != schema.pk && v.fits(schema.columns[*i].ty)));
+        if table.indexes.is_empty() {
+            return self.patch_in_place(schema, key, set, if_version);
+        }
         let old = existing_row(table, &key, if_version)?.values.clone();
         self.patch_row(schema, key, &old, set)
+    }
+
+    /// [`TxRef::patch_decoded`] on a table without secondary indexes: the row is found once
+    /// and replaced where it lies (`CowMap::get_mut`), where the general path looks it up to
+    /// read it and again to write it. The checks, their order and the undo entry are the
+    /// general path's ([`TxRef::patch_row`]); on a refusal the row map is as it was (at most
+    /// the row's chunk stopped sharing its memory with a snapshot).
+    fn patch_in_place(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        key: Key,
+        set: &mut [(usize, Value)],
+        if_version: Option<u64>,
+    ) -> Result<WriteResult, TxError> {
+        let (row_bytes_max, commit_bytes_max) = (
+            self.db.limits.row_bytes_max,
+            self.db.limits.commit_bytes_max,
+        );
+        let name = schema.name.as_str();
+        let table = self.db.tables.get_mut(name).ok_or_else(|| no_table(name))?;
+        debug_assert!(table.indexes.is_empty(), "only tables without indexes");
+        let entry = table.rows.get_mut(&key);
+        check_version(name, &key, entry.as_deref(), if_version)?;
+        let entry = entry.ok_or_else(|| not_found(name, &key))?;
+        let values = patched(&entry.values, set);
+        check_not_null(schema, &values)?;
+        let row_bytes = row_size(name, &values, row_bytes_max)?;
+        let bound = change_bytes_bound(name, &key, Some((values.len(), row_bytes)));
+        add_commit_bytes(self.st, commit_bytes_max, bound)?;
+        let version = self.st.seq;
+        let old = std::mem::replace(
+            entry,
+            RowEntry {
+                values: values.clone(),
+                version,
+                seq: self.st.seq,
+            },
+        );
+        Ok(record(
+            self.st,
+            schema,
+            key,
+            Some(values),
+            Some(old),
+            ChangeOp::Update,
+            version,
+        ))
     }
 
     /// The end of every patch, once its row `old` was found: the new row (built in its final
@@ -1489,14 +1539,7 @@ impl TxRef<'_> {
         old: &[Value],
         set: &mut [(usize, Value)],
     ) -> Result<WriteResult, TxError> {
-        let values: Arc<[Value]> = old
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match set.iter_mut().rfind(|(c, _)| *c == i) {
-                Some((_, new)) => std::mem::replace(new, Value::Null),
-                None => v.clone(),
-            })
-            .collect();
+        let values = patched(old, set);
         check_not_null(schema, &values)?;
         let row_bytes = row_size(&schema.name, &values, self.db.limits.row_bytes_max)?;
         let version = self.st.seq;
@@ -1777,6 +1820,18 @@ fn existing_row<'t>(
     let existing = table.rows.get(key);
     check_version(name, key, existing, if_version)?;
     existing.ok_or_else(|| not_found(name, key))
+}
+
+/// Row `old` with the columns of `set` replaced (built in its final place, one allocation;
+/// the last value set for a column wins; the values set are taken out of `set`).
+fn patched(old: &[Value], set: &mut [(usize, Value)]) -> Arc<[Value]> {
+    old.iter()
+        .enumerate()
+        .map(|(i, v)| match set.iter_mut().rfind(|(c, _)| *c == i) {
+            Some((_, new)) => std::mem::replace(new, Value::Null),
+            None => v.clone(),
+        })
+        .collect()
 }
 
 fn not_found(table: &str, key: &Key) -> TxError {

@@ -874,7 +874,6 @@ async fn coalesce_family(
 }
 
 pub fn run(params: &Params, bin: &Path, out: &Path) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let runtime = crate::harness::runtime()?;
     let lp = &params.load;
     let mut report = Report::new("live-load", serde_json::to_value(params)?);

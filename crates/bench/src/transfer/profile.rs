@@ -126,14 +126,7 @@ impl Recording {
 fn record(tid: u32, window: Duration, data: &Path) -> anyhow::Result<()> {
     let seconds = format!("{:.3}", window.as_secs_f64());
     let mut child = Command::new("perf")
-        .args([
-            "record",
-            "-e",
-            "cpu-clock",
-            "-t",
-            &tid.to_string(),
-            "-o",
-        ])
+        .args(["record", "-e", "cpu-clock", "-t", &tid.to_string(), "-o"])
         .arg(data)
         .args(["--", "sleep", &seconds])
         .stdout(Stdio::null())
@@ -328,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_missing_thread_is_said_not_fatal() {
-        let p = record_writer(std::process::id(), Duration::from_millis(1), "x".into());
+        let p = record_writer(std::process::id(), Duration::from_millis(1), "x".into()).report();
         assert!(p.rows.is_empty());
         assert!(p.missing.unwrap().contains(WRITER_THREAD));
     }
