@@ -10,16 +10,7 @@ use serde_json::{json, Map, Value as Json};
 use sluice_engine::{
     Changelog, ColumnDef, ColumnType, Db, Key, Limits, Retention, SchemaChange, TableSchema, Value,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+use sluice_fuzzkit::Rng;
 
 const ROWS: i64 = 40;
 
@@ -79,7 +70,7 @@ fn a_patch_in_place_answers_and_writes_as_the_general_path_does() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x9a7c_4e11_u64);
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let (mut fast, mut general) = (db(), db());
     let before = fast.table("t").unwrap().rows.clone();
     let rows_before = before.iter().count();
@@ -90,12 +81,12 @@ fn a_patch_in_place_answers_and_writes_as_the_general_path_does() {
         let mut tx_general = general.transaction();
         for _ in 0..1 + rng.below(6) {
             // A few ids past the table's rows: not found.
-            let id = rng.below(ROWS as u64 + 4) as i64;
+            let id = rng.below(ROWS as usize + 4) as i64;
             let n = match rng.below(8) {
                 0 => Json::Null, // NOT NULL
-                _ => json!(rng.below(1_000) as i64),
+                _ => json!(rng.below(1_000)),
             };
-            let s = "é".repeat(rng.below(200) as usize); // past row_bytes_max at times
+            let s = "é".repeat(rng.below(200)); // past row_bytes_max at times
             let mut set = Map::new();
             let mut typed = Vec::new();
             if rng.below(3) != 0 {
@@ -112,7 +103,7 @@ fn a_patch_in_place_answers_and_writes_as_the_general_path_does() {
                 .map(|e| e.version);
             let if_version = match rng.below(4) {
                 0 => current,
-                1 => Some(rng.below(5)),
+                1 => Some(rng.below(5) as u64),
                 _ => None,
             };
             let a: Answer = tx_fast

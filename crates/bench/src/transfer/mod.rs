@@ -266,13 +266,18 @@ impl Params {
             .unwrap_or(if quick { QUICK_PAIRS } else { PAIRS_FULL });
         anyhow::ensure!(pairs >= 1, "--pairs must be at least 1");
         let full_length = !quick && args.seconds >= 60.0;
+        let warmup_seconds = if quick {
+            args.warmup_sec.min(QUICK_WARMUP_SECONDS)
+        } else {
+            args.warmup_sec
+        };
         let profile = if !targets.contains(&Target::SluiceWs) {
             Err("no sluice-ws case".to_string())
         } else if args.no_profile {
             Err("--no-profile".to_string())
         } else if !args.profile && !full_length {
             Err("not a full-length run and no --profile".to_string())
-        } else if args.warmup_sec < PROFILE_WARMUP_MIN.as_secs_f64() {
+        } else if warmup_seconds < PROFILE_WARMUP_MIN.as_secs_f64() {
             Err(format!(
                 "the warm-up is under {} s (the profile is taken in it)",
                 PROFILE_WARMUP_MIN.as_secs()
@@ -294,11 +299,7 @@ impl Params {
             } else {
                 args.seconds
             },
-            warmup_seconds: if quick {
-                args.warmup_sec.min(QUICK_WARMUP_SECONDS)
-            } else {
-                args.warmup_sec
-            },
+            warmup_seconds,
             concurrency: if quick {
                 args.concurrency.min(QUICK_CONCURRENCY_MAX)
             } else {
