@@ -26,9 +26,9 @@ const HEALTH_POLL: Duration = Duration::from_millis(2);
 
 /// Has this process (a suite that only drives a spawned server: `live`, `bootstrap`,
 /// `transfer`, `snapshot`, `fanout`, `cluster`) back its memory with 4 KiB pages, as `serve`
-/// does (`sluice_sched::set_transparent_huge_pages`). With huge pages, a client thread that first touches a fresh 2 MiB page stalls while the kernel clears it: on
-/// this kind of VM, 20–35 ms once or twice per live-load run, counted against the server's
-/// write→diff. Best effort: where the kernel refuses, the process keeps what it has.
+/// does (`sluice_sched::set_transparent_huge_pages`). With huge pages, a client thread that
+/// first touches a fresh 2 MiB page stalls while the kernel clears it: on this kind of VM,
+/// 20–35 ms once or twice per live-load run, counted against the server's write→diff. Best effort: where the kernel refuses, the process keeps what it has.
 pub fn client_pages() {
     // A refusal only leaves the kernel's setting (and its stalls) in place.
     let _ = sluice_sched::set_transparent_huge_pages(false);
