@@ -153,6 +153,11 @@ pub struct Report {
 
 impl Report {
     pub fn new(suite: &'static str, params: Value) -> Report {
+        let mut run_extra = serde_json::Map::new();
+        let serve_args = crate::server::serve_args_from_env();
+        if !serve_args.is_empty() {
+            run_extra.insert("serve_args_from_env".into(), serde_json::json!(serve_args));
+        }
         Report {
             suite,
             started_at: SystemTime::now(),
@@ -165,7 +170,7 @@ impl Report {
             charts: Vec::new(),
             notes: Vec::new(),
             samples: Value::Null,
-            run_extra: serde_json::Map::new(),
+            run_extra,
             csv: None,
         }
     }
@@ -206,6 +211,14 @@ impl Report {
             self.machine.one_line()
         );
         let _ = writeln!(out, "Command: `{}`\n", command_line());
+        let serve_args = crate::server::serve_args_from_env();
+        if !serve_args.is_empty() {
+            let _ = writeln!(
+                out,
+                "Every Sluice server ran with `{}` added (`$SLUICE_BENCH_SERVE_ARGS`).\n",
+                serve_args.join(" ")
+            );
+        }
         for warning in self.warnings() {
             let _ = writeln!(out, "**{warning}**\n");
         }

@@ -118,6 +118,15 @@ pub fn sluice_bin(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Extra `serve` flags for every Sluice server a bench starts, from `$SLUICE_BENCH_SERVE_ARGS`
+/// (split on whitespace; e.g. `--log-sync-threads 3`), for trying a setting without a
+/// rebuild. Each suite's `run.json` records them (`serve_args_from_env`).
+pub fn serve_args_from_env() -> Vec<String> {
+    std::env::var("SLUICE_BENCH_SERVE_ARGS")
+        .map(|v| v.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 /// A running `sluice serve`.
 #[derive(Debug)]
 pub struct SluiceServer {
@@ -182,6 +191,7 @@ impl SluiceServer {
             .arg("--admin-token")
             .arg(admin_token())
             .args(extra)
+            .args(serve_args_from_env())
             .env_remove("SLUICE_ADMIN_TOKEN")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

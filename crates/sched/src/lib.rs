@@ -228,6 +228,27 @@ pub fn set_nice(_nice: i32) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
+/// The nice value of thread `tid` of this process (0: the calling thread).
+#[cfg(target_os = "linux")]
+pub fn nice(tid: i32) -> std::io::Result<i32> {
+    // getpriority returns the nice value, and -1 is a valid one: errno tells errors apart.
+    // SAFETY: plain syscalls on integers.
+    unsafe {
+        let tid = if tid == 0 { libc::gettid() } else { tid };
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        if nice == -1 && *libc::__errno_location() != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(nice)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn nice(_tid: i32) -> std::io::Result<i32> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 /// With `enabled: false`, stops the kernel from backing this process's memory with
 /// transparent huge pages (`PR_SET_THP_DISABLE`; inherited by children): mimalloc asks for them on its arenas
 /// (`MADV_HUGEPAGE`), and the first touch of each 2 MiB page then stalls the touching thread

@@ -1,6 +1,6 @@
 //! [`Core`]: one open database — recovered state, the writer thread, the log.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -99,6 +99,8 @@ pub(crate) struct Counters {
     /// Writer rounds: lock, apply, unlock, hand the frames to the log, reply to `memory`
     /// commits (a submit that waits on back-pressure included).
     pub writer_round_latency: sluice_log::latency::LatencyHistogram,
+    /// The writer thread's nice value, read back once it asked for `--writer-nice`.
+    pub writer_nice: AtomicI32,
 }
 
 /// Facts from startup, for logs and `/metrics`.

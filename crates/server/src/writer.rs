@@ -308,6 +308,26 @@ fn spawn_dropper() -> Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>> {
     Some(tx)
 }
 
+/// Asks for the writer thread's nice value (`--writer-nice`, [`crate::config::WRITER_NICE_DEFAULT`])
+/// on the calling thread, and records what it runs at (`sluice_writer_nice`). A refusal
+/// (no privilege to go below 0) is logged once; the writer then runs at the nice it has.
+fn set_writer_nice(nice: i32, shared: &Shared) {
+    if nice != 0 {
+        match sluice_sched::set_nice(nice) {
+            Ok(()) => tracing::debug!(nice, "writer thread priority set"),
+            Err(e) => tracing::info!(
+                nice,
+                error = %e,
+                "could not raise the writer thread's priority (needs root, CAP_SYS_NICE or RLIMIT_NICE); \
+                 it runs at the process's own, with less write throughput when the CPUs are saturated"
+            ),
+        }
+    }
+    if let Ok(now) = sluice_sched::nice(0) {
+        shared.counters.writer_nice.store(now, Ordering::Relaxed);
+    }
+}
+
 impl Writer {
     /// Starts the writer; `log_bytes_since_snapshot` is the log a restart replayed, so a
     /// process that keeps being killed still snapshots on schedule. The functions module
@@ -334,9 +354,11 @@ impl Writer {
                     return;
                 }
             }
-            let _ = ready_tx.send(Ok(()));
             let snapshotter = Snapshotter::spawn(shared.clone(), wake);
             let dropper = spawn_dropper();
+            // After its helper threads started: they would inherit it.
+            set_writer_nice(shared.config.writer_nice, &shared);
+            let _ = ready_tx.send(Ok(()));
             if dropper.is_some() {
                 shared.db.write().changelog.defer_drops();
             }

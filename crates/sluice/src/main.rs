@@ -268,6 +268,12 @@ struct ServeArgs {
     /// (back-pressure when commits arrive faster than the disk takes them).
     #[arg(long, default_value_t = 64 << 20)]
     log_pending_bytes: usize,
+    /// Nice value of the writer thread, through which every commit passes (-20 to 19; 0:
+    /// leave it). Below 0 it needs root, CAP_SYS_NICE or RLIMIT_NICE; without, the writer
+    /// runs at the process's own priority (logged at start, `sluice_writer_nice` on
+    /// /metrics). On a machine whose CPUs are saturated it is the server's write throughput.
+    #[arg(long, default_value_t = sluice_server::config::WRITER_NICE_DEFAULT, allow_hyphen_values = true)]
+    writer_nice: i32,
     /// Log syncs (`fdatasync`) that may run at once, each on a thread of its own: while one
     /// is in the device the next round is written and its sync started (1 to 8). 0: the log
     /// thread syncs each round itself (no overlap, less CPU per sync: better where fsync is
@@ -539,6 +545,12 @@ impl ServeArgs {
             self.log_sync_threads
         );
         config.log_sync_threads = self.log_sync_threads;
+        anyhow::ensure!(
+            (-20..=19).contains(&self.writer_nice),
+            "--writer-nice {} is outside -20..=19",
+            self.writer_nice
+        );
+        config.writer_nice = self.writer_nice;
         anyhow::ensure!(
             self.log_sync_inline_below_us <= LOG_SYNC_INLINE_BELOW_US_MAX,
             "--log-sync-inline-below-us {} is above {LOG_SYNC_INLINE_BELOW_US_MAX}",
