@@ -9,16 +9,18 @@ use sluice_log::Durability;
 /// Default of [`Config::snapshot_log_percent`]: a log as large as the last snapshot.
 pub const SNAPSHOT_LOG_PERCENT_DEFAULT: u64 = 100;
 
-/// Default of [`Config::writer_nice`]. Every commit passes through the one writer thread,
-/// so when the CPUs are saturated its share of a core is the server's write throughput;
-/// the scheduler otherwise shares the cores evenly among every runnable thread (the
-/// runtime's workers, the drop and log threads, clients on the same machine). Measured on
-/// the 2-core VM (`sluice bench transfer`, `sluice-ws`, α = 0): at nice 0 the writer ran
-/// 0.83–0.94 of a core and waited runnable for a CPU 8–17 % of the time (its
-/// `/proc/…/schedstat`), at 207–217 K transfers/s; at −5 it got 220–242 K. Nice −5 weighs
-/// about 3× a nice-0 thread: enough to keep the writer on a core, not enough to starve the
-/// threads that carry its acknowledgements.
-pub const WRITER_NICE_DEFAULT: i32 = -5;
+/// Default of [`Config::writer_nice`]: 0, leave it. Every commit passes through the one
+/// writer thread, so on saturated CPUs its share of a core is the write throughput, and
+/// the scheduler shares them evenly among every runnable thread. Measured on the 2-core VM
+/// (`sluice bench transfer`, α = 0), at nice 0 the writer ran 0.83–0.94 of a core and waited
+/// runnable 8–17 % of the time. At −5, pipelined WebSocket transfers rose to 237 K / 280 K
+/// TPS at α = 0 / 1.5 (from 228 K / 247 K), but one-request-per-client HTTP transfers fell
+/// 10–30 % (35.5 / 39.3 K against 50.9 / 43.9 K in alternating pairs). A writer that preempts
+/// whoever runs the moment a request arrives takes it alone: commits per sync fell from
+/// 19–22 to 10–11, and every extra round costs a log write, a sync and a live hand-off. So
+/// the default keeps batching; `--writer-nice -5` is for pipelined loads (see ARCHITECTURE
+/// "Why a single writer").
+pub const WRITER_NICE_DEFAULT: i32 = 0;
 
 #[derive(Clone, Debug)]
 pub struct Config {

@@ -269,9 +269,11 @@ struct ServeArgs {
     #[arg(long, default_value_t = 64 << 20)]
     log_pending_bytes: usize,
     /// Nice value of the writer thread, through which every commit passes (-20 to 19; 0:
-    /// leave it). Below 0 it needs root, CAP_SYS_NICE or RLIMIT_NICE; without, the writer
-    /// runs at the process's own priority (logged at start, `sluice_writer_nice` on
-    /// /metrics). On a machine whose CPUs are saturated it is the server's write throughput.
+    /// leave it). -5 keeps it on a core when the CPUs are saturated: more throughput for
+    /// pipelined clients (WebSocket), less for clients with one request in flight each,
+    /// which it then serves in smaller rounds. Below 0 needs root, CAP_SYS_NICE or
+    /// RLIMIT_NICE; without, the writer runs at the process's own priority (logged at
+    /// start; `sluice_writer_nice` on /metrics says what it runs at).
     #[arg(long, default_value_t = sluice_server::config::WRITER_NICE_DEFAULT, allow_hyphen_values = true)]
     writer_nice: i32,
     /// Log syncs (`fdatasync`) that may run at once, each on a thread of its own: while one
