@@ -9,18 +9,13 @@ use sluice_log::Durability;
 /// Default of [`Config::snapshot_log_percent`]: a log as large as the last snapshot.
 pub const SNAPSHOT_LOG_PERCENT_DEFAULT: u64 = 100;
 
-/// Default of [`Config::writer_nice`]: 0, leave it. Every commit passes through the one
-/// writer thread, so on saturated CPUs its share of a core is the write throughput, and
-/// the scheduler shares them evenly among every runnable thread. Measured on the 2-core VM
-/// (`sluice bench transfer`, α = 0), at nice 0 the writer ran 0.83–0.94 of a core and waited
-/// runnable 8–17 % of the time. At −5, pipelined WebSocket transfers rose to 237 K / 280 K
-/// TPS at α = 0 / 1.5 (from 228 K / 247 K), but one-request-per-client HTTP transfers fell
-/// 10–30 % (35.5 / 39.3 K against 50.9 / 43.9 K in alternating pairs). A writer that preempts
-/// whoever runs the moment a request arrives takes it alone: commits per sync fell from
-/// 19–22 to 10–11, and every extra round costs a log write, a sync and a live hand-off. So
-/// the default keeps batching; `--writer-nice -5` is for pipelined loads (see ARCHITECTURE
-/// "Why a single writer").
-pub const WRITER_NICE_DEFAULT: i32 = 0;
+/// Default of [`Config::writer_nice`]: the nice the writer takes while it has a backlog
+/// (see `writer::Boost` for why only then). Nice −5 weighs about 3× a nice-0 thread: enough
+/// to keep the writer on a core, not enough to starve the threads that carry its
+/// acknowledgements. Measured in alternating 10 s pairs of `sluice bench transfer` (α = 0, 2
+/// cores): `sluice-ws` 239 K / 224 K TPS against 213 K / 211 K at 0; `sluice-http` (never
+/// backlogged) 53.8 K / 52.2 K against 52.3 K / 53.7 K.
+pub const WRITER_NICE_DEFAULT: i32 = -5;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -56,9 +51,10 @@ pub struct Config {
     pub writer_queue_max: usize,
     /// Log bytes submitted and not yet written before the writer waits (`--log-pending-bytes`).
     pub log_pending_bytes_max: usize,
-    /// Nice value the writer thread asks for as it starts (`--writer-nice`; 0: leave it).
-    /// Below 0 needs privilege (root, `CAP_SYS_NICE` or `RLIMIT_NICE`); a refusal is logged
-    /// and the writer runs at the process's own priority. See [`WRITER_NICE_DEFAULT`].
+    /// Nice value the writer thread takes while it has a backlog (`--writer-nice`; equal to
+    /// the process's own: never). Below 0 needs privilege (root, `CAP_SYS_NICE` or
+    /// `RLIMIT_NICE`); a refusal is logged once and the writer keeps the process's
+    /// priority. See [`WRITER_NICE_DEFAULT`].
     pub writer_nice: i32,
     /// Log syncs that may run at once (`--log-sync-threads`, see `sluice_log::writer`); 0:
     /// the log thread syncs itself.

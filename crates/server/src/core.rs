@@ -99,8 +99,10 @@ pub(crate) struct Counters {
     /// Writer rounds: lock, apply, unlock, hand the frames to the log, reply to `memory`
     /// commits (a submit that waits on back-pressure included).
     pub writer_round_latency: sluice_log::latency::LatencyHistogram,
-    /// The writer thread's nice value, read back once it asked for `--writer-nice`.
+    /// The nice value the writer thread runs at (`--writer-nice` while backlogged).
     pub writer_nice: AtomicI32,
+    /// Times the writer raised its priority for a backlog.
+    pub writer_boosts: AtomicU64,
 }
 
 /// Facts from startup, for logs and `/metrics`.

@@ -135,7 +135,8 @@ pub(crate) fn render(core: &Core) -> String {
     };
     let _ = writeln!(out, "# HELP sluice_commits_per_sync fsync-class commits per sync (group commit factor).\n# TYPE sluice_commits_per_sync gauge\nsluice_commits_per_sync {per_sync}");
     let _ = writeln!(out, "# HELP sluice_log_sync_recent_seconds Moving average of recent log sync latencies (below --log-sync-inline-below-us the log thread syncs itself).\n# TYPE sluice_log_sync_recent_seconds gauge\nsluice_log_sync_recent_seconds {}", log.sync_recent_us as f64 / 1e6);
-    let _ = writeln!(out, "# HELP sluice_writer_nice Nice value the writer thread runs at (--writer-nice, where the system allowed it).\n# TYPE sluice_writer_nice gauge\nsluice_writer_nice {}", c.writer_nice.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP sluice_writer_nice Nice value the writer thread runs at (--writer-nice while it has a backlog, where the system allows it).\n# TYPE sluice_writer_nice gauge\nsluice_writer_nice {}", c.writer_nice.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP sluice_writer_boosts_total Times the writer raised its priority to --writer-nice for a backlog.\n# TYPE sluice_writer_boosts_total counter\nsluice_writer_boosts_total {}", c.writer_boosts.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP sluice_seq_confirmed Newest seq that reached its durability class.\n# TYPE sluice_seq_confirmed gauge\nsluice_seq_confirmed {}", core.confirmed_seq());
     let _ = writeln!(out, "# HELP sluice_live_views Live views held (subscribed or warm).\n# TYPE sluice_live_views gauge\nsluice_live_views {}", live.views);
     let _ = writeln!(out, "# HELP sluice_live_subscribers Live subscriptions open.\n# TYPE sluice_live_subscribers gauge\nsluice_live_subscribers {}", live.subscribers);

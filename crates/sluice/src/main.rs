@@ -268,12 +268,12 @@ struct ServeArgs {
     /// (back-pressure when commits arrive faster than the disk takes them).
     #[arg(long, default_value_t = 64 << 20)]
     log_pending_bytes: usize,
-    /// Nice value of the writer thread, through which every commit passes (-20 to 19; 0:
-    /// leave it). -5 keeps it on a core when the CPUs are saturated: more throughput for
-    /// pipelined clients (WebSocket), less for clients with one request in flight each,
-    /// which it then serves in smaller rounds. Below 0 needs root, CAP_SYS_NICE or
-    /// RLIMIT_NICE; without, the writer runs at the process's own priority (logged at
-    /// start; `sluice_writer_nice` on /metrics says what it runs at).
+    /// Nice value the writer thread, through which every commit passes, takes while it has
+    /// a backlog (a round starting with 256 or more requests queued; back to the process's
+    /// own below 32): it keeps the writer on a core when it is the bottleneck on saturated
+    /// CPUs, and leaves short queues to batch (-20 to 0; the process's own: never). Below
+    /// 0 needs root, CAP_SYS_NICE or RLIMIT_NICE; without, the writer keeps the process's
+    /// priority (logged once; `sluice_writer_nice` on /metrics says what it runs at).
     #[arg(long, default_value_t = sluice_server::config::WRITER_NICE_DEFAULT, allow_hyphen_values = true)]
     writer_nice: i32,
     /// Log syncs (`fdatasync`) that may run at once, each on a thread of its own: while one
@@ -548,8 +548,8 @@ impl ServeArgs {
         );
         config.log_sync_threads = self.log_sync_threads;
         anyhow::ensure!(
-            (-20..=19).contains(&self.writer_nice),
-            "--writer-nice {} is outside -20..=19",
+            (-20..=0).contains(&self.writer_nice),
+            "--writer-nice {} is outside -20..=0 (a priority for the writer while it has a backlog; 0: never raised)",
             self.writer_nice
         );
         config.writer_nice = self.writer_nice;
