@@ -211,12 +211,12 @@ impl Report {
             self.machine.one_line()
         );
         let _ = writeln!(out, "Command: `{}`\n", command_line());
-        let serve_args = crate::server::serve_args_from_env();
-        if !serve_args.is_empty() {
+        if let Some(Value::Array(serve_args)) = self.run_extra.get("serve_args_from_env") {
+            let args: Vec<&str> = serve_args.iter().filter_map(Value::as_str).collect();
             let _ = writeln!(
                 out,
                 "Every Sluice server ran with `{}` added (`$SLUICE_BENCH_SERVE_ARGS`).\n",
-                serve_args.join(" ")
+                args.join(" ")
             );
         }
         for warning in self.warnings() {

@@ -37,17 +37,7 @@ struct SchedAttr {
 /// keeping its nice value and `SCHED_OTHER`.
 #[cfg(target_os = "linux")]
 pub fn request_slice(tid: i32, slice: Duration) -> std::io::Result<()> {
-    // getpriority returns the nice value, and -1 is a valid one: errno tells errors apart.
-    // SAFETY: plain syscalls on integers and a pointer to a local, fully initialised struct
-    // whose size is passed in it.
-    let nice = unsafe {
-        *libc::__errno_location() = 0;
-        let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-        if nice == -1 && *libc::__errno_location() != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        nice
-    };
+    let nice = nice(tid)?;
     let attr = SchedAttr {
         size: std::mem::size_of::<SchedAttr>() as u32,
         policy: libc::SCHED_OTHER as u32,
@@ -58,7 +48,8 @@ pub fn request_slice(tid: i32, slice: Duration) -> std::io::Result<()> {
         deadline: 0,
         period: 0,
     };
-    // SAFETY: as above.
+    // SAFETY: a syscall on integers and a pointer to a local, fully initialised struct whose
+    // size is passed in it.
     let r = unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) };
     zero_or_errno(r)
 }

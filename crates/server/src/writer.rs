@@ -407,9 +407,9 @@ impl Writer {
                     return;
                 }
             }
+            let _ = ready_tx.send(Ok(()));
             let snapshotter = Snapshotter::spawn(shared.clone(), wake);
             let dropper = spawn_dropper();
-            let _ = ready_tx.send(Ok(()));
             if dropper.is_some() {
                 shared.db.write().changelog.defer_drops();
             }
