@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use crate::bulk::{PendingWrite, PendingWrites};
+use crate::bulk::{PendingWrite, PendingWrites, Sorter};
 use crate::changelog::Changelog;
 use crate::error::{ErrorCode, TxError};
 use crate::schema::{ColumnDef, IndexDef, SchemaChange, TableSchema};
@@ -727,10 +727,15 @@ impl Db {
 
     /// Builds every table whose rows `bulk` holds back (see [`Db::replay_bulk`]).
     pub fn finish_bulk(&mut self, bulk: &mut BulkLoad) {
+        let mut sorted_elsewhere: BTreeMap<usize, Vec<Vec<PendingWrite>>> = BTreeMap::new();
+        for (id, block) in bulk.sorter.finish() {
+            sorted_elsewhere.entry(id).or_default().push(block);
+        }
         for (name, state) in std::mem::take(&mut bulk.tables) {
             let BulkTable::Pending(writes) = state else {
                 continue;
             };
+            let elsewhere = sorted_elsewhere.remove(&writes.id()).unwrap_or_default();
             // Each key's writes in log order (seq, then place in the commit): the last one
             // is the row, and each write's before-image is the one before it. Merged from
             // blocks sorted as they filled straight into the row map's chunks — no second
@@ -738,7 +743,7 @@ impl Db {
             let mut rows = crate::cow::CowMapBuilder::with_capacity(writes.len());
             // The previous write in merged order (the last one of its key so far).
             let mut prev: Option<PendingWrite> = None;
-            for write in writes.into_sorted() {
+            for write in writes.into_sorted(elsewhere) {
                 if let Some(p) = prev.take() {
                     if write.key == p.key {
                         if p.values.is_some() {
@@ -860,9 +865,13 @@ impl Db {
         &mut self,
         seq: u64,
         rows: Vec<ReplayRow>,
-        mut bulk: Option<&mut BulkLoad>,
+        bulk: Option<&mut BulkLoad>,
     ) -> Result<Vec<Change>, String> {
         let mut changes = Vec::with_capacity(rows.len());
+        let (mut bulk_tables, mut sorter) = match bulk {
+            Some(BulkLoad { tables, sorter }) => (Some(tables), Some(sorter)),
+            None => (None, None),
+        };
         // The rows of one commit mostly name one table, sharing its name (decoded once):
         // the table and its bulk state are looked up once per name, not once per row.
         let mut current: Option<(Arc<str>, &mut Table, Option<&mut BulkTable>)> = None;
@@ -875,16 +884,21 @@ impl Db {
                     .tables
                     .get_mut(&*r.table)
                     .ok_or_else(|| format!("seq {seq} writes unknown table {:?}", r.table))?;
-                let state = match bulk.as_deref_mut() {
+                let state = match bulk_tables.as_deref_mut() {
                     None => None,
-                    Some(bulk) => Some(match bulk.tables.entry(r.table.to_string()) {
-                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::btree_map::Entry::Vacant(e) => {
-                            e.insert(if table.rows.is_empty() {
-                                BulkTable::Pending(PendingWrites::new())
-                            } else {
-                                BulkTable::Off
-                            })
+                    Some(tables) => Some({
+                        // Distinct until `finish_bulk`, which empties both the map and
+                        // the sorter: entries are only added until then.
+                        let id = tables.len();
+                        match tables.entry(r.table.to_string()) {
+                            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                            std::collections::btree_map::Entry::Vacant(e) => {
+                                e.insert(if table.rows.is_empty() {
+                                    BulkTable::Pending(PendingWrites::new(id))
+                                } else {
+                                    BulkTable::Off
+                                })
+                            }
                         }
                     }),
                 };
@@ -904,13 +918,16 @@ impl Db {
             }
             if let Some(BulkTable::Pending(writes)) = state.as_deref_mut() {
                 // Held back; the before-image is filled in when the table is built.
-                writes.push(PendingWrite {
-                    key: r.key.clone(),
-                    values: row.clone(),
-                    version: r.version,
-                    seq,
-                    change: changes.len(),
-                });
+                writes.push(
+                    PendingWrite {
+                        key: r.key.clone(),
+                        values: row.clone(),
+                        version: r.version,
+                        seq,
+                        change: changes.len(),
+                    },
+                    sorter.as_deref_mut().expect("pending only in a bulk load"),
+                );
                 changes.push(Change {
                     table: table.schema.clone(),
                     op: r.op,
@@ -949,6 +966,8 @@ impl Db {
 #[derive(Default)]
 pub struct BulkLoad {
     tables: BTreeMap<String, BulkTable>,
+    /// Sorts the held-back blocks of every table off the applying thread.
+    sorter: Sorter,
 }
 
 enum BulkTable {
