@@ -81,10 +81,13 @@ impl PendingWrites {
         if self.current.len() == self.current.capacity() {
             let next = (self.current.capacity() * 2).clamp(BLOCK_WRITES_FIRST, BLOCK_WRITES_MAX);
             let full = std::mem::replace(&mut self.current, Vec::with_capacity(next));
-            if full.len() >= SORT_ELSEWHERE_FROM {
-                sorter.sort(self.id, full);
+            let unsorted = if full.len() >= SORT_ELSEWHERE_FROM {
+                sorter.sort(self.id, full)
             } else {
-                self.seal(full);
+                Some(full)
+            };
+            if let Some(block) = unsorted {
+                self.seal(block);
             }
         }
         self.current.push(write);
@@ -144,13 +147,20 @@ type Sorted = (usize, Vec<PendingWrite>);
 #[derive(Default)]
 pub(crate) struct Sorter {
     running: Option<(mpsc::Sender<Sorted>, JoinHandle<Vec<Sorted>>)>,
+    /// No thread could be started: blocks are sorted where they fill from then on.
+    unavailable: bool,
 }
 
 impl Sorter {
-    fn sort(&mut self, id: usize, block: Vec<PendingWrite>) {
-        let (to, _) = self.running.get_or_insert_with(|| {
+    /// Hands `block` to the thread (started now if it is not running), or gives it back
+    /// if no thread could be started: sorting it is then the caller's.
+    fn sort(&mut self, id: usize, block: Vec<PendingWrite>) -> Option<Vec<PendingWrite>> {
+        if self.unavailable {
+            return Some(block);
+        }
+        if self.running.is_none() {
             let (to, from) = mpsc::channel::<Sorted>();
-            let thread = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("sluice-sort".into())
                 .spawn(move || {
                     from.into_iter()
@@ -159,15 +169,27 @@ impl Sorter {
                             (id, block)
                         })
                         .collect()
-                })
-                .expect("spawns the sorting thread");
-            (to, thread)
-        });
+                });
+            match spawned {
+                Ok(thread) => self.running = Some((to, thread)),
+                Err(e) => {
+                    // Out of threads (a process or memory limit): slower, not wrong.
+                    tracing::warn!(
+                        error = %e,
+                        "no thread to sort held-back writes on: the applying thread sorts them"
+                    );
+                    self.unavailable = true;
+                    return Some(block);
+                }
+            }
+        }
+        let (to, _) = self.running.as_ref().expect("running");
         if to.send((id, block)).is_err() {
             // The thread ends only once `to` is dropped, or by panicking: pass that on.
             self.finish();
             unreachable!("the sorting thread stopped without panicking");
         }
+        None
     }
 
     /// Waits for every block given so far, sorted, and stops the thread (the next
@@ -267,7 +289,9 @@ mod tests {
 
     /// The merge yields exactly a stable sort by key of the writes in log order, for
     /// ascending, nearly ascending, descending and random keys, with repeats, across
-    /// many block sizes (every count from 0 to 300, then larger ones past the block cap).
+    /// many block sizes (every count from 0 to 300, then larger ones past the block cap),
+    /// with the large blocks sorted on the sorting thread or, when none could be started,
+    /// where they fill.
     #[test]
     fn merged_blocks_equal_a_stable_sort_by_key() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -278,7 +302,7 @@ mod tests {
             state % n
         };
         let counts = (0..=300).chain([BLOCK_WRITES_MAX - 1, BLOCK_WRITES_MAX * 3 + 17]);
-        for n in counts {
+        for (n, threaded) in counts.flat_map(|n| [(n, true), (n, false)]) {
             for pattern in 0..4 {
                 let keys: Vec<i64> = (0..n as i64)
                     .map(|i| match pattern {
@@ -289,7 +313,10 @@ mod tests {
                     })
                     .collect();
                 let mut pending = PendingWrites::new(0);
-                let mut sorter = Sorter::default();
+                let mut sorter = Sorter {
+                    running: None,
+                    unavailable: !threaded,
+                };
                 let mut expected = Vec::new();
                 for (i, &k) in keys.iter().enumerate() {
                     let (seq, change) = (i as u64 / 7 + 1, i % 7);
@@ -309,7 +336,10 @@ mod tests {
                         Key::Text(_) => unreachable!(),
                     })
                     .collect();
-                assert!(got == expected, "{n} writes, pattern {pattern}");
+                assert!(
+                    got == expected,
+                    "{n} writes, pattern {pattern}, threaded {threaded}"
+                );
             }
         }
     }
