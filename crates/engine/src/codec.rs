@@ -18,6 +18,26 @@ pub const RECORD_SCHEMA: u8 = 2;
 pub const RECORD_TX: u8 = 3;
 /// A topic created, changed or dropped.
 pub const RECORD_TOPIC: u8 = 4;
+/// [`RECORD_ROWS`] with packed rows (see [`ROW_HEAD_OP`]): what is written since format
+/// revision 2; kinds 1 and 3 are still read.
+pub const RECORD_ROWS_PACKED: u8 = 5;
+/// [`RECORD_TX`] with packed rows.
+pub const RECORD_TX_PACKED: u8 = 6;
+
+/// A packed row starts with one head byte. Its low two bits are the op (0 insert, 1 update,
+/// 2 delete); the flags above say which fields follow, so that what every row of a commit
+/// would repeat is left out: the table's name (written when it differs from the previous
+/// row's), the version (written when it is not the commit's seq, as it is for every insert
+/// and update) and the key (written when it is not the row's first value, as it is when the
+/// primary key is the first column).
+pub const ROW_HEAD_OP: u8 = 0b11;
+/// The table's name follows (always on a commit's first row).
+pub const ROW_NAMES_TABLE: u8 = 1 << 2;
+/// The version follows; without it the version is the commit's seq.
+pub const ROW_HAS_VERSION: u8 = 1 << 3;
+/// The key follows; without it the key is the row's first value (never for a delete).
+pub const ROW_HAS_KEY: u8 = 1 << 4;
+const ROW_HEAD_BITS: u8 = ROW_HEAD_OP | ROW_NAMES_TABLE | ROW_HAS_VERSION | ROW_HAS_KEY;
 
 pub const SNAP_SCHEMA: u8 = 1;
 pub const SNAP_ROWS: u8 = 2;
@@ -175,21 +195,46 @@ pub fn encode_commit(commit: &Commit, out: &mut Vec<u8>) {
     match &commit.body {
         CommitBody::Rows(changes) => {
             w.u8(if commit.appends.is_empty() {
-                RECORD_ROWS
+                RECORD_ROWS_PACKED
             } else {
-                RECORD_TX
+                RECORD_TX_PACKED
             });
             w.u64_fixed(commit.seq);
             w.varint(changes.len() as u64);
+            let mut last_table: Option<&str> = None;
             for c in changes {
-                w.str(&c.table.name);
-                w.u8(match c.op {
+                let names_table = last_table != Some(c.table.name.as_str());
+                let has_version = c.version != commit.seq;
+                let key_is_first_value = match (&c.key, c.row.as_ref().and_then(|r| r.first())) {
+                    (Key::Int(k), Some(Value::Integer(v))) => k == v,
+                    (Key::Text(k), Some(Value::Text(v))) => k == v,
+                    _ => false,
+                };
+                let mut head = match c.op {
                     ChangeOp::Insert => 0,
                     ChangeOp::Update => 1,
                     ChangeOp::Delete => 2,
-                });
-                w.varint(c.version);
-                w.key(&c.key);
+                };
+                if names_table {
+                    head |= ROW_NAMES_TABLE;
+                }
+                if has_version {
+                    head |= ROW_HAS_VERSION;
+                }
+                if !key_is_first_value {
+                    head |= ROW_HAS_KEY;
+                }
+                w.u8(head);
+                if names_table {
+                    w.str(&c.table.name);
+                    last_table = Some(&c.table.name);
+                }
+                if has_version {
+                    w.varint(c.version);
+                }
+                if !key_is_first_value {
+                    w.key(&c.key);
+                }
                 if let Some(values) = &c.row {
                     w.varint(values.len() as u64);
                     for v in values.iter() {
@@ -626,28 +671,60 @@ fn decode_commit_with(
         return Err(format!("implausible seq {seq}"));
     }
     let body = match kind {
-        RECORD_ROWS | RECORD_TX => {
+        RECORD_ROWS | RECORD_TX | RECORD_ROWS_PACKED | RECORD_TX_PACKED => {
+            let packed = matches!(kind, RECORD_ROWS_PACKED | RECORD_TX_PACKED);
             let n = r.len()?;
             let mut rows = Vec::with_capacity(Reader::reserve(n));
             let mut scratch = Vec::new();
             let mut last_table = None;
             for _ in 0..n {
-                let table = r.table_name(&mut last_table)?;
-                let op = match r.u8()? {
+                let head = if packed {
+                    let head = r.u8()?;
+                    if head & !ROW_HEAD_BITS != 0 {
+                        return Err(format!("unknown row head bits {head:#010b}"));
+                    }
+                    Some(head)
+                } else {
+                    None
+                };
+                let table = match head {
+                    None => r.table_name(&mut last_table)?,
+                    Some(h) if h & ROW_NAMES_TABLE != 0 => r.table_name(&mut last_table)?,
+                    Some(_) => last_table
+                        .clone()
+                        .ok_or("a commit's first row does not name its table")?,
+                };
+                let op = match head.map_or_else(|| r.u8(), |h| Ok(h & ROW_HEAD_OP))? {
                     0 => ChangeOp::Insert,
                     1 => ChangeOp::Update,
                     2 => ChangeOp::Delete,
                     o => return Err(format!("unknown change op {o}")),
                 };
-                let version = r.counter("version")?;
-                let key = r.key()?;
+                let version = match head {
+                    Some(h) if h & ROW_HAS_VERSION == 0 => seq,
+                    _ => r.counter("version")?,
+                };
+                let mut key = match head {
+                    Some(h) if h & ROW_HAS_KEY == 0 => None,
+                    _ => Some(r.key()?),
+                };
                 let values = if op == ChangeOp::Delete {
                     None
                 } else {
                     let n = r.len()?;
+                    // A key left out is the first value: read it there, then the values
+                    // from their start.
+                    if key.is_none() {
+                        if n == 0 {
+                            return Err("a row without values or key".into());
+                        }
+                        let at = r.pos;
+                        key = Some(r.key()?);
+                        r.pos = at;
+                    }
                     let stored = tables
                         .and_then(|ts| ts.get(&*table))
-                        .and_then(|t| t.rows.get(&key))
+                        .and_then(|t| key.as_ref().and_then(|k| t.rows.get(k)))
                         .map(|e| &e.values)
                         .filter(|v| v.len() == n);
                     let at = r.pos;
@@ -659,6 +736,7 @@ fn decode_commit_with(
                         }
                     }
                 };
+                let key = key.ok_or("a delete without its key")?;
                 rows.push(ReplayRow {
                     table,
                     op,
@@ -667,7 +745,7 @@ fn decode_commit_with(
                     version,
                 });
             }
-            if kind == RECORD_ROWS {
+            if matches!(kind, RECORD_ROWS | RECORD_ROWS_PACKED) {
                 ReplayBody::Rows(rows)
             } else {
                 let n = r.len()?;

@@ -1116,6 +1116,8 @@ fn peek_seq(payload: &[u8]) -> Result<u64, String> {
                     | crate::codec::RECORD_SCHEMA
                     | crate::codec::RECORD_TX
                     | crate::codec::RECORD_TOPIC
+                    | crate::codec::RECORD_ROWS_PACKED
+                    | crate::codec::RECORD_TX_PACKED
             ) =>
         {
             Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))

@@ -72,6 +72,12 @@ fn counts_claiming_every_byte_left_allocate_in_proportion_to_the_input() {
         largest <= budget,
         "a rows record allocated {largest} bytes at once"
     );
+    rows[0] = codec::RECORD_ROWS_PACKED;
+    let largest = largest_allocation(|| assert!(codec::decode_commit(&rows).is_err()));
+    assert!(
+        largest <= budget,
+        "a packed rows record allocated {largest} bytes at once"
+    );
     let largest = largest_allocation(|| assert!(codec::decode_snapshot_frame(&snap).is_err()));
     assert!(
         largest <= budget,

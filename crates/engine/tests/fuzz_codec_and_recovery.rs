@@ -267,11 +267,13 @@ const EXECS: u64 = 50_000;
 #[test]
 fn lengths_claiming_four_gib_are_refused_before_allocating() {
     let four_gib_varint = [0x80, 0x80, 0x80, 0x80, 0x10];
-    // RECORD_ROWS, seq 1, 2^32 changes.
-    let mut rows = vec![codec::RECORD_ROWS];
-    rows.extend_from_slice(&1u64.to_le_bytes());
-    rows.extend_from_slice(&four_gib_varint);
-    assert!(codec::decode_commit(&rows).is_err());
+    // A rows record (either layout), seq 1, 2^32 changes.
+    for kind in [codec::RECORD_ROWS, codec::RECORD_ROWS_PACKED] {
+        let mut rows = vec![kind];
+        rows.extend_from_slice(&1u64.to_le_bytes());
+        rows.extend_from_slice(&four_gib_varint);
+        assert!(codec::decode_commit(&rows).is_err());
+    }
     // RECORD_SCHEMA, seq 1, SQL text of 4 GiB.
     let mut schema = vec![codec::RECORD_SCHEMA];
     schema.extend_from_slice(&1u64.to_le_bytes());
