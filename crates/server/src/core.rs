@@ -426,7 +426,9 @@ impl Core {
 
     /// Runs a typed decoder against the schema cache; if it gives up while the cache may be
     /// stale (a column added since it was read, say), reads the schemas again and tries once
-    /// more.
+    /// more — if the database lock is free: a request task never waits for the writer's
+    /// round here (`None` sends the request the general way; see
+    /// [`crate::decode::SchemaCache`]).
     fn decode_with<T>(
         &self,
         decode: impl Fn(&mut dyn crate::decode::Schemas, usize) -> Option<T>,
@@ -442,10 +444,15 @@ impl Core {
         if let Some(decoded) = decode(&mut schemas, ops_max) {
             return Some(decoded);
         }
-        if schemas.refreshed || cache.is_current(&self.shared.db.read()) {
+        if schemas.refreshed {
             return None;
         }
-        schemas.map = cache.refresh(&self.shared.db.read());
+        let db = self.shared.db.try_read()?;
+        if cache.is_current(&db) {
+            return None;
+        }
+        schemas.map = cache.refresh(&db);
+        drop(db);
         schemas.refreshed = true;
         decode(&mut schemas, ops_max)
     }

@@ -123,13 +123,16 @@ impl TypedMutate {
     }
 }
 
-/// Table schemas by name, as last seen: request tasks decode against it without taking the
-/// database lock (the writer holds it for whole rounds). It may be stale — the writer checks
-/// every op's schema — and is refreshed when a table is missing or the writer finds a
-/// schema changed.
 /// Table schemas by name.
 pub type SchemaMap = Arc<HashMap<String, Arc<TableSchema>>>;
 
+/// Table schemas by name, as last seen: request tasks decode against it without waiting for
+/// the database lock (the writer holds it for whole rounds, as long as a server function's
+/// time limit). It may be stale — the writer checks every op's schema — and is refreshed
+/// when a table is missing or the writer finds a schema changed, but only if the lock is
+/// free at that moment ([`parking_lot::RwLock::try_read`]): a request task that would wait
+/// for it would hold a runtime worker thread for the whole round, so it takes the general
+/// path (decoded on the writer) instead.
 #[derive(Default)]
 pub struct SchemaCache {
     /// The schemas and the `Db::schema_seq` they were read at.
@@ -172,7 +175,8 @@ impl Schemas for &Db {
     }
 }
 
-/// The cache, refreshed once from the database when a table is not in it.
+/// The cache, refreshed once from the database when a table is not in it and the database
+/// lock is free.
 pub(crate) struct CachedSchemas<'c> {
     pub cache: &'c SchemaCache,
     pub db: &'c parking_lot::RwLock<Db>,
@@ -189,7 +193,9 @@ impl Schemas for CachedSchemas<'_> {
             return None;
         }
         self.refreshed = true;
-        self.map = self.cache.refresh(&self.db.read());
+        // Never waits: see [`SchemaCache`].
+        let db = self.db.try_read()?;
+        self.map = self.cache.refresh(&db);
         self.map.get(name).cloned()
     }
 }

@@ -1,0 +1,71 @@
+//! The writer holds the database lock for a whole round, and a round can last as long as a
+//! server function's time limit. A mutate decoded on its request task reads table schemas
+//! from a cache; when the cache misses (the first mutate after a `CREATE TABLE`), it must not
+//! wait for the lock on the runtime's worker thread, or a few such mutates stop every other
+//! request (`/health` included) until the function ends. It takes the general path instead
+//! and queues behind the function like any write.
+
+mod common;
+
+use common::{TempDir, TestDb};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const APP: &str = r#"
+export function spin(tx, args) {
+  for (;;) {}
+}
+"#;
+
+/// How long the spinning call holds the writer (its time limit).
+const SPIN: Duration = Duration::from_millis(2000);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_mutates_on_a_new_table_queue_behind_a_spinning_call() {
+    let dir = TempDir::new("request-threads");
+    let db = std::sync::Arc::new(TestDb::open(dir.path(), |c| {
+        c.functions_source = Some(APP.into());
+        c.function_limits.time_max = SPIN;
+    }));
+    // No mutate has run since: the schema cache does not know the table yet.
+    db.post_ok(
+        "/v1/sql",
+        &json!({"sql": "CREATE TABLE t (id INTEGER PRIMARY KEY)"}).to_string(),
+    )
+    .await;
+    let started = Instant::now();
+    let spinner = {
+        let db = db.clone();
+        tokio::spawn(async move { db.post("/v1/call/spin", r#"{"args":{}}"#).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // More mutates than the runtime has worker threads, each a cache miss.
+    let mut writes = Vec::new();
+    for id in 0..8 {
+        let db = db.clone();
+        writes.push(tokio::spawn(async move {
+            let body = json!({"ops": [{"op": "insert", "table": "t", "row": {"id": id}}]});
+            db.post_ok("/v1/mutate", &body.to_string()).await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // On a worker thread, as a request from a client is.
+    let health = {
+        let db = db.clone();
+        tokio::spawn(async move { db.get("/health").await })
+    };
+    let health = health.await.expect("the health request");
+    let answered_after = started.elapsed();
+    assert_eq!(health.status, 200, "{}", health.text);
+    assert!(
+        !spinner.is_finished() && answered_after < SPIN * 3 / 4,
+        "/health answered {answered_after:?} after a {SPIN:?} call started, not while it ran"
+    );
+    let spun = spinner.await.expect("the spinning call");
+    assert_eq!(spun.status, 413, "{}", spun.text);
+    for w in writes {
+        w.await.expect("a queued mutate");
+    }
+    let rows = db.get_ok("/v1/tables/t/rows").await["rows"].clone();
+    assert_eq!(rows.as_array().map(Vec::len), Some(8), "{rows}");
+}
