@@ -617,7 +617,6 @@ fn map_case_of<M: RowMap>(size: u64) -> MapCase {
     let entry = |i: u64| RowEntry {
         values: values.clone(),
         version: i,
-        seq: i,
     };
     // A fixed permutation of 0..size (multiplying by an odd constant modulo a power of two,
     // folded into range), the same for both maps.

@@ -40,6 +40,8 @@ pub const ROW_HAS_KEY: u8 = 1 << 4;
 const ROW_HEAD_BITS: u8 = ROW_HEAD_OP | ROW_NAMES_TABLE | ROW_HAS_VERSION | ROW_HAS_KEY;
 
 pub const SNAP_SCHEMA: u8 = 1;
+/// Rows with a seq beside each version (always equal to it): what snapshots held before
+/// [`SNAP_ROWS_PACKED`]; still read.
 pub const SNAP_ROWS: u8 = 2;
 pub const SNAP_END: u8 = 3;
 /// A topic's name, retention, offsets and last append time.
@@ -48,6 +50,9 @@ pub const SNAP_TOPIC: u8 = 4;
 pub const SNAP_RECORDS: u8 = 5;
 /// A table's row policies.
 pub const SNAP_POLICIES: u8 = 6;
+/// Rows, each with its version only (the row's last writer's seq, which [`SNAP_ROWS`] wrote
+/// twice).
+pub const SNAP_ROWS_PACKED: u8 = 7;
 
 const TOPIC_PUT: u8 = 1;
 const TOPIC_DROP: u8 = 2;
@@ -1078,7 +1083,7 @@ pub fn encode_frozen_to<E>(
             }
             payload.clear();
             let mut w = Writer(&mut payload);
-            w.u8(SNAP_ROWS);
+            w.u8(SNAP_ROWS_PACKED);
             w.str(&t.schema.name);
             w.varint(n);
             payload.extend_from_slice(&body);
@@ -1138,7 +1143,6 @@ pub fn encode_frozen_to<E>(
 fn encode_snapshot_row(w: &mut Writer<'_>, key: &Key, row: &RowEntry) {
     w.key(key);
     w.varint(row.version);
-    w.varint(row.seq);
     w.varint(row.values.len() as u64);
     for v in row.values.iter() {
         w.value(v);
@@ -1198,7 +1202,7 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
                 policies: (0..n).map(|_| r.policy()).collect::<DecodeResult<_>>()?,
             }
         }
-        SNAP_ROWS => {
+        kind @ (SNAP_ROWS | SNAP_ROWS_PACKED) => {
             let table = r.string()?;
             let n = r.len()?;
             let mut rows =
@@ -1207,17 +1211,13 @@ pub fn decode_snapshot_frame(payload: &[u8]) -> DecodeResult<SnapFrame> {
             for _ in 0..n {
                 let key = r.key()?;
                 let version = r.counter("version")?;
-                let seq = r.counter("seq")?;
+                if kind == SNAP_ROWS {
+                    // The row's last writer's seq: its version again.
+                    r.counter("seq")?;
+                }
                 let nv = r.len()?;
                 let values = r.row_values(nv, &mut scratch)?;
-                rows.push((
-                    key,
-                    RowEntry {
-                        values,
-                        version,
-                        seq,
-                    },
-                ));
+                rows.push((key, RowEntry { values, version }));
             }
             SnapFrame::Rows { table, rows }
         }

@@ -194,12 +194,12 @@ pub struct Db {
 /// compiles them); the engine knows only their text.
 pub type PolicyCheck<'a> = &'a dyn Fn(&Db, &str, &crate::schema::PolicyDef) -> Result<(), TxError>;
 
-/// What rolling back one change restores: the `(version, seq)` of the row it replaced, or
-/// `None` if there was none. `TxState::undo[i]` belongs to `TxState::changes[i]`, whose table,
+/// What rolling back one change restores: the version of the row it replaced, or `None` if
+/// there was none. `TxState::undo[i]` belongs to `TxState::changes[i]`, whose table,
 /// key and before-image (`Change::old`) say the rest: an entry holds no reference counts (a
 /// copy of the schema's and of the old row's per write was shared-cache-line traffic on the
-/// writer's hot path) and takes 24 bytes where it took 56.
-type Undo = Option<(u64, u64)>;
+/// writer's hot path) and takes 16 bytes where it took 56.
+type Undo = Option<u64>;
 
 impl Db {
     pub fn new(limits: Limits, changelog: Changelog) -> Self {
@@ -753,7 +753,6 @@ impl Db {
                             RowEntry {
                                 values,
                                 version: p.version,
-                                seq: p.seq,
                             },
                         );
                     }
@@ -767,7 +766,6 @@ impl Db {
                         RowEntry {
                             values,
                             version: p.version,
-                            seq: p.seq,
                         },
                     );
                 }
@@ -941,7 +939,6 @@ impl Db {
                     RowEntry {
                         values: values.clone(),
                         version: r.version,
-                        seq,
                     },
                 ),
                 None => table.remove(&r.key),
@@ -1288,16 +1285,9 @@ impl Db {
                 .get_mut(&change.table.name)
                 .expect("tables do not change inside a tx");
             match undo {
-                Some((version, seq)) => {
+                Some(version) => {
                     let values = change.old.expect("a change that replaced a row keeps it");
-                    t.put(
-                        change.key,
-                        RowEntry {
-                            values,
-                            version,
-                            seq,
-                        },
-                    );
+                    t.put(change.key, RowEntry { values, version });
                 }
                 None => {
                     t.remove(&change.key);
@@ -1450,7 +1440,6 @@ impl TxRef<'_> {
         let entry = RowEntry {
             values: values.clone(),
             version,
-            seq: st.seq,
         };
         let old = table.put(key.clone(), entry);
         let refusal = check_version(table_name, &key, old.as_ref(), if_version)
@@ -1541,7 +1530,6 @@ impl TxRef<'_> {
             RowEntry {
                 values: values.clone(),
                 version,
-                seq: self.st.seq,
             },
         );
         Ok(record(
@@ -1691,7 +1679,6 @@ impl TxRef<'_> {
                 RowEntry {
                     values: values.clone(),
                     version,
-                    seq: self.st.seq,
                 },
             ),
             None => table.remove(&key),
@@ -1742,7 +1729,7 @@ fn record(
     op: ChangeOp,
     version: u64,
 ) -> WriteResult {
-    st.undo.push(old.as_ref().map(|e| (e.version, e.seq)));
+    st.undo.push(old.as_ref().map(|e| e.version));
     let before = old.map(|e| e.values);
     st.changes.push(Change {
         table: schema.clone(),

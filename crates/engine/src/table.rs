@@ -14,12 +14,14 @@ pub struct RowEntry {
     pub values: Arc<[Value]>,
     /// The seq of the commit that last wrote this row: it grows with every commit that
     /// writes the row and never repeats for a key, even across a delete and a re-insert
-    /// (`if_version` cannot be fooled by an old version: no ABA). Kept as written (log
-    /// records and snapshots carry it), so recovery restores it exactly.
+    /// (`if_version` cannot be fooled by an old version: no ABA), and a point read that
+    /// finds the row waits for no later commit than this one. Kept as written (log records
+    /// and snapshots carry it), so recovery restores it exactly.
     pub version: u64,
-    /// Seq of the transaction that last wrote this row.
-    pub seq: u64,
 }
+
+// An entry of every table's row map: its size is per row of memory.
+const _: () = assert!(std::mem::size_of::<(Key, RowEntry)>() == 40);
 
 /// Entries of a secondary index: the indexed values, then the primary key (so entries are
 /// unique and ordered by key within equal values).

@@ -83,6 +83,12 @@ fn counts_claiming_every_byte_left_allocate_in_proportion_to_the_input() {
         largest <= budget,
         "a snapshot rows frame allocated {largest} bytes at once"
     );
+    snap[0] = codec::SNAP_ROWS_PACKED;
+    let largest = largest_allocation(|| assert!(codec::decode_snapshot_frame(&snap).is_err()));
+    assert!(
+        largest <= budget,
+        "a packed snapshot rows frame allocated {largest} bytes at once"
+    );
     let largest = largest_allocation(|| assert!(codec::decode_snapshot_frame(&schema).is_err()));
     assert!(
         largest <= budget,

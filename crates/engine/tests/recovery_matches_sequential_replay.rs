@@ -268,10 +268,7 @@ fn state(db: &Db) -> String {
             t.schema, t.policies
         ));
         for (k, r) in t.rows.iter() {
-            out.push_str(&format!(
-                "  {k:?} v{} s{} {:?}\n",
-                r.version, r.seq, r.values
-            ));
+            out.push_str(&format!("  {k:?} v{} {:?}\n", r.version, r.values));
         }
         for (i, ix) in t.indexes.iter().enumerate() {
             out.push_str(&format!(" index {i}: {ix:?}\n"));

@@ -329,7 +329,7 @@ fn get_locked(
     };
     // What the answer depends on beyond this row: the table's schema and policies, and
     // for a client any table its read policy reads.
-    let mut depends = entry.seq;
+    let mut depends = entry.version;
     if db.schema_seq > confirmed {
         depends = db.seq;
     }
@@ -347,7 +347,7 @@ fn get_locked(
     let row = PointRow {
         values: entry.values.clone(),
         version: entry.version,
-        seq: entry.seq,
+        seq: entry.version,
     };
     Ok((schema.clone(), Some(row), depends))
 }
@@ -485,12 +485,12 @@ fn find_locked(
             if after.as_ref().is_none_or(|a| *a < key) {
                 match t.rows.get(&key) {
                     Some(entry) => {
-                        depends = entry.seq.max(confirmed);
+                        depends = entry.version.max(confirmed);
                         if readable(&entry.values) {
                             rows.push(PointRow {
                                 values: entry.values.clone(),
                                 version: entry.version,
-                                seq: entry.seq,
+                                seq: entry.version,
                             });
                         }
                     }
@@ -528,7 +528,7 @@ fn find_locked(
             rows.push(PointRow {
                 values: entry.values.clone(),
                 version: entry.version,
-                seq: entry.seq,
+                seq: entry.version,
             });
         }
     }
