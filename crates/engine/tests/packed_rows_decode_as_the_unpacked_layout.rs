@@ -354,12 +354,11 @@ fn snapshot_rows_frames_of_both_layouts_load_alike() {
         50 * 2,
         "one 2-byte varint less per row"
     );
-    let decoded = |bytes: &[u8]| {
-        match codec::decode_snapshot_frame(bytes).expect("a rows frame decodes") {
+    let decoded =
+        |bytes: &[u8]| match codec::decode_snapshot_frame(bytes).expect("a rows frame decodes") {
             codec::SnapFrame::Rows { table, rows } => format!("{table} {rows:?}"),
             _ => panic!("not a rows frame"),
-        }
-    };
+        };
     let text = decoded(&packed);
     assert_eq!(text, decoded(&older));
     assert!(text.contains("version: 1049"), "{text}");

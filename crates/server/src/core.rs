@@ -179,6 +179,11 @@ pub enum OpenError {
     },
 }
 
+/// How long a read waits for the database lock on the thread it runs on before handing that
+/// thread's other work elsewhere ([`Core::db`]): longer than an ordinary writer round, so the
+/// hand-off (a thread switch) is paid only for long ones.
+pub const READ_LOCK_WAIT_ON_WORKER: Duration = Duration::from_millis(2);
+
 impl Core {
     /// Recovers the data directory and starts the writer. Blocking; call it before serving.
     pub fn open(config: Config) -> Result<Core, OpenError> {
@@ -644,10 +649,27 @@ impl Core {
         }
     }
 
-    /// Read access to the state *as applied* (may include unconfirmed commits): for
-    /// in-process tools; API reads go through [`Core::read`].
+    /// Read access to the state *as applied* (may include unconfirmed commits): what every
+    /// read takes ([`Core::read`], point reads, topics, metrics).
+    ///
+    /// The writer holds the lock for whole rounds, and a round can last as long as a server
+    /// function's time limit or a DDL over a large table. A request task waiting for it
+    /// holds its runtime worker, and with as many such reads as workers, every request
+    /// (`/health` included) waits for the round. So a read waits at most
+    /// [`READ_LOCK_WAIT_ON_WORKER`] as it is; past that, on a multi-threaded runtime, the wait
+    /// goes through [`tokio::task::block_in_place`], which hands the worker's other tasks to
+    /// another thread first.
     pub fn db(&self) -> RwLockReadGuard<'_, Db> {
-        self.shared.db.read()
+        if let Some(db) = self.shared.db.try_read_for(READ_LOCK_WAIT_ON_WORKER) {
+            return db;
+        }
+        let on_workers = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if on_workers {
+            tokio::task::block_in_place(|| self.shared.db.read())
+        } else {
+            self.shared.db.read()
+        }
     }
 
     /// Asks the writer for a snapshot now and waits until it is durable.

@@ -160,7 +160,7 @@ impl Core {
     /// under the read lock, to be confirmed ([`Unconfirmed::now`] or
     /// [`Unconfirmed::confirmed`]). See the module doc for when it needs no waiting.
     pub fn get_row(&self, caller: &Caller, table: &str, key: Given<'_, Key>) -> Unconfirmed<Got> {
-        let db = self.shared.db.read();
+        let db = self.db();
         let confirmed = self.shared.confirm.confirmed();
         debug_assert!(
             confirmed <= db.seq,
@@ -200,7 +200,7 @@ impl Core {
                 wait_for: 0,
             };
         }
-        let db = self.shared.db.read();
+        let db = self.db();
         let confirmed = self.shared.confirm.confirmed();
         let mut rows = Vec::with_capacity(keys.len());
         let mut depends = confirmed;
@@ -256,7 +256,7 @@ impl Core {
         table: &str,
         lookup: IndexLookup<'_>,
     ) -> Unconfirmed<Found> {
-        let db = self.shared.db.read();
+        let db = self.db();
         let confirmed = self.shared.confirm.confirmed();
         let (outcome, depends) = match find_locked(self, &db, caller, table, lookup, confirmed) {
             Ok((schema, rows, next, depends)) => (Ok((schema, rows, next)), depends),

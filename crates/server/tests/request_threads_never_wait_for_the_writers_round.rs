@@ -3,7 +3,9 @@
 //! from a cache; when the cache misses (the first mutate after a `CREATE TABLE`), it must not
 //! wait for the lock on the runtime's worker thread, or a few such mutates stop every other
 //! request (`/health` included) until the function ends. It takes the general path instead
-//! and queues behind the function like any write.
+//! and queues behind the function like any write. A point read cannot go around the round
+//! (it reads the state), but it waits for it off the runtime's workers (`Core::db`), so the
+//! same goes for reads.
 
 mod common;
 
@@ -68,4 +70,52 @@ async fn health_answers_while_mutates_on_a_new_table_queue_behind_a_spinning_cal
     }
     let rows = db.get_ok("/v1/tables/t/rows").await["rows"].clone();
     assert_eq!(rows.as_array().map(Vec::len), Some(8), "{rows}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_point_reads_wait_for_a_spinning_call() {
+    let dir = TempDir::new("request-threads-reads");
+    let db = std::sync::Arc::new(TestDb::open(dir.path(), |c| {
+        c.functions_source = Some(APP.into());
+        c.function_limits.time_max = SPIN;
+    }));
+    db.post_ok(
+        "/v1/sql",
+        &json!({"sql": "CREATE TABLE t (id INTEGER PRIMARY KEY)"}).to_string(),
+    )
+    .await;
+    let body = json!({"ops": [{"op": "insert", "table": "t", "row": {"id": 1}}]});
+    db.post_ok("/v1/mutate", &body.to_string()).await;
+    let started = Instant::now();
+    let spinner = {
+        let db = db.clone();
+        tokio::spawn(async move { db.post("/v1/call/spin", r#"{"args":{}}"#).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // More reads than the runtime has worker threads: each waits for the writer's round.
+    let mut reads = Vec::new();
+    for _ in 0..8 {
+        let db = db.clone();
+        reads.push(tokio::spawn(async move {
+            db.get_ok("/v1/tables/t/rows/1").await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let health = {
+        let db = db.clone();
+        tokio::spawn(async move { db.get("/health").await })
+    };
+    let health = health.await.expect("the health request");
+    let answered_after = started.elapsed();
+    assert_eq!(health.status, 200, "{}", health.text);
+    assert!(
+        !spinner.is_finished() && answered_after < SPIN * 3 / 4,
+        "/health answered {answered_after:?} after a {SPIN:?} call started, not while it ran"
+    );
+    let spun = spinner.await.expect("the spinning call");
+    assert_eq!(spun.status, 413, "{}", spun.text);
+    for r in reads {
+        let row = r.await.expect("a point read");
+        assert_eq!(row["row"]["id"], 1, "{row}");
+    }
 }
