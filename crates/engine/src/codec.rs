@@ -18,8 +18,8 @@ pub const RECORD_SCHEMA: u8 = 2;
 pub const RECORD_TX: u8 = 3;
 /// A topic created, changed or dropped.
 pub const RECORD_TOPIC: u8 = 4;
-/// [`RECORD_ROWS`] with packed rows (see [`ROW_HEAD_OP`]): what is written since format
-/// revision 2; kinds 1 and 3 are still read.
+/// [`RECORD_ROWS`] with packed rows (see [`ROW_HEAD_OP`]): what is written now; kinds 1
+/// and 3 (unpacked) are still read.
 pub const RECORD_ROWS_PACKED: u8 = 5;
 /// [`RECORD_TX`] with packed rows.
 pub const RECORD_TX_PACKED: u8 = 6;
@@ -683,35 +683,39 @@ fn decode_commit_with(
             let mut scratch = Vec::new();
             let mut last_table = None;
             for _ in 0..n {
+                // An unpacked row is a packed one with every field present, its op in a
+                // byte of its own after the table's name.
                 let head = if packed {
                     let head = r.u8()?;
                     if head & !ROW_HEAD_BITS != 0 {
                         return Err(format!("unknown row head bits {head:#010b}"));
                     }
-                    Some(head)
+                    head
                 } else {
-                    None
+                    ROW_NAMES_TABLE | ROW_HAS_VERSION | ROW_HAS_KEY
                 };
-                let table = match head {
-                    None => r.table_name(&mut last_table)?,
-                    Some(h) if h & ROW_NAMES_TABLE != 0 => r.table_name(&mut last_table)?,
-                    Some(_) => last_table
+                let table = if head & ROW_NAMES_TABLE != 0 {
+                    r.table_name(&mut last_table)?
+                } else {
+                    last_table
                         .clone()
-                        .ok_or("a commit's first row does not name its table")?,
+                        .ok_or("a commit's first row does not name its table")?
                 };
-                let op = match head.map_or_else(|| r.u8(), |h| Ok(h & ROW_HEAD_OP))? {
+                let op = match if packed { head & ROW_HEAD_OP } else { r.u8()? } {
                     0 => ChangeOp::Insert,
                     1 => ChangeOp::Update,
                     2 => ChangeOp::Delete,
                     o => return Err(format!("unknown change op {o}")),
                 };
-                let version = match head {
-                    Some(h) if h & ROW_HAS_VERSION == 0 => seq,
-                    _ => r.counter("version")?,
+                let version = if head & ROW_HAS_VERSION != 0 {
+                    r.counter("version")?
+                } else {
+                    seq
                 };
-                let mut key = match head {
-                    Some(h) if h & ROW_HAS_KEY == 0 => None,
-                    _ => Some(r.key()?),
+                let mut key = if head & ROW_HAS_KEY != 0 {
+                    Some(r.key()?)
+                } else {
+                    None
                 };
                 let values = if op == ChangeOp::Delete {
                     None

@@ -9,18 +9,18 @@
 //! *Confirmation without waiting.* Reads never show a commit before it reached its
 //! durability class (ARCHITECTURE "Durability classes and confirmed reads"). A general read
 //! waits until the confirmed seq reaches the seq of the whole state it saw. A row read by
-//! key needs less: the row it found was last written at `row.seq`, and no later commit wrote
-//! that key (the row is the newest), so the row is also what the state at every seq from
-//! `row.seq` to the applied seq holds — in particular the confirmed state, if `row.seq` is
-//! already confirmed. Then the read answers at once with the confirmed seq, with no waiting
-//! machinery at all; otherwise it waits until `row.seq` is confirmed. What the rows found
-//! cannot vouch for is looked up in the commits after the confirmed seq (the changelog, at
-//! most `CHANGES_LOOKED_AT_MAX` changes): an absent key is absent in the confirmed state
-//! too unless one of them touched it (a delete not yet confirmed); a lookup through an
-//! index is exact unless one of them took a row away from the value. Anything else waits
-//! for the whole state's seq, as before: a refusal, such a commit, a schema or policy
-//! commit not yet confirmed, a row hidden by a client's policy, and a client's read policy
-//! that reads other tables (membership subqueries).
+//! key needs less: the row it found was last written at `row.version`, and no later commit
+//! wrote that key (the row is the newest), so the row is also what the state at every seq
+//! from `row.version` to the applied seq holds — in particular the confirmed state, if
+//! `row.version` is already confirmed. Then the read answers at once with the confirmed
+//! seq, with no waiting machinery at all; otherwise it waits until `row.version` is
+//! confirmed. What the rows found cannot vouch for is looked up in the commits after the
+//! confirmed seq (the changelog, at most `CHANGES_LOOKED_AT_MAX` changes): an absent key is
+//! absent in the confirmed state too unless one of them touched it (a delete not yet
+//! confirmed); a lookup through an index is exact unless one of them took a row away from
+//! the value. Anything else waits for the whole state's seq, as before: a refusal, such a
+//! commit, a schema or policy commit not yet confirmed, a row hidden by a client's policy,
+//! and a client's read policy that reads other tables (membership subqueries).
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -67,9 +67,8 @@ pub enum IndexBy<'a> {
 #[derive(Clone, Debug)]
 pub struct PointRow {
     pub values: Arc<[Value]>,
-    pub version: u64,
     /// The seq of the commit that last wrote the row.
-    pub seq: u64,
+    pub version: u64,
 }
 
 /// A row read by primary key.
@@ -347,7 +346,6 @@ fn get_locked(
     let row = PointRow {
         values: entry.values.clone(),
         version: entry.version,
-        seq: entry.version,
     };
     Ok((schema.clone(), Some(row), depends))
 }
@@ -490,7 +488,6 @@ fn find_locked(
                             rows.push(PointRow {
                                 values: entry.values.clone(),
                                 version: entry.version,
-                                seq: entry.version,
                             });
                         }
                     }
@@ -528,14 +525,18 @@ fn find_locked(
             rows.push(PointRow {
                 values: entry.values.clone(),
                 version: entry.version,
-                seq: entry.version,
             });
         }
     }
     // The rows found vouch for themselves up to their own commits; a row that left the
     // value (or was deleted) after the confirmed state is not here to vouch, so the
     // commits since are looked at for it.
-    let mut depends = rows.iter().map(|r| r.seq).max().unwrap_or(0).max(confirmed);
+    let mut depends = rows
+        .iter()
+        .map(|r| r.version)
+        .max()
+        .unwrap_or(0)
+        .max(confirmed);
     let left = changed_since(db, confirmed, table, |c| {
         c.old.as_ref().is_some_and(|old| old[column] == value)
     });
