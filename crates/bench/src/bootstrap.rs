@@ -121,7 +121,6 @@ pub struct Case {
 }
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let quick = args.common.quick;
     let rows: Vec<u64> = if quick {
         vec![10_000, 100_000]

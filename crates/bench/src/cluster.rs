@@ -96,7 +96,6 @@ struct Case {
 
 /// Runs the suite; `Ok(true)` when every case succeeded.
 pub fn run(args: ClusterArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let quick = args.common.quick;
     let params = Params {
         clients: if quick { 4 } else { args.clients },

@@ -222,7 +222,6 @@ struct MapCase {
 }
 
 pub fn run(args: SnapshotArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let quick = args.common.quick;
     anyhow::ensure!(
         (1..=ROWS_MAX).contains(&args.rows),

@@ -340,22 +340,32 @@ pub const FRESH_MEMORY_SLOW_GIB_PER_S: f64 = 2.0;
 /// ingested 1.26 M rows/s on cold memory and 2.3–2.5 M/s minutes later on warm memory. The
 /// figure in each summary says which kind of run it was.
 ///
-/// Measured with the system's transparent-huge-page setting, which the bench process keeps
-/// (mimalloc asks for huge pages, as a server recovers with them): a huge page's fault shows
-/// the host's state starkly — 0.43 GiB/s cold against 15–20 warm — where 4 KiB faults run at
-/// ~1.2–3 GiB/s either way.
+/// Measured with transparent huge pages allowed (mimalloc asks for them, as a server
+/// recovers with them), whatever the bench process runs on otherwise
+/// ([`crate::server::pages_as_serve`]): a huge page's fault shows the host's state starkly —
+/// 0.43 GiB/s cold against 15–20 warm — where 4 KiB faults run at ~1.2–3 GiB/s either way.
 pub fn fresh_memory_rate() -> Option<f64> {
     const PAGE_BYTES: usize = 4096;
-    let mut block: Vec<u8> = Vec::new();
-    block.try_reserve_exact(FRESH_MEMORY_PROBE_BYTES).ok()?;
-    let spare = block.spare_capacity_mut();
-    let started = Instant::now();
-    for page in spare.chunks_mut(PAGE_BYTES) {
-        page[0].write(1);
+    let before = sluice_sched::transparent_huge_pages().ok();
+    if before == Some(false) {
+        let _ = sluice_sched::set_transparent_huge_pages(true);
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    std::hint::black_box(&block);
-    Some(FRESH_MEMORY_PROBE_BYTES as f64 / (1u64 << 30) as f64 / elapsed.max(1e-9))
+    let rate = (|| {
+        let mut block: Vec<u8> = Vec::new();
+        block.try_reserve_exact(FRESH_MEMORY_PROBE_BYTES).ok()?;
+        let spare = block.spare_capacity_mut();
+        let started = Instant::now();
+        for page in spare.chunks_mut(PAGE_BYTES) {
+            page[0].write(1);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        std::hint::black_box(&block);
+        Some(FRESH_MEMORY_PROBE_BYTES as f64 / (1u64 << 30) as f64 / elapsed.max(1e-9))
+    })();
+    if before == Some(false) {
+        let _ = sluice_sched::set_transparent_huge_pages(false);
+    }
+    rate
 }
 
 fn command_output_raw(program: &str, args: &[&str]) -> Option<String> {

@@ -264,14 +264,27 @@ pub fn set_transparent_huge_pages(_enabled: bool) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
+/// Whether the kernel may back this process's memory with transparent huge pages, as far as
+/// the process decides (`PR_GET_THP_DISABLE`; the system's own setting applies on top).
+#[cfg(target_os = "linux")]
+pub fn transparent_huge_pages() -> std::io::Result<bool> {
+    // SAFETY: a prctl on integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+    zero_or_errno(r.min(0).into())?;
+    Ok(r == 0)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn transparent_huge_pages() -> std::io::Result<bool> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
-    /// Whether transparent huge pages are disabled for this process (`PR_GET_THP_DISABLE`).
     fn transparent_huge_pages_disabled() -> bool {
-        // SAFETY: a prctl on integer arguments only.
-        unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1 }
+        !transparent_huge_pages().expect("PR_GET_THP_DISABLE (Linux 3.15+)")
     }
 
     #[test]

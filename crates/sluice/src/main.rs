@@ -605,9 +605,9 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Serve(_)) {
         // Recovery runs with huge pages (see `sched::set_transparent_huge_pages`), whatever
         // the parent process chose (the setting is inherited); `serve` decides once it has
-        // recovered. Other commands keep what the system gives them: the in-process bench
-        // cases measure the engine as a program embedding it would run it (a lookup among
-        // 1 M topic tags took 187 ns with huge pages, 286 ns on 4 KiB pages).
+        // recovered. `bench` puts itself on 4 KiB pages, as `serve` serves
+        // (`sluice_bench::server::pages_as_serve`); other commands keep what the system
+        // gives them.
         set_transparent_huge_pages(true);
     }
     if matches!(cli.command, Command::Bench(_)) {

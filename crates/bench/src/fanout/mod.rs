@@ -220,7 +220,6 @@ impl Params {
 }
 
 pub fn run(args: FanoutArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let params = Params::from(&args)?;
     let mut bench = Bench::new("fanout", &args.common, &params)?;
     let nofile = crate::harness::raise_nofile_limit(NOFILE_WANT);

@@ -1668,7 +1668,6 @@ pub fn fmt_bytes(b: u64) -> String {
 }
 
 pub fn run(args: LiveArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let params = Params::from(&args)?;
     let bin = sluice_bin(args.common.sluice_bin.as_deref())?;
     // The compression family writes its own report (`live-compression/`).

@@ -445,7 +445,6 @@ impl Case {
 }
 
 pub fn run(args: TransferArgs) -> anyhow::Result<bool> {
-    crate::server::client_pages();
     let params = Params::from(&args)?;
     // Read up front: a bad file fails the run before its cases, not after.
     let before = match &args.profile_before {
