@@ -269,9 +269,10 @@ pub fn set_transparent_huge_pages(_enabled: bool) -> std::io::Result<()> {
 #[cfg(target_os = "linux")]
 pub fn transparent_huge_pages() -> std::io::Result<bool> {
     // SAFETY: a prctl on integer arguments only.
-    let r = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
-    zero_or_errno(r.min(0).into())?;
-    Ok(r == 0)
+    match unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } {
+        r if r < 0 => Err(std::io::Error::last_os_error()),
+        r => Ok(r == 0),
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
