@@ -71,6 +71,9 @@ pub struct Config {
     /// Messages (replies and live events) queued for one WebSocket connection's socket
     /// (`--ws-outbound-messages`).
     pub ws_outbound_max: usize,
+    /// A write to a client that takes no byte for this long closes the connection
+    /// (`--write-timeout-ms`; see [`crate::stall`]).
+    pub write_timeout: std::time::Duration,
     /// Segment files are opened through this (tests swap in slow or failing disks).
     pub log_files: LogFiles,
     /// Source of the JavaScript functions module loaded at start (`--functions FILE`).
@@ -122,6 +125,7 @@ impl Config {
             log_prepare_segments: true,
             ws_inflight_max: 1024,
             ws_outbound_max: 64,
+            write_timeout: crate::stall::WRITE_TIMEOUT_DEFAULT,
             log_files: LogFiles::default(),
             functions_source: None,
             function_limits: sluice_functions::FunctionLimits::default(),

@@ -91,6 +91,8 @@ pub(crate) struct Counters {
     pub calls: AtomicU64,
     pub call_failures: AtomicU64,
     pub ws_connections: AtomicU64,
+    /// Connections closed because a write to them stalled (`crate::stall`).
+    pub stalled_connections: Arc<AtomicU64>,
     /// WebSocket requests read and not yet answered, over all connections.
     pub ws_inflight: AtomicU64,
     /// Mutates from the moment they are queued for the writer until their reply (or
@@ -298,6 +300,19 @@ impl Core {
 
     pub fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// `listener` with this server's `--write-timeout-ms` on every connection it accepts
+    /// (see [`crate::stall`]); closures count in `sluice_stalled_connections_total`.
+    pub fn stall_guard<L: axum::serve::Listener>(
+        &self,
+        listener: L,
+    ) -> crate::stall::StallGuard<L> {
+        crate::stall::StallGuard::new(
+            listener,
+            self.shared.config.write_timeout,
+            self.shared.counters.stalled_connections.clone(),
+        )
     }
 
     /// The live-query engine's thread.

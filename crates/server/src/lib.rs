@@ -23,6 +23,7 @@
 //! - [`coalesce`]: `coalesce_ms`, the opt-in window of live subscriptions and watches.
 //! - [`replication`]: the cluster's hook — a node's [`Role`](replication::Role), the
 //!   leader's [`Replicator`](replication::Replicator), `replicated` acknowledgements.
+//! - [`stall`]: connections whose client stopped reading are closed (`--write-timeout-ms`).
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
 pub mod api;
@@ -42,6 +43,7 @@ mod metrics;
 pub mod replication;
 mod rules;
 mod snapshotter;
+pub mod stall;
 pub mod static_files;
 pub mod topics;
 mod topics_api;

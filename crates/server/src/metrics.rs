@@ -33,6 +33,11 @@ pub(crate) fn render(core: &Core) -> String {
         c.commits.load(Ordering::Relaxed),
     );
     counter(
+        "sluice_stalled_connections_total",
+        "Connections closed because the client took no byte of a write for --write-timeout-ms.",
+        c.stalled_connections.load(Ordering::Relaxed),
+    );
+    counter(
         "sluice_rejected_total",
         "Transactions refused (nothing applied).",
         c.rejected.load(Ordering::Relaxed),

@@ -309,6 +309,12 @@ struct ServeArgs {
     /// Messages (replies, live events) queued for one WebSocket connection's socket.
     #[arg(long, default_value_t = 64)]
     ws_outbound_messages: usize,
+    /// A write to a client that takes no byte for this many milliseconds closes the
+    /// connection (HTTP, SSE and WebSocket alike): a client that stopped reading lets go of
+    /// its connection and its slot under --max-connections-per-subject. A slow client that
+    /// reads is never cut (100 to 3 600 000).
+    #[arg(long, default_value_t = sluice_server::stall::WRITE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    write_timeout_ms: u64,
     /// Keep transparent huge pages (2 MiB) once serving. By default recovery runs with them
     /// (rebuilding the tables grows the heap in bulk: one fault per 2 MiB, not 512) and the
     /// server turns them off as it starts serving: the first touch of each huge page stalls
@@ -564,6 +570,16 @@ impl ServeArgs {
         config.live.handoff_commits_max = self.live_handoff_commits;
         config.ws_inflight_max = self.ws_inflight_requests;
         config.ws_outbound_max = self.ws_outbound_messages;
+        let write_timeout = std::time::Duration::from_millis(self.write_timeout_ms);
+        anyhow::ensure!(
+            (sluice_server::stall::WRITE_TIMEOUT_MIN..=sluice_server::stall::WRITE_TIMEOUT_MAX)
+                .contains(&write_timeout),
+            "--write-timeout-ms {} is outside {}..={}",
+            self.write_timeout_ms,
+            sluice_server::stall::WRITE_TIMEOUT_MIN.as_millis(),
+            sluice_server::stall::WRITE_TIMEOUT_MAX.as_millis()
+        );
+        config.write_timeout = write_timeout;
         if let Some(path) = &self.functions {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;
@@ -806,13 +822,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                         let _ = tcp.set_nodelay(true);
                     });
                     Box::pin(
-                        axum::serve(listener, router)
+                        axum::serve(core.stall_guard(listener), router)
                             .with_graceful_shutdown(shutdown)
                             .into_future(),
                     )
                 }
                 Some(config) => Box::pin(
-                    axum::serve(tls::TlsListener::spawn(listener, config)?, router)
+                    axum::serve(
+                        core.stall_guard(tls::TlsListener::spawn(listener, config)?),
+                        router,
+                    )
                         .with_graceful_shutdown(shutdown)
                         .into_future(),
                 ),
