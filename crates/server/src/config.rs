@@ -74,6 +74,9 @@ pub struct Config {
     /// A write to a client that takes no byte for this long closes the connection
     /// (`--write-timeout-ms`; see [`crate::stall`]).
     pub write_timeout: std::time::Duration,
+    /// A connection must send a whole request head within this long after connecting and
+    /// after each response (`--http-idle-timeout-ms`; see [`crate::serve`]).
+    pub http_idle_timeout: std::time::Duration,
     /// Segment files are opened through this (tests swap in slow or failing disks).
     pub log_files: LogFiles,
     /// Source of the JavaScript functions module loaded at start (`--functions FILE`).
@@ -126,6 +129,7 @@ impl Config {
             ws_inflight_max: 1024,
             ws_outbound_max: 64,
             write_timeout: crate::stall::WRITE_TIMEOUT_DEFAULT,
+            http_idle_timeout: crate::serve::HTTP_IDLE_TIMEOUT_DEFAULT,
             log_files: LogFiles::default(),
             functions_source: None,
             function_limits: sluice_functions::FunctionLimits::default(),

@@ -23,6 +23,8 @@
 //! - [`coalesce`]: `coalesce_ms`, the opt-in window of live subscriptions and watches.
 //! - [`replication`]: the cluster's hook — a node's [`Role`](replication::Role), the
 //!   leader's [`Replicator`](replication::Replicator), `replicated` acknowledgements.
+//! - [`serve`]: the accept loop — hyper's HTTP/1.1 with `--http-idle-timeout-ms`, graceful
+//!   shutdown.
 //! - [`stall`]: connections whose client stopped reading are closed (`--write-timeout-ms`).
 //! - [`static_files`]: the embedded console, `--public DIR`, and response compression.
 
@@ -42,6 +44,7 @@ mod live_chunks;
 mod metrics;
 pub mod replication;
 mod rules;
+pub mod serve;
 mod snapshotter;
 pub mod stall;
 pub mod static_files;

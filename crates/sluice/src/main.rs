@@ -315,6 +315,12 @@ struct ServeArgs {
     /// reads is never cut (100 to 3 600 000).
     #[arg(long, default_value_t = sluice_server::stall::WRITE_TIMEOUT_DEFAULT.as_millis() as u64)]
     write_timeout_ms: u64,
+    /// An HTTP connection must send a whole request head within this many milliseconds of
+    /// connecting and of each response; otherwise it is closed (idle keep-alive connections,
+    /// clients that send nothing or trickle their headers). An open SSE stream or WebSocket
+    /// is not idle (100 to 3 600 000).
+    #[arg(long, default_value_t = sluice_server::serve::HTTP_IDLE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    http_idle_timeout_ms: u64,
     /// Keep transparent huge pages (2 MiB) once serving. By default recovery runs with them
     /// (rebuilding the tables grows the heap in bulk: one fault per 2 MiB, not 512) and the
     /// server turns them off as it starts serving: the first touch of each huge page stalls
@@ -580,6 +586,17 @@ impl ServeArgs {
             sluice_server::stall::WRITE_TIMEOUT_MAX.as_millis()
         );
         config.write_timeout = write_timeout;
+        let http_idle_timeout = std::time::Duration::from_millis(self.http_idle_timeout_ms);
+        anyhow::ensure!(
+            (sluice_server::serve::HTTP_IDLE_TIMEOUT_MIN
+                ..=sluice_server::serve::HTTP_IDLE_TIMEOUT_MAX)
+                .contains(&http_idle_timeout),
+            "--http-idle-timeout-ms {} is outside {}..={}",
+            self.http_idle_timeout_ms,
+            sluice_server::serve::HTTP_IDLE_TIMEOUT_MIN.as_millis(),
+            sluice_server::serve::HTTP_IDLE_TIMEOUT_MAX.as_millis()
+        );
+        config.http_idle_timeout = http_idle_timeout;
         if let Some(path) = &self.functions {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;
@@ -692,7 +709,6 @@ fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use std::future::IntoFuture;
     let config = args.config()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::load(cert, key)?),
@@ -812,7 +828,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let _ = signalled_tx.send(());
         };
         let router = sluice_server::api::router(core.clone());
-        let server: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> =
+        let idle = core.config().http_idle_timeout;
+        let server: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
             match tls {
                 None => {
                     // Replies are small and written in batches that are flushed explicitly;
@@ -821,24 +838,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
                         let _ = tcp.set_nodelay(true);
                     });
-                    Box::pin(
-                        axum::serve(core.stall_guard(listener), router)
-                            .with_graceful_shutdown(shutdown)
-                            .into_future(),
-                    )
-                }
-                Some(config) => Box::pin(
-                    axum::serve(
-                        core.stall_guard(tls::TlsListener::spawn(listener, config)?),
+                    Box::pin(sluice_server::serve::serve(
+                        core.stall_guard(listener),
                         router,
-                    )
-                        .with_graceful_shutdown(shutdown)
-                        .into_future(),
-                ),
+                        idle,
+                        shutdown,
+                    ))
+                }
+                Some(config) => Box::pin(sluice_server::serve::serve(
+                    core.stall_guard(tls::TlsListener::spawn(listener, config)?),
+                    router,
+                    idle,
+                    shutdown,
+                )),
             };
         let grace = std::time::Duration::from_millis(args.shutdown_grace_ms);
         tokio::select! {
-            served = server => served?,
+            () = server => {}
             () = async {
                 match signalled_rx.await {
                     Ok(()) => tokio::time::sleep(grace).await,
