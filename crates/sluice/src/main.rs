@@ -576,27 +576,17 @@ impl ServeArgs {
         config.live.handoff_commits_max = self.live_handoff_commits;
         config.ws_inflight_max = self.ws_inflight_requests;
         config.ws_outbound_max = self.ws_outbound_messages;
-        let write_timeout = std::time::Duration::from_millis(self.write_timeout_ms);
-        anyhow::ensure!(
-            (sluice_server::stall::WRITE_TIMEOUT_MIN..=sluice_server::stall::WRITE_TIMEOUT_MAX)
-                .contains(&write_timeout),
-            "--write-timeout-ms {} is outside {}..={}",
+        config.write_timeout = millis_within(
+            "--write-timeout-ms",
             self.write_timeout_ms,
-            sluice_server::stall::WRITE_TIMEOUT_MIN.as_millis(),
-            sluice_server::stall::WRITE_TIMEOUT_MAX.as_millis()
-        );
-        config.write_timeout = write_timeout;
-        let http_idle_timeout = std::time::Duration::from_millis(self.http_idle_timeout_ms);
-        anyhow::ensure!(
-            (sluice_server::serve::HTTP_IDLE_TIMEOUT_MIN
-                ..=sluice_server::serve::HTTP_IDLE_TIMEOUT_MAX)
-                .contains(&http_idle_timeout),
-            "--http-idle-timeout-ms {} is outside {}..={}",
+            sluice_server::stall::WRITE_TIMEOUT_MIN..=sluice_server::stall::WRITE_TIMEOUT_MAX,
+        )?;
+        config.http_idle_timeout = millis_within(
+            "--http-idle-timeout-ms",
             self.http_idle_timeout_ms,
-            sluice_server::serve::HTTP_IDLE_TIMEOUT_MIN.as_millis(),
-            sluice_server::serve::HTTP_IDLE_TIMEOUT_MAX.as_millis()
-        );
-        config.http_idle_timeout = http_idle_timeout;
+            sluice_server::serve::HTTP_IDLE_TIMEOUT_MIN
+                ..=sluice_server::serve::HTTP_IDLE_TIMEOUT_MAX,
+        )?;
         if let Some(path) = &self.functions {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the functions module {}", path.display()))?;
@@ -624,6 +614,22 @@ impl ServeArgs {
         config.cors_origins = origins;
         Ok(config)
     }
+}
+
+/// A flag given in milliseconds as a duration, refused by name outside `range`.
+fn millis_within(
+    flag: &str,
+    ms: u64,
+    range: std::ops::RangeInclusive<std::time::Duration>,
+) -> anyhow::Result<std::time::Duration> {
+    let d = std::time::Duration::from_millis(ms);
+    anyhow::ensure!(
+        range.contains(&d),
+        "{flag} {ms} is outside {}..={}",
+        range.start().as_millis(),
+        range.end().as_millis()
+    );
+    Ok(d)
 }
 
 fn main() -> ExitCode {

@@ -177,27 +177,19 @@ async fn idle_http_connections_are_closed() {
     };
     assert_eq!(reply["row"]["note"], "after the wait", "{reply}");
     // And a new connection is served as ever.
-    assert_eq!(api.health_seq().await, api.health_seq().await);
+    assert!(
+        api.health_seq().await >= 2,
+        "the DDL and the insert are committed"
+    );
 }
 
 #[test]
 fn an_idle_timeout_out_of_range_is_refused_by_name() {
     let dir = TempDir::new("idle-flag");
-    for bad in ["0", "99", "3600001"] {
-        let (status, stderr) = Server::start_expecting_failure(
-            &dir.join("data"),
-            dir.path(),
-            &["--http-idle-timeout-ms", bad],
-        );
-        assert!(
-            !status.success(),
-            "--http-idle-timeout-ms {bad} was accepted"
-        );
-        assert!(
-            stderr.contains(&format!(
-                "--http-idle-timeout-ms {bad} is outside 100..=3600000"
-            )),
-            "{stderr}"
-        );
-    }
+    Server::assert_flag_refused(
+        &dir,
+        "--http-idle-timeout-ms",
+        &["0", "99", "3600001"],
+        "100..=3600000",
+    );
 }

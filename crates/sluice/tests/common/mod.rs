@@ -309,6 +309,20 @@ impl Server {
         }
     }
 
+    /// Starts `sluice serve` with `flag` set to each of `bad` and asserts that every start
+    /// fails saying the value is outside `range` (as `"--flag V is outside RANGE"`).
+    pub fn assert_flag_refused(dir: &TempDir, flag: &str, bad: &[&str], range: &str) {
+        for value in bad {
+            let (status, stderr) =
+                Server::start_expecting_failure(&dir.join("data"), dir.path(), &[flag, value]);
+            assert!(!status.success(), "{flag} {value} was accepted");
+            assert!(
+                stderr.contains(&format!("{flag} {value} is outside {range}")),
+                "{stderr}"
+            );
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
