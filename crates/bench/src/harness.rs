@@ -199,31 +199,10 @@ pub fn measure_sync(
 }
 
 /// Raises this process's soft open-file limit towards `want` (never above the hard limit);
-/// returns the soft limit in force afterwards. Thousands of sockets need it.
+/// returns the soft limit in force afterwards (0 if it cannot be read). Thousands of sockets
+/// need it.
 pub fn raise_nofile_limit(want: u64) -> u64 {
-    // No libc dependency: prlimit(1) on our own pid does the same, from util-linux.
-    let pid = std::process::id().to_string();
-    let current = || -> Option<(u64, u64)> {
-        let text = std::fs::read_to_string("/proc/self/limits").ok()?;
-        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-        let mut nums = line
-            .split_whitespace()
-            .filter_map(|w| w.parse::<u64>().ok());
-        Some((nums.next()?, nums.next()?))
-    };
-    let Some((soft, hard)) = current() else {
-        return 0;
-    };
-    if soft >= want {
-        return soft;
-    }
-    let target = want.min(hard);
-    let _ = std::process::Command::new("prlimit")
-        .args(["--pid", &pid, &format!("--nofile={target}:{hard}")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    current().map_or(soft, |(s, _)| s)
+    sluice_sched::raise_open_files_limit(want).map_or(0, |(_, after)| after)
 }
 
 /// Rows for `samples.csv`: one header and rows of cells, quoted where needed.

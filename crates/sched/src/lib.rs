@@ -16,6 +16,10 @@
 //! A short slice is a hint the kernel does not always act on (a woken thread still waited a
 //! full 4 ms tick behind bulk work now and then), so long bulk loops also pace themselves
 //! ([`Pacer`]): they give up the CPU every [`BULK_RUN_MAX`] of work.
+//!
+//! Two more process settings live here for want of a better home, both asked of the kernel
+//! the same way: transparent huge pages ([`set_transparent_huge_pages`]) and the open-file
+//! limit ([`raise_open_files_limit`]).
 #![allow(unsafe_code)]
 
 use std::time::Duration;
@@ -280,6 +284,42 @@ pub fn transparent_huge_pages() -> std::io::Result<bool> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to `want`, or to the
+/// hard limit if that is lower; never lowers it. Returns the soft limit before and after.
+///
+/// Every client connection is a file descriptor, and service managers start processes with
+/// a soft limit of 1024 (systemd's default `LimitNOFILE=1024:524288`) that only exists for
+/// programs still using `select(2)`: past it `accept` fails with `EMFILE` and clients are
+/// turned away while the machine has room. Servers raise it to the hard limit themselves
+/// (Go's runtime does it for every Go program, NATS included).
+#[cfg(unix)]
+pub fn raise_open_files_limit(want: u64) -> std::io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let before = limit.rlim_cur as u64;
+    let target = (want as libc::rlim_t).min(limit.rlim_max);
+    if target <= limit.rlim_cur {
+        return Ok((before, before));
+    }
+    limit.rlim_cur = target;
+    // SAFETY: setrlimit reads one `rlimit` through a valid pointer.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((before, target as u64))
+}
+
+#[cfg(not(unix))]
+pub fn raise_open_files_limit(_want: u64) -> std::io::Result<(u64, u64)> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
@@ -306,6 +346,60 @@ mod tests {
                 "tests::transparent_huge_pages_can_be_disabled_for_the_process",
             ])
             .env("SLUICE_THP_PROBE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+    }
+
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_limit_and_never_lowered() {
+        // In a child process: the limit is process-wide.
+        if std::env::var_os("SLUICE_NOFILE_PROBE").is_some() {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: as in raise_open_files_limit.
+            assert_eq!(
+                unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+                0
+            );
+            let hard = limit.rlim_max as u64;
+            if hard <= 256 {
+                return; // nothing to raise into on this machine
+            }
+            limit.rlim_cur = 256;
+            // SAFETY: as in raise_open_files_limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+            assert_eq!(
+                raise_open_files_limit(200).unwrap(),
+                (256, 256),
+                "never lowered"
+            );
+            assert_eq!(raise_open_files_limit(300).unwrap(), (256, 300));
+            assert_eq!(raise_open_files_limit(u64::MAX).unwrap(), (300, hard));
+            // SAFETY: as in raise_open_files_limit.
+            assert_eq!(
+                unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+                0
+            );
+            assert_eq!(
+                limit.rlim_cur as u64, hard,
+                "the kernel holds the raised limit"
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::the_open_files_limit_is_raised_to_the_hard_limit_and_never_lowered",
+            ])
+            .env("SLUICE_NOFILE_PROBE", "1")
             .output()
             .unwrap();
         assert!(

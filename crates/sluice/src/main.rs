@@ -616,6 +616,30 @@ impl ServeArgs {
     }
 }
 
+/// Open files the server asks for: Linux's default ceiling (`fs.nr_open`).
+const OPEN_FILES_WANT: u64 = 1 << 20;
+/// Below this many open files the server says how few clients it can hold.
+const OPEN_FILES_WARN_BELOW: u64 = 4096;
+
+/// Every connection is a file descriptor: the soft limit a service manager starts us with
+/// (1024 under systemd) is raised to the hard limit (see `sluice_sched::raise_open_files_limit`).
+fn raise_open_files_limit() {
+    match sluice_sched::raise_open_files_limit(OPEN_FILES_WANT) {
+        Ok((before, after)) => {
+            if after > before {
+                tracing::info!(from = before, to = after, "raised the open-files limit");
+            }
+            if after < OPEN_FILES_WARN_BELOW {
+                tracing::warn!(
+                    limit = after,
+                    "the open-files limit (ulimit -n, its hard limit included) holds fewer than {OPEN_FILES_WARN_BELOW} connections; raise it (systemd: LimitNOFILE=) for more clients"
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot raise the open-files limit: {e}"),
+    }
+}
+
 /// A flag given in milliseconds as a duration, refused by name outside `range`.
 fn millis_within(
     flag: &str,
@@ -726,6 +750,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         sluice_server::add_metrics_hook(alloc::render_metrics);
     }
     alloc::purge_in_background();
+    raise_open_files_limit();
     let slice =
         (args.ack_slice_us > 0).then(|| std::time::Duration::from_micros(args.ack_slice_us));
     let runtime = tokio::runtime::Builder::new_multi_thread()
