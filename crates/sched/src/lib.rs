@@ -293,6 +293,8 @@ pub fn transparent_huge_pages() -> std::io::Result<bool> {
 /// turned away while the machine has room. Servers raise it to the hard limit themselves
 /// (Go's runtime does it for every Go program, NATS included).
 #[cfg(unix)]
+// `rlim_t` is `u64` on 64-bit Linux but not on every Unix.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_open_files_limit(want: u64) -> std::io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -357,6 +359,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // `rlim_t` is not `u64` on every Unix
     fn the_open_files_limit_is_raised_to_the_hard_limit_and_never_lowered() {
         // In a child process: the limit is process-wide.
         if std::env::var_os("SLUICE_NOFILE_PROBE").is_some() {
