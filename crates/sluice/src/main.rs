@@ -321,6 +321,13 @@ struct ServeArgs {
     /// is not idle (100 to 3 600 000).
     #[arg(long, default_value_t = sluice_server::serve::HTTP_IDLE_TIMEOUT_DEFAULT.as_millis() as u64)]
     http_idle_timeout_ms: u64,
+    /// TCP keepalive on every client connection: after this many seconds of silence the
+    /// kernel probes the peer (every third of it, 9 times), so a client that vanished without
+    /// closing (a phone that lost its network, a crashed host) is noticed within about
+    /// four times this and its connection and its slot under --max-connections-per-subject
+    /// are let go, even on an idle WebSocket. 0: off (at most 7200).
+    #[arg(long, default_value_t = TCP_KEEPALIVE_SECS_DEFAULT)]
+    tcp_keepalive_secs: u64,
     /// Keep transparent huge pages (2 MiB) once serving. By default recovery runs with them
     /// (rebuilding the tables grows the heap in bulk: one fault per 2 MiB, not 512) and the
     /// server turns them off as it starts serving: the first touch of each huge page stalls
@@ -616,6 +623,30 @@ impl ServeArgs {
     }
 }
 
+/// Default `--tcp-keepalive-secs` (Go's HTTP servers probe after 15 s, Linux's own default
+/// is two hours, far too long to free a vanished client's slot).
+const TCP_KEEPALIVE_SECS_DEFAULT: u64 = 30;
+/// Most `--tcp-keepalive-secs` (Linux's own default).
+const TCP_KEEPALIVE_SECS_MAX: u64 = 7200;
+
+/// Sets up an accepted client socket: no Nagle delay (replies are small and flushed
+/// explicitly; Nagle would hold them back up to a delayed-ACK timeout), and TCP keepalive
+/// after `keepalive` of silence, probing every third of it (`--tcp-keepalive-secs`).
+pub(crate) fn tune_client_socket(
+    tcp: &tokio::net::TcpStream,
+    keepalive: Option<std::time::Duration>,
+) {
+    let _ = tcp.set_nodelay(true);
+    if let Some(idle) = keepalive {
+        let probes = socket2::TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval((idle / 3).max(std::time::Duration::from_secs(1)));
+        if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&probes) {
+            tracing::debug!("cannot set TCP keepalive on a client socket: {e}");
+        }
+    }
+}
+
 /// Open files the server asks for: Linux's default ceiling (`fs.nr_open`).
 const OPEN_FILES_WANT: u64 = 1 << 20;
 /// Below this many open files the server says how few clients it can hold.
@@ -740,6 +771,13 @@ fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.config()?;
+    anyhow::ensure!(
+        args.tcp_keepalive_secs <= TCP_KEEPALIVE_SECS_MAX,
+        "--tcp-keepalive-secs {} is above {TCP_KEEPALIVE_SECS_MAX}",
+        args.tcp_keepalive_secs
+    );
+    let keepalive = (args.tcp_keepalive_secs > 0)
+        .then(|| std::time::Duration::from_secs(args.tcp_keepalive_secs));
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::load(cert, key)?),
         (None, None) => None,
@@ -863,11 +901,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let server: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
             match tls {
                 None => {
-                    // Replies are small and written in batches that are flushed explicitly;
-                    // Nagle's algorithm would only hold them back (up to a delayed-ACK
-                    // timeout).
-                    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                        let _ = tcp.set_nodelay(true);
+                    let listener = axum::serve::ListenerExt::tap_io(listener, move |tcp| {
+                        tune_client_socket(tcp, keepalive)
                     });
                     Box::pin(sluice_server::serve::serve(
                         core.stall_guard(listener),
@@ -877,7 +912,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     ))
                 }
                 Some(config) => Box::pin(sluice_server::serve::serve(
-                    core.stall_guard(tls::TlsListener::spawn(listener, config)?),
+                    core.stall_guard(tls::TlsListener::spawn(listener, config, keepalive)?),
                     router,
                     idle,
                     shutdown,

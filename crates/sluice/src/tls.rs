@@ -81,6 +81,7 @@ impl TlsListener {
     pub fn spawn(
         listener: TcpListener,
         config: Arc<rustls::ServerConfig>,
+        keepalive: Option<Duration>,
     ) -> std::io::Result<TlsListener> {
         let addr = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(READY_QUEUE);
@@ -103,8 +104,7 @@ impl TlsListener {
                         continue;
                     }
                 };
-                // Replies are small and flushed explicitly; Nagle would only delay them.
-                let _ = tcp.set_nodelay(true);
+                crate::tune_client_socket(&tcp, keepalive);
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
