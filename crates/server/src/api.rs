@@ -314,14 +314,34 @@ pub(crate) async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
-/// Reads the whole body, enforcing `body_bytes_max`.
+/// Reads the whole body, enforcing `body_bytes_max` and, while it waits, the idle limit
+/// (`serve::IdleBody`).
 pub(crate) async fn read_body(core: &Core, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let max = core.config().body_bytes_max;
-    axum::body::to_bytes(body, max).await.map_err(|_| {
-        ApiError::limit(format!(
-            "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
-        ))
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        let e = e.into_inner();
+        if let Some(idle) = cause::<crate::serve::BodyIdle>(&*e) {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "timeout", idle.to_string())
+        } else if cause::<http_body_util::LengthLimitError>(&*e).is_some() {
+            ApiError::limit(format!(
+                "request body exceeds body_bytes_max (--max-body-bytes) of {max} bytes"
+            ))
+        } else {
+            ApiError::bad_request(format!("the request body could not be read: {e}"))
+        }
     })
+}
+
+/// The first error of type `E` in `e`'s chain of sources.
+fn cause<'e, E: std::error::Error + 'static>(
+    mut e: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e E> {
+    loop {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        e = e.source()?;
+    }
 }
 
 /// Reads the whole body as a JSON object, enforcing `body_bytes_max`.

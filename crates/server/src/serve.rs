@@ -11,20 +11,27 @@
 //! deliver a whole request head within it — after connecting, and after each response (the
 //! keep-alive wait). A response in progress (an SSE stream, a long download) and an upgraded
 //! WebSocket are not idle: the timeout only runs while hyper waits for a request head.
-//! Writes that stall are [`crate::stall`]'s concern, beneath this.
+//! The same limit holds while a handler waits for the request's body ([`IdleBody`]): a body
+//! that sends no byte for it fails the request with 408 (a client that trickles a body
+//! would otherwise hold its connection and up to `--max-body-bytes` of buffer). Writes that
+//! stall are [`crate::stall`]'s concern, beneath this.
 //!
 //! Graceful shutdown as `axum::serve` does it: when `signal` resolves, the listener is
 //! dropped (the port closes), every connection finishes the request it is serving and
 //! closes, and the returned future resolves once all have.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::serve::Listener;
 use axum::Router;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
+use tower::ServiceExt;
 
 /// Default `--http-idle-timeout-ms` (nginx waits 60 s for a request head, 75 s between
 /// keep-alive requests).
@@ -57,7 +64,13 @@ pub async fn serve<L>(
             accepted = listener.accept() => accepted,
             () = &mut signal => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        // The router boxes whatever body it is given (`axum::body::Body::new`): wrapping
+        // hyper's first costs no allocation of its own.
+        let service = TowerToHyperService::new(router.clone().map_request(
+            move |request: hyper::Request<Incoming>| {
+                request.map(|body| IdleBody::new(body, idle_timeout))
+            },
+        ));
         let connection = http
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
@@ -81,4 +94,61 @@ pub async fn serve<L>(
     let _ = signal_tx.send(());
     drop(close_rx);
     close_tx.closed().await;
+}
+
+/// A request body that fails once it has delivered no byte for the limit
+/// (`--http-idle-timeout-ms`); the handler reading it answers 408 (`api::read_body`).
+pub struct IdleBody<B> {
+    body: B,
+    clock: crate::stall::Stall,
+    limit: Duration,
+}
+
+impl<B> IdleBody<B> {
+    pub fn new(body: B, limit: Duration) -> IdleBody<B> {
+        IdleBody {
+            body,
+            clock: crate::stall::Stall::new(limit),
+            limit,
+        }
+    }
+}
+
+/// The error of an [`IdleBody`] that ran out of time.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body sent no byte for {} ms (--http-idle-timeout-ms)", .0.as_millis())]
+pub struct BodyIdle(pub Duration);
+
+impl<B> Body for IdleBody<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.clock.progressed();
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending if this.clock.expired(cx) => {
+                Poll::Ready(Some(Err(Box::new(BodyIdle(this.limit)))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

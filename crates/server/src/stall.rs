@@ -79,10 +79,8 @@ impl<L: Listener> Listener for StallGuard<L> {
 pub struct WriteDeadline<IO> {
     io: IO,
     limit: Duration,
-    /// Made the first time a write would block; re-armed for each later stall.
-    timer: Option<Pin<Box<Sleep>>>,
-    /// A write is blocked and `timer` runs for it.
-    armed: bool,
+    /// Runs while a write is blocked.
+    clock: Stall,
     /// The limit passed: the connection is being closed.
     tripped: bool,
     /// The task parked on a read, woken when the connection trips (a WebSocket's reader
@@ -96,8 +94,7 @@ impl<IO> WriteDeadline<IO> {
         WriteDeadline {
             io,
             limit,
-            timer: None,
-            armed: false,
+            clock: Stall::new(limit),
             tripped: false,
             reader: None,
             closed,
@@ -122,23 +119,10 @@ impl<IO> WriteDeadline<IO> {
         outcome: Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         if let Poll::Ready(r) = outcome {
-            self.armed = false;
+            self.clock.progressed();
             return Poll::Ready(r);
         }
-        let deadline = Instant::now() + self.limit;
-        let timer = match &mut self.timer {
-            Some(timer) => {
-                if !self.armed {
-                    timer.as_mut().reset(deadline);
-                }
-                timer
-            }
-            None => self
-                .timer
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
-        };
-        self.armed = true;
-        if timer.as_mut().poll(cx).is_pending() {
+        if !self.clock.expired(cx) {
             return Poll::Pending;
         }
         self.tripped = true;
@@ -147,6 +131,47 @@ impl<IO> WriteDeadline<IO> {
             reader.wake();
         }
         Poll::Ready(Err(self.stalled()))
+    }
+}
+
+/// The clock of a wait that must make progress within a limit: stopped by progress,
+/// started by the first poll that finds none. Its timer is made the first time it is
+/// needed and re-armed for each later wait, so a wait that never blocks costs a branch.
+pub(crate) struct Stall {
+    limit: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A wait is on and `timer` runs for it.
+    armed: bool,
+}
+
+impl Stall {
+    pub(crate) fn new(limit: Duration) -> Stall {
+        Stall {
+            limit,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    /// Progress: the clock stops.
+    #[inline]
+    pub(crate) fn progressed(&mut self) {
+        self.armed = false;
+    }
+
+    /// No progress this poll: starts the clock if it is stopped, and says whether the limit
+    /// has passed since it started (else `cx` is woken when it does).
+    pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            let deadline = Instant::now() + self.limit;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = true;
+        }
+        let timer = self.timer.as_mut().expect("an armed clock has a timer");
+        timer.as_mut().poll(cx).is_ready()
     }
 }
 

@@ -5,9 +5,10 @@
 //! Against the real binary with `--http-idle-timeout-ms 300`: a socket that sends nothing,
 //! one that trickles a request head a byte every 50 ms (slowloris), and a keep-alive
 //! connection left idle after one response are all closed by the server (read sees the
-//! end); an SSE live stream and a WebSocket, both opened before and left quiet for four
-//! times the timeout, still deliver: the stream the insert made after the wait, the
-//! WebSocket the reply to a request sent after it.
+//! end); a request body that stops arriving is answered 408 naming the flag, while one that
+//! arrives slowly but steadily is applied; an SSE live stream and a WebSocket, both opened
+//! before and left quiet for four times the timeout, still deliver: the stream the insert
+//! made after the wait, the WebSocket the reply to a request sent after it.
 
 mod common;
 
@@ -143,6 +144,48 @@ async fn idle_http_connections_are_closed() {
     assert!(
         cut,
         "a head trickled for {after:?} ({sent} bytes) was never cut off"
+    );
+
+    // A body that stops arriving: 408 naming the flag, and the connection ends.
+    let body = json!({"ops": [{"op": "insert", "table": "t", "row": {"id": 9, "note": "slow"}}]})
+        .to_string();
+    let head = format!(
+        "POST /v1/mutate HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        server.addr,
+        common::bearer(),
+        body.len()
+    );
+    let mut stalled_body = TcpStream::connect(server.addr).await.unwrap();
+    stalled_body
+        .write_all(format!("{head}{}", &body[..5]).as_bytes())
+        .await
+        .unwrap();
+    let got = read_until_closed(&mut stalled_body, "a request body that stopped").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("--http-idle-timeout-ms"), "{text}");
+    // A body that arrives slowly but steadily (a piece every sixth of the limit) is read
+    // whole and applied.
+    let mut slow_body = TcpStream::connect(server.addr).await.unwrap();
+    slow_body.write_all(head.as_bytes()).await.unwrap();
+    for piece in body.as_bytes().chunks(8) {
+        tokio::time::sleep(idle / 6).await;
+        slow_body.write_all(piece).await.unwrap();
+    }
+    let mut slow_got = Vec::new();
+    read_until(
+        &mut slow_body,
+        &mut slow_got,
+        "\"seq\"",
+        "the slow body's reply",
+    )
+    .await;
+    let text = String::from_utf8_lossy(&slow_got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(
+        api.get_ok("/v1/tables/t/rows/9").await["row"]["note"],
+        "slow",
+        "the slow body was applied"
     );
 
     // The quiet streams are still open: wait four timeouts, then use them.
