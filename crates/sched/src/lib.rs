@@ -326,6 +326,20 @@ pub fn raise_open_files_limit(_want: u64) -> std::io::Result<(u64, u64)> {
 mod tests {
     use super::*;
 
+    /// Runs test `name` of this binary again in a child process with `env` set (the test
+    /// then does its part there) and asserts that it passed: for settings that are
+    /// process-wide, which this binary's other tests need not share.
+    fn in_child_process(name: &str, env: &str) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name])
+            .env(env, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "{stdout}");
+    }
+
     fn transparent_huge_pages_disabled() -> bool {
         !transparent_huge_pages().expect("PR_GET_THP_DISABLE (Linux 3.15+)")
     }
@@ -342,20 +356,10 @@ mod tests {
             return;
         }
         assert!(!transparent_huge_pages_disabled(), "on by default");
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tests::transparent_huge_pages_can_be_disabled_for_the_process",
-            ])
-            .env("SLUICE_THP_PROBE", "1")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
+        in_child_process(
+            "tests::transparent_huge_pages_can_be_disabled_for_the_process",
+            "SLUICE_THP_PROBE",
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
 
     #[test]
@@ -397,20 +401,10 @@ mod tests {
             );
             return;
         }
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tests::the_open_files_limit_is_raised_to_the_hard_limit_and_never_lowered",
-            ])
-            .env("SLUICE_NOFILE_PROBE", "1")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
+        in_child_process(
+            "tests::the_open_files_limit_is_raised_to_the_hard_limit_and_never_lowered",
+            "SLUICE_NOFILE_PROBE",
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
 
     #[test]
@@ -486,17 +480,25 @@ mod tests {
         let t = std::thread::Builder::new()
             .name("slice-probe".into())
             .spawn(move || {
-                // The thread names itself as it starts: scanned only after that.
+                // Scanned only once the thread runs (and its name shows, below).
                 let _ = started_tx.send(());
                 rx.recv()
             })
             .unwrap();
         started.recv().unwrap();
+        // Where the OS name is set from the spawning side, it may land after the thread
+        // runs: wait (bounded) until the kernel shows it.
+        let named_by = std::time::Instant::now() + Duration::from_secs(10);
+        while own_threads_named(&["slice-probe"]).unwrap().is_empty()
+            && std::time::Instant::now() < named_by
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let n = request_slice_named(&["slice-probe"], Duration::from_micros(100));
         drop(tx);
         let _ = t.join();
         match n {
-            Ok(n) => assert_eq!(n, 1),
+            Ok(n) => assert_eq!(n, 1, "threads named slice-probe"),
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOSYS), "{e}"),
         }
     }
