@@ -101,7 +101,6 @@ pub async fn serve<L>(
 pub struct IdleBody<B> {
     body: B,
     clock: crate::stall::Stall,
-    limit: Duration,
 }
 
 impl<B> IdleBody<B> {
@@ -109,7 +108,6 @@ impl<B> IdleBody<B> {
         IdleBody {
             body,
             clock: crate::stall::Stall::new(limit),
-            limit,
         }
     }
 }
@@ -138,7 +136,7 @@ where
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending if this.clock.expired(cx) => {
-                Poll::Ready(Some(Err(Box::new(BodyIdle(this.limit)))))
+                Poll::Ready(Some(Err(Box::new(BodyIdle(this.clock.limit())))))
             }
             Poll::Pending => Poll::Pending,
         }

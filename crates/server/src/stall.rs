@@ -78,7 +78,6 @@ impl<L: Listener> Listener for StallGuard<L> {
 /// module docs). After that every read and write fails too.
 pub struct WriteDeadline<IO> {
     io: IO,
-    limit: Duration,
     /// Runs while a write is blocked.
     clock: Stall,
     /// The limit passed: the connection is being closed.
@@ -93,7 +92,6 @@ impl<IO> WriteDeadline<IO> {
     pub fn new(io: IO, limit: Duration, closed: Arc<AtomicU64>) -> WriteDeadline<IO> {
         WriteDeadline {
             io,
-            limit,
             clock: Stall::new(limit),
             tripped: false,
             reader: None,
@@ -106,19 +104,26 @@ impl<IO> WriteDeadline<IO> {
             io::ErrorKind::TimedOut,
             format!(
                 "the client took no byte for {} ms (--write-timeout-ms): connection closed",
-                self.limit.as_millis()
+                self.clock.limit().as_millis()
             ),
         )
     }
 
-    /// Passes on a write's outcome; for one that would block, arms the timer (if it is not
-    /// already running for this stall) and trips when it has run out.
-    fn watch<T>(
+    /// Runs one write-side poll (`write`, `flush`, `shutdown`) of the connection: fails at
+    /// once if it tripped; passes on what completes; for one that would block, arms the
+    /// timer (if it is not already running for this stall) and trips when it has run out.
+    fn write_side<T>(
         &mut self,
         cx: &mut Context<'_>,
-        outcome: Poll<io::Result<T>>,
-    ) -> Poll<io::Result<T>> {
-        if let Poll::Ready(r) = outcome {
+        poll: impl FnOnce(Pin<&mut IO>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>>
+    where
+        IO: Unpin,
+    {
+        if self.tripped {
+            return Poll::Ready(Err(self.stalled()));
+        }
+        if let Poll::Ready(r) = poll(Pin::new(&mut self.io), cx) {
             self.clock.progressed();
             return Poll::Ready(r);
         }
@@ -151,6 +156,11 @@ impl Stall {
             timer: None,
             armed: false,
         }
+    }
+
+    /// How long a wait may go without progress.
+    pub(crate) fn limit(&self) -> Duration {
+        self.limit
     }
 
     /// Progress: the clock stops.
@@ -204,12 +214,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.tripped {
-            return Poll::Ready(Err(this.stalled()));
-        }
-        let outcome = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.watch(cx, outcome)
+        self.get_mut()
+            .write_side(cx, |io, cx| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -217,12 +223,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.tripped {
-            return Poll::Ready(Err(this.stalled()));
-        }
-        let outcome = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.watch(cx, outcome)
+        self.get_mut()
+            .write_side(cx, |io, cx| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -230,12 +232,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.tripped {
-            return Poll::Ready(Err(this.stalled()));
-        }
-        let outcome = Pin::new(&mut this.io).poll_flush(cx);
-        this.watch(cx, outcome)
+        self.get_mut().write_side(cx, |io, cx| io.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -244,8 +241,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<IO> {
             // Nothing more can be sent: the connection only has to be dropped.
             return Poll::Ready(Ok(()));
         }
-        let outcome = Pin::new(&mut this.io).poll_shutdown(cx);
-        this.watch(cx, outcome)
+        this.write_side(cx, |io, cx| io.poll_shutdown(cx))
     }
 }
 
