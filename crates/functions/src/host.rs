@@ -9,6 +9,7 @@ use sluice_engine::db::key_from_json;
 use sluice_engine::{ColumnType, Key, TableSchema, TxError, Value as DbValue};
 
 use crate::convert::{db_to_js, js_to_json};
+use crate::raw::Raw;
 use crate::{AuthSlot, Slot};
 
 /// Tables whose column atoms are kept at most (past it the cache starts over).
@@ -112,7 +113,7 @@ fn saved_atom(ctx: &Ctx<'_>, name: &str) -> rquickjs::Result<SavedAtom> {
 /// One property of a `set` (`tx.patch`) as read from JavaScript: a primitive kept as it
 /// is (its JSON form is implied), or anything else already converted to JSON exactly as
 /// [`js_to_json`] converts it.
-enum Prop {
+pub(crate) enum Prop {
     Null,
     Bool(bool),
     /// A JS integer, or a float with an integral value below 2^53 (JSON reads both as an
@@ -135,12 +136,9 @@ impl Prop {
             Type::Null => Prop::Null,
             Type::Bool => Prop::Bool(value.as_bool().unwrap_or(false)),
             Type::Int => Prop::Int(value.as_int().unwrap_or(0).into()),
-            Type::Float => match value.as_float() {
-                Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
-                    Prop::Int(f as i64)
-                }
-                Some(f) if f.is_finite() => Prop::Float(f),
-                _ => Prop::Json(js_to_json(value, 1)?),
+            Type::Float => match value.as_float().and_then(Prop::from_float) {
+                Some(p) => p,
+                None => Prop::Json(js_to_json(value, 1)?),
             },
             Type::String => Prop::Text(
                 value
@@ -152,9 +150,22 @@ impl Prop {
         }))
     }
 
+    /// A finite float as JSON reads it: an integer when it has an integral value below
+    /// 2^53, else a float; `None` for NaN and the infinities (converted as JSON would be,
+    /// which refuses them).
+    pub(crate) fn from_float(f: f64) -> Option<Prop> {
+        if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 {
+            Some(Prop::Int(f as i64))
+        } else if f.is_finite() {
+            Some(Prop::Float(f))
+        } else {
+            None
+        }
+    }
+
     /// Whether this property converts to a value of a column of type `ty` without error
     /// (else the JSON path says why, in its words).
-    fn fits(&self, ty: ColumnType) -> bool {
+    pub(crate) fn fits(&self, ty: ColumnType) -> bool {
         matches!(
             (ty, self),
             (_, Prop::Null)
@@ -169,7 +180,7 @@ impl Prop {
     }
 
     /// The value for a column of type `ty`, which it [`Prop::fits`]; a text is moved out.
-    fn take(&mut self, ty: ColumnType) -> DbValue {
+    pub(crate) fn take(&mut self, ty: ColumnType) -> DbValue {
         match (ty, self) {
             (ColumnType::Integer, Prop::Int(i)) => DbValue::Integer(*i),
             (ColumnType::Timestamp, Prop::Int(i)) => DbValue::Timestamp(*i),
@@ -317,7 +328,7 @@ fn throw(ctx: &Ctx<'_>, code: &str, message: &str) -> rquickjs::Error {
     }
 }
 
-fn tx_error(ctx: &Ctx<'_>, e: TxError) -> rquickjs::Error {
+pub(crate) fn tx_error(ctx: &Ctx<'_>, e: TxError) -> rquickjs::Error {
     throw(ctx, e.code.as_str(), &e.message)
 }
 
@@ -383,14 +394,13 @@ pub(crate) fn install<'js>(
     auth: AuthSlot,
     rng: std::rc::Rc<std::cell::Cell<u64>>,
     columns: Rc<RefCell<Columns>>,
+    raw: Rc<Raw>,
 ) -> rquickjs::Result<Object<'js>> {
     let tx = Object::new(ctx.clone())?;
 
     let s = slot.clone();
     let cols = columns.clone();
-    tx.set(
-        "get",
-        Function::new(
+    let slow_get = Function::new(
             ctx.clone(),
             move |ctx: Ctx<'js>,
                   table: Value<'js>,
@@ -421,8 +431,56 @@ pub(crate) fn install<'js>(
                     }
                 })
             },
-        )?,
-    )?;
+        )?;
+
+    let s = slot.clone();
+    let cols = columns.clone();
+    // Reused by every patch: the typed values of one `set`.
+    let typed: RefCell<Vec<(usize, DbValue)>> = RefCell::default();
+    let slow_patch = Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
+                let table = cols
+                    .try_borrow()
+                    .map_err(|_| reentered(&ctx))?
+                    .table_name(&ctx, &table)?;
+                let id = json_arg(&ctx, &id, "id")?;
+                let mut set = SetArg::read(&ctx, &set, "set")?;
+                with_access(&ctx, &s, |access| {
+                    let mut tx = access.tx();
+                    let mut typed = typed.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                    // Typed when every property fits its column; else the JSON path, which
+                    // refuses the patch with the errors it always gave, in the same order.
+                    let fast = match &mut set {
+                        SetArg::Props(props) => match tx.db().table(&table) {
+                            Ok(t) => {
+                                let mut cols =
+                                    cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                                let atoms = cols.columns(&ctx, &table, &t.schema)?;
+                                typed_set(props, &t.schema, atoms, &mut typed)
+                                    .map(|()| (t.schema.clone(), key_from_json(&t.schema, &id)))
+                            }
+                            Err(_) => None,
+                        },
+                        SetArg::Json(_) => None,
+                    };
+                    let written = match fast {
+                        Some((schema, key)) => {
+                            key.and_then(|key| tx.patch_decoded(&schema, key, &mut typed, None))
+                        }
+                        None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
+                    };
+                    written
+                        .map(|w| w.version as f64)
+                        .map_err(|e| tx_error(&ctx, e))
+                })
+            },
+        )?;
+
+    // The calls a read-modify-write function makes most are served by C functions over
+    // raw values, which hand every other call to these (see `raw`).
+    let (get, patch) = Raw::install(&raw, ctx, &slow_get, &slow_patch)?;
+    tx.set("get", get)?;
 
     for (name, replace) in [("insert", false), ("upsert", true)] {
         let s = slot.clone();
@@ -477,52 +535,7 @@ pub(crate) fn install<'js>(
         )?;
     }
 
-    let s = slot.clone();
-    let cols = columns.clone();
-    // Reused by every patch: the typed values of one `set`.
-    let typed: RefCell<Vec<(usize, DbValue)>> = RefCell::default();
-    tx.set(
-        "patch",
-        Function::new(
-            ctx.clone(),
-            move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
-                let table = cols
-                    .try_borrow()
-                    .map_err(|_| reentered(&ctx))?
-                    .table_name(&ctx, &table)?;
-                let id = json_arg(&ctx, &id, "id")?;
-                let mut set = SetArg::read(&ctx, &set, "set")?;
-                with_access(&ctx, &s, |access| {
-                    let mut tx = access.tx();
-                    let mut typed = typed.try_borrow_mut().map_err(|_| reentered(&ctx))?;
-                    // Typed when every property fits its column; else the JSON path, which
-                    // refuses the patch with the errors it always gave, in the same order.
-                    let fast = match &mut set {
-                        SetArg::Props(props) => match tx.db().table(&table) {
-                            Ok(t) => {
-                                let mut cols =
-                                    cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
-                                let atoms = cols.columns(&ctx, &table, &t.schema)?;
-                                typed_set(props, &t.schema, atoms, &mut typed)
-                                    .map(|()| (t.schema.clone(), key_from_json(&t.schema, &id)))
-                            }
-                            Err(_) => None,
-                        },
-                        SetArg::Json(_) => None,
-                    };
-                    let written = match fast {
-                        Some((schema, key)) => {
-                            key.and_then(|key| tx.patch_decoded(&schema, key, &mut typed, None))
-                        }
-                        None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
-                    };
-                    written
-                        .map(|w| w.version as f64)
-                        .map_err(|e| tx_error(&ctx, e))
-                })
-            },
-        )?,
-    )?;
+    tx.set("patch", patch)?;
 
     let s = slot.clone();
     tx.set(

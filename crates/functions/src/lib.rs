@@ -42,6 +42,9 @@ use sluice_engine::TxRef;
 
 mod convert;
 mod host;
+// The one module with unsafe code: QuickJS C functions over raw values (see its docs).
+#[allow(unsafe_code)]
+mod raw;
 
 /// Name the module is compiled under (appears in stack traces and compile errors).
 pub const MODULE_NAME: &str = "app.js";
@@ -121,6 +124,8 @@ struct Loaded {
     freeze: Persistent<Function<'static>>,
     /// Column names cached by the `tx` host functions (which hold it too).
     columns: Rc<RefCell<host::Columns>>,
+    /// The state of the raw `tx.get` / `tx.patch`: it holds atoms and values of `context`.
+    _raw: Rc<raw::Raw>,
     /// Declared last: dropped after the values above that live in it.
     context: Context,
 }
@@ -208,6 +213,9 @@ impl Functions {
         let rng = self.rng.clone();
         let columns: Rc<RefCell<host::Columns>> = Rc::default();
         let host_columns = columns.clone();
+        // Declared after `context`, so dropped before it when loading fails.
+        let raw = context.with(|ctx| Rc::new(raw::Raw::new(&ctx, self.slot.clone())));
+        let host_raw = raw.clone();
         let loaded = context.with(|ctx| {
             ctx.eval::<(), _>(PRELUDE)
                 .catch(&ctx)
@@ -217,7 +225,7 @@ impl Functions {
                 .get::<_, Object>("Object")
                 .and_then(|o| o.get("freeze"))
                 .map_err(|e| FunctionError::Value(e.to_string()))?;
-            let tx = host::install(&ctx, slot, auth, rng, host_columns)
+            let tx = host::install(&ctx, slot, auth, rng, host_columns, host_raw)
                 .map_err(|e| FunctionError::Value(e.to_string()))?;
             let (module, promise) = Module::declare(ctx.clone(), MODULE_NAME, source)
                 .catch(&ctx)
@@ -259,6 +267,7 @@ impl Functions {
             allow,
             freeze,
             columns,
+            _raw: raw,
             context,
         });
         self.exports = names;
@@ -342,7 +351,7 @@ impl Functions {
             let result = (|| -> Result<serde_json::Value, FunctionError> {
                 let function = restore(&ctx, &loaded.functions[export])?;
                 let tx = restore(&ctx, &loaded.tx)?;
-                let js_args = convert::json_to_js(&ctx, args)
+                let js_args = raw::json_to_js(&ctx, args)
                     .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
                 let out: rquickjs::Value = function
                     .call((tx, js_args))
