@@ -401,81 +401,77 @@ pub(crate) fn install<'js>(
     let s = slot.clone();
     let cols = columns.clone();
     let slow_get = Function::new(
-            ctx.clone(),
-            move |ctx: Ctx<'js>,
-                  table: Value<'js>,
-                  id: Value<'js>|
-                  -> rquickjs::Result<Value<'js>> {
-                // No borrow of the cache is held while JavaScript may run (a getter of `id`).
-                let table = cols
-                    .try_borrow()
-                    .map_err(|_| reentered(&ctx))?
-                    .table_name(&ctx, &table)?;
-                let id = json_arg(&ctx, &id, "id")?;
-                with_access(&ctx, &s, |access| {
-                    let tx = access.tx();
-                    let db = tx.db();
-                    let t = db.table(&table).map_err(|e| tx_error(&ctx, e))?;
-                    let key = key_from_json(&t.schema, &id).map_err(|e| tx_error(&ctx, e))?;
-                    match t.rows.get(&key) {
-                        None => Ok(Value::new_null(ctx.clone())),
-                        Some(row) => {
-                            let mut cols = cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
-                            let atoms = cols.columns(&ctx, &table, &t.schema)?;
-                            let object = Object::new(ctx.clone())?;
-                            for (atom, v) in atoms.iter().zip(row.values.iter()) {
-                                object.set(atom.clone().restore(&ctx)?, db_to_js(&ctx, v)?)?;
-                            }
-                            Ok(object.into_value())
+        ctx.clone(),
+        move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>| -> rquickjs::Result<Value<'js>> {
+            // No borrow of the cache is held while JavaScript may run (a getter of `id`).
+            let table = cols
+                .try_borrow()
+                .map_err(|_| reentered(&ctx))?
+                .table_name(&ctx, &table)?;
+            let id = json_arg(&ctx, &id, "id")?;
+            with_access(&ctx, &s, |access| {
+                let tx = access.tx();
+                let db = tx.db();
+                let t = db.table(&table).map_err(|e| tx_error(&ctx, e))?;
+                let key = key_from_json(&t.schema, &id).map_err(|e| tx_error(&ctx, e))?;
+                match t.rows.get(&key) {
+                    None => Ok(Value::new_null(ctx.clone())),
+                    Some(row) => {
+                        let mut cols = cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                        let atoms = cols.columns(&ctx, &table, &t.schema)?;
+                        let object = Object::new(ctx.clone())?;
+                        for (atom, v) in atoms.iter().zip(row.values.iter()) {
+                            object.set(atom.clone().restore(&ctx)?, db_to_js(&ctx, v)?)?;
                         }
+                        Ok(object.into_value())
                     }
-                })
-            },
-        )?;
+                }
+            })
+        },
+    )?;
 
     let s = slot.clone();
     let cols = columns.clone();
     // Reused by every patch: the typed values of one `set`.
     let typed: RefCell<Vec<(usize, DbValue)>> = RefCell::default();
     let slow_patch = Function::new(
-            ctx.clone(),
-            move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
-                let table = cols
-                    .try_borrow()
-                    .map_err(|_| reentered(&ctx))?
-                    .table_name(&ctx, &table)?;
-                let id = json_arg(&ctx, &id, "id")?;
-                let mut set = SetArg::read(&ctx, &set, "set")?;
-                with_access(&ctx, &s, |access| {
-                    let mut tx = access.tx();
-                    let mut typed = typed.try_borrow_mut().map_err(|_| reentered(&ctx))?;
-                    // Typed when every property fits its column; else the JSON path, which
-                    // refuses the patch with the errors it always gave, in the same order.
-                    let fast = match &mut set {
-                        SetArg::Props(props) => match tx.db().table(&table) {
-                            Ok(t) => {
-                                let mut cols =
-                                    cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
-                                let atoms = cols.columns(&ctx, &table, &t.schema)?;
-                                typed_set(props, &t.schema, atoms, &mut typed)
-                                    .map(|()| (t.schema.clone(), key_from_json(&t.schema, &id)))
-                            }
-                            Err(_) => None,
-                        },
-                        SetArg::Json(_) => None,
-                    };
-                    let written = match fast {
-                        Some((schema, key)) => {
-                            key.and_then(|key| tx.patch_decoded(&schema, key, &mut typed, None))
+        ctx.clone(),
+        move |ctx: Ctx<'js>, table: Value<'js>, id: Value<'js>, set: Value<'js>| {
+            let table = cols
+                .try_borrow()
+                .map_err(|_| reentered(&ctx))?
+                .table_name(&ctx, &table)?;
+            let id = json_arg(&ctx, &id, "id")?;
+            let mut set = SetArg::read(&ctx, &set, "set")?;
+            with_access(&ctx, &s, |access| {
+                let mut tx = access.tx();
+                let mut typed = typed.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                // Typed when every property fits its column; else the JSON path, which
+                // refuses the patch with the errors it always gave, in the same order.
+                let fast = match &mut set {
+                    SetArg::Props(props) => match tx.db().table(&table) {
+                        Ok(t) => {
+                            let mut cols = cols.try_borrow_mut().map_err(|_| reentered(&ctx))?;
+                            let atoms = cols.columns(&ctx, &table, &t.schema)?;
+                            typed_set(props, &t.schema, atoms, &mut typed)
+                                .map(|()| (t.schema.clone(), key_from_json(&t.schema, &id)))
                         }
-                        None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
-                    };
-                    written
-                        .map(|w| w.version as f64)
-                        .map_err(|e| tx_error(&ctx, e))
-                })
-            },
-        )?;
+                        Err(_) => None,
+                    },
+                    SetArg::Json(_) => None,
+                };
+                let written = match fast {
+                    Some((schema, key)) => {
+                        key.and_then(|key| tx.patch_decoded(&schema, key, &mut typed, None))
+                    }
+                    None => tx.patch(&table, &id, &set.into_json(&ctx)?, None),
+                };
+                written
+                    .map(|w| w.version as f64)
+                    .map_err(|e| tx_error(&ctx, e))
+            })
+        },
+    )?;
 
     // The calls a read-modify-write function makes most are served by C functions over
     // raw values, which hand every other call to these (see `raw`).

@@ -115,7 +115,9 @@ impl KeptShape {
 
     unsafe fn free(self, c: *mut JSContext) {
         self.atoms.into_iter().for_each(|a| qjs::JS_FreeAtom(c, a));
-        self.templates.into_iter().for_each(|o| qjs::JS_FreeValue(c, o));
+        self.templates
+            .into_iter()
+            .for_each(|o| qjs::JS_FreeValue(c, o));
     }
 }
 
@@ -147,15 +149,17 @@ impl Raw {
         slow_patch: &rquickjs::Function<'js>,
     ) -> rquickjs::Result<(rquickjs::Value<'js>, rquickjs::Value<'js>)> {
         let c = ctx.as_raw().as_ptr();
-        assert_eq!(c, raw.ctx.as_ptr(), "installed in the context it was made for");
+        assert_eq!(
+            c,
+            raw.ctx.as_ptr(),
+            "installed in the context it was made for"
+        );
         // SAFETY: `c` is the live context `ctx` stands for; the values are owned references
         // (dup'd here, freed in `Drop`); the opaque pointer stays valid while `raw` lives,
         // and `Drop` clears it first.
         unsafe {
-            raw.slow_get
-                .set(qjs::JS_DupValue(c, slow_get.as_raw()));
-            raw.slow_patch
-                .set(qjs::JS_DupValue(c, slow_patch.as_raw()));
+            raw.slow_get.set(qjs::JS_DupValue(c, slow_get.as_raw()));
+            raw.slow_patch.set(qjs::JS_DupValue(c, slow_patch.as_raw()));
             let plain = owned(ctx, qjs::JS_NewObject(c))?;
             raw.plain_class.set(qjs::JS_GetClassID(plain.as_raw()));
             qjs::JS_SetContextOpaque(c, std::rc::Rc::as_ptr(raw) as *mut c_void);
@@ -283,7 +287,8 @@ impl Raw {
         let c = self.ctx.as_ptr();
         let mut atoms = Vec::with_capacity(schema.columns.len());
         for col in &schema.columns {
-            let text = qjs::JS_NewStringLen(c, col.name.as_ptr() as *const c_char, col.name.len() as _);
+            let text =
+                qjs::JS_NewStringLen(c, col.name.as_ptr() as *const c_char, col.name.len() as _);
             let atom = if qjs::JS_IsException(text) {
                 qjs::JS_ATOM_NULL
             } else {
@@ -409,7 +414,10 @@ unsafe fn serve(
 ) -> JSValue {
     let Some(raw) = raw_of(c) else {
         let ctx = Ctx::from_raw(NonNull::new_unchecked(c));
-        let _ = rquickjs::Exception::throw_internal(&ctx, "tx is not usable after its module was replaced");
+        let _ = rquickjs::Exception::throw_internal(
+            &ctx,
+            "tx is not usable after its module was replaced",
+        );
         return qjs::JS_EXCEPTION;
     };
     match catch_unwind(AssertUnwindSafe(|| fast(raw))) {
@@ -585,9 +593,9 @@ unsafe fn plain_props(
         qjs::JS_FreeValue(c, desc.value);
         qjs::JS_FreeValue(c, desc.getter);
         qjs::JS_FreeValue(c, desc.setter);
-        match prop? {
-            Some(p) => out.push((atom, p)),
-            None => {}
+        // `Some(None)`: `undefined`, skipped as the general path skips it.
+        if let Some(p) = prop? {
+            out.push((atom, p));
         }
     }
     Some(())
@@ -628,7 +636,10 @@ unsafe fn fast_patch(raw: &Raw, argc: c_int, argv: *mut JSValue) -> Option<JSVal
     // The next set made by the same object literal finds its shapes ready.
     if names.len as usize <= KEPT_PROPS_MAX {
         let mut atoms = [qjs::JS_ATOM_NULL; KEPT_PROPS_MAX];
-        atoms.iter_mut().zip(names.atoms()).for_each(|(slot, a)| *slot = a);
+        atoms
+            .iter_mut()
+            .zip(names.atoms())
+            .for_each(|(slot, a)| *slot = a);
         raw.keep(&atoms[..names.len as usize]);
     }
     Some(served)
@@ -747,7 +758,9 @@ unsafe fn build_object(
             _ => qjs::JS_FreeAtom(c, atom),
         }
         if failed {
-            atoms[..i.min(KEPT_PROPS_MAX)].iter().for_each(|&a| qjs::JS_FreeAtom(c, a));
+            atoms[..i.min(KEPT_PROPS_MAX)]
+                .iter()
+                .for_each(|&a| qjs::JS_FreeAtom(c, a));
             qjs::JS_FreeValue(c, object);
             return qjs::JS_EXCEPTION;
         }

@@ -114,17 +114,36 @@ fn loaded() -> Functions {
 fn rows_read_by_the_fast_path_are_the_rows_as_json() {
     let mut functions = loaded();
     let db = db();
-    let (db, got) = call(&mut functions, db, "get", json!({"table": "accounts", "id": 1}));
+    let (db, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "accounts", "id": 1}),
+    );
     assert_eq!(got, json!({"id": 1, "balance": 10, "note": "n1"}));
     // Past 32 bits an integer is a JS float, read back exactly.
-    let (db, got) = call(&mut functions, db, "get", json!({"table": "accounts", "id": 3}));
+    let (db, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "accounts", "id": 3}),
+    );
     assert_eq!(got["balance"], json!(4_000_000_000i64));
-    let (db, got) = call(&mut functions, db, "get", json!({"table": "accounts", "id": 7}));
+    let (db, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "accounts", "id": 7}),
+    );
     assert_eq!(got, Json::Null);
     let (db, got) = call(&mut functions, db, "computed_name", json!(null));
     assert_eq!(got["balance"], json!(20));
     let (_, got) = call(&mut functions, db, "destructured", json!(null));
-    assert_eq!(got["balance"], json!(11), "tx's functions work without `this`");
+    assert_eq!(
+        got["balance"],
+        json!(11),
+        "tx's functions work without `this`"
+    );
 }
 
 #[test]
@@ -186,11 +205,27 @@ fn refused_calls_keep_their_errors_word_for_word() {
 fn a_schema_change_between_calls_shows_in_the_next_row() {
     let mut functions = loaded();
     let db = db();
-    let (mut db, got) = call(&mut functions, db, "get", json!({"table": "accounts", "id": 1}));
+    let (mut db, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "accounts", "id": 1}),
+    );
     assert_eq!(got, json!({"id": 1, "balance": 10, "note": "n1"}));
-    ddl(&mut db, "ALTER TABLE accounts ADD COLUMN tier INTEGER DEFAULT 3");
-    let (_, got) = call(&mut functions, db, "get", json!({"table": "accounts", "id": 1}));
-    assert_eq!(got, json!({"id": 1, "balance": 10, "note": "n1", "tier": 3}));
+    ddl(
+        &mut db,
+        "ALTER TABLE accounts ADD COLUMN tier INTEGER DEFAULT 3",
+    );
+    let (_, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "accounts", "id": 1}),
+    );
+    assert_eq!(
+        got,
+        json!({"id": 1, "balance": 10, "note": "n1", "tier": 3})
+    );
 }
 
 #[test]
@@ -199,7 +234,12 @@ fn a_replaced_module_frees_what_its_fast_path_held() {
     let db = db();
     let (db, _) = call(&mut functions, db, "text_keys", json!(null));
     functions.load(APP).unwrap();
-    let (db, got) = call(&mut functions, db, "get", json!({"table": "users", "id": "ada"}));
+    let (db, got) = call(
+        &mut functions,
+        db,
+        "get",
+        json!({"table": "users", "id": "ada"}),
+    );
     assert_eq!(got["age"], json!(36));
     // Dropping the runtime frees every object: QuickJS aborts the process on one left
     // over, so reaching the end of this test is the check.
