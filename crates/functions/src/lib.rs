@@ -147,6 +147,9 @@ pub struct Functions {
     auth: AuthSlot,
     deadline: Rc<Cell<Option<Instant>>>,
     rng: Rc<Cell<u64>>,
+    /// Whether `tx.get` / `tx.patch` serve their common calls in raw QuickJS calls (see
+    /// `raw`); off only in tests that compare the two paths.
+    raw_calls: Rc<Cell<bool>>,
     limits: FunctionLimits,
     runtime: Runtime,
 }
@@ -186,6 +189,7 @@ impl Functions {
             auth: Rc::new(RefCell::new(None)),
             deadline,
             rng: Rc::new(Cell::new(0)),
+            raw_calls: Rc::new(Cell::new(true)),
             limits,
             runtime,
         })
@@ -197,6 +201,13 @@ impl Functions {
     }
 
     /// Whether the loaded module exports an `allow` function (else clients call nothing).
+    /// Turns the raw fast paths of `tx.get` and `tx.patch` off (every call then takes the
+    /// general path) or back on. For tests that hold the two to the same answers.
+    #[doc(hidden)]
+    pub fn set_raw_host_calls(&mut self, on: bool) {
+        self.raw_calls.set(on);
+    }
+
     pub fn has_allow(&self) -> bool {
         self.loaded.as_ref().is_some_and(|l| l.allow.is_some())
     }
@@ -214,7 +225,13 @@ impl Functions {
         let columns: Rc<RefCell<host::Columns>> = Rc::default();
         let host_columns = columns.clone();
         // Declared after `context`, so dropped before it when loading fails.
-        let raw = context.with(|ctx| Rc::new(raw::Raw::new(&ctx, self.slot.clone())));
+        let raw = context.with(|ctx| {
+            Rc::new(raw::Raw::new(
+                &ctx,
+                self.slot.clone(),
+                self.raw_calls.clone(),
+            ))
+        });
         let host_raw = raw.clone();
         let loaded = context.with(|ctx| {
             ctx.eval::<(), _>(PRELUDE)

@@ -42,6 +42,8 @@ const PATCH_PROPS_MAX: usize = 64;
 pub(crate) struct Raw {
     ctx: NonNull<JSContext>,
     slot: Slot,
+    /// Off: every call goes to the slow functions (tests compare the two paths).
+    enabled: std::rc::Rc<Cell<bool>>,
     tables: RefCell<Vec<RawTable>>,
     /// Reused by every patch: the typed values of one `set`.
     typed: RefCell<Vec<(usize, DbValue)>>,
@@ -124,10 +126,11 @@ impl KeptShape {
 impl Raw {
     /// The state of `ctx`'s raw functions; installed as the context's opaque pointer by
     /// [`Raw::install`].
-    pub(crate) fn new(ctx: &Ctx<'_>, slot: Slot) -> Raw {
+    pub(crate) fn new(ctx: &Ctx<'_>, slot: Slot, enabled: std::rc::Rc<Cell<bool>>) -> Raw {
         Raw {
             ctx: ctx.as_raw(),
             slot,
+            enabled,
             tables: RefCell::default(),
             typed: RefCell::default(),
             slow_get: Cell::new(qjs::JS_UNDEFINED),
@@ -420,6 +423,9 @@ unsafe fn serve(
         );
         return qjs::JS_EXCEPTION;
     };
+    if !raw.enabled.get() {
+        return slow(raw);
+    }
     match catch_unwind(AssertUnwindSafe(|| fast(raw))) {
         Ok(Some(v)) => v,
         Ok(None) => slow(raw),

@@ -246,3 +246,93 @@ fn a_replaced_module_frees_what_its_fast_path_held() {
     drop(functions);
     drop(db);
 }
+
+/// Random rows of every column type, under an INTEGER key and under a TEXT key, read by
+/// `tx.get` through the fast path and then, with it turned off, through the general one.
+#[test]
+fn random_rows_read_the_same_through_both_paths() {
+    use sluice_fuzzkit::Rng;
+    let seed = sluice_fuzzkit::env_u64("GET_DIFF_SEED").unwrap_or(0x5eed_0f_9e7);
+    let mut rng = Rng::new(seed);
+    let mut db = Db::new(Limits::default(), Changelog::new(Retention::default()));
+    const COLUMNS: &str = "i INTEGER, r REAL, b BOOLEAN, s TEXT, j JSON, bl BLOB, ts TIMESTAMP";
+    ddl(
+        &mut db,
+        &format!("CREATE TABLE n (id INTEGER PRIMARY KEY, {COLUMNS})"),
+    );
+    ddl(
+        &mut db,
+        &format!("CREATE TABLE t (id TEXT PRIMARY KEY, {COLUMNS})"),
+    );
+    let ints = [
+        0i64,
+        1,
+        -1,
+        7,
+        i32::MAX as i64,
+        i32::MIN as i64,
+        1 << 31,
+        -(1 << 40),
+        1 << 53,
+    ];
+    let texts = [
+        "",
+        "a",
+        "naïve ✓",
+        "line\nbreak",
+        "\u{1F600}",
+        "x".repeat(300).leak(),
+    ];
+    let reals = [0.0, -0.0, 1.5, 2.0, -3.25, 1e300, 5e-324];
+    let value = |rng: &mut Rng, column: usize| -> Json {
+        if rng.one_in(6) {
+            return Json::Null;
+        }
+        match column {
+            0 | 6 => json!(*rng.pick(&ints)),
+            1 => json!(*rng.pick(&reals)),
+            2 => json!(rng.one_in(2)),
+            3 => json!(*rng.pick(&texts)),
+            4 => json!({"k": [1, *rng.pick(&texts)], "n": null}),
+            _ => json!(["", "AA==", "aGVsbG8="][rng.below(3)]),
+        }
+    };
+    let names = ["i", "r", "b", "s", "j", "bl", "ts"];
+    let mut tx = db.transaction();
+    for id in 0..200i64 {
+        for (table, key) in [("n", json!(id)), ("t", json!(format!("k{id}é")))] {
+            let mut row = serde_json::Map::new();
+            row.insert("id".into(), key);
+            for (c, name) in names.iter().enumerate() {
+                row.insert((*name).into(), value(&mut rng, c));
+            }
+            tx.insert(table, &row, None).unwrap();
+        }
+    }
+    tx.commit().unwrap();
+
+    let mut functions = Functions::new(FunctionLimits::default()).unwrap();
+    functions
+        .load(
+            r#"export function all(tx) {
+                 const out = [];
+                 for (let i = 0; i < 200; i++) {
+                   out.push(tx.get("n", i), tx.get("t", "k" + i + "é"));
+                 }
+                 out.push(tx.get("n", 999), tx.get("t", "nobody"));
+                 return out;
+               }"#,
+        )
+        .unwrap();
+    let (db, fast) = call(&mut functions, db, "all", json!({}));
+    functions.set_raw_host_calls(false);
+    let (_, general) = call(&mut functions, db, "all", json!({}));
+    let (fast, general) = (fast.as_array().unwrap(), general.as_array().unwrap());
+    assert_eq!(fast.len(), 402);
+    assert_eq!(general.len(), 402);
+    for (i, (f, g)) in fast.iter().zip(general).enumerate() {
+        assert_eq!(f, g, "seed {seed:#x}, read {i}: fast vs general");
+    }
+    assert!(fast[0].is_object() && fast[1].is_object());
+    assert!(fast[400].is_null() && fast[401].is_null());
+}
