@@ -7,6 +7,11 @@ use sluice_engine::Value as DbValue;
 /// Nesting depth past which a value is refused (guards the Rust stack).
 pub(crate) const DEPTH_MAX: usize = 64;
 
+/// Items an array may have to leave JavaScript. A sparse array's `length` can reach
+/// 2^32 − 1 with no memory behind it, and its JSON would be that many `null`s; a dense
+/// array this long already fills the default 64 MiB of function memory (16 bytes a slot).
+pub(crate) const ARRAY_ITEMS_MAX: usize = 1 << 22;
+
 pub(crate) fn json_to_js<'js>(ctx: &Ctx<'js>, json: &Json) -> rquickjs::Result<Value<'js>> {
     build(ctx, json, None)
 }
@@ -97,9 +102,28 @@ pub(crate) fn js_to_json(value: &Value<'_>, depth: usize) -> Result<Json, String
         ),
         Type::Array => {
             let array = value.as_array().expect("type is array");
-            let mut out = Vec::with_capacity(array.len());
-            for item in array.iter::<Value>() {
-                out.push(js_to_json(&item.map_err(|e| e.to_string())?, depth + 1)?);
+            // Read as a number: past 2^31 − 1 it is a float, which rquickjs's `Array::len`
+            // (and so its iterator) asserts it is not — a panic on the writer thread.
+            let length: Value = value
+                .as_object()
+                .expect("an array is an object")
+                .get("length")
+                .map_err(|e| e.to_string())?;
+            let length = length
+                .as_int()
+                .map(f64::from)
+                .or_else(|| length.as_float())
+                .unwrap_or(f64::NAN);
+            if !(0.0..=ARRAY_ITEMS_MAX as f64).contains(&length) {
+                return Err(format!(
+                    "an array of {length} items is longer than the {ARRAY_ITEMS_MAX} a value may hold (array_items_max)"
+                ));
+            }
+            let length = length as usize;
+            let mut out = Vec::with_capacity(length);
+            for i in 0..length {
+                let item: Value = array.get(i).map_err(|e| e.to_string())?;
+                out.push(js_to_json(&item, depth + 1)?);
             }
             Json::Array(out)
         }

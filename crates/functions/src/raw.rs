@@ -353,15 +353,7 @@ unsafe fn drop_exception(c: *mut JSContext) {
 unsafe fn atom_text(c: *mut JSContext, atom: JSAtom) -> Option<String> {
     let mut len = 0usize;
     let p = qjs::JS_AtomToCStringLen(c, &mut len as *mut usize as *mut _, atom);
-    if p.is_null() {
-        drop_exception(c);
-        return None;
-    }
-    let text = std::str::from_utf8(std::slice::from_raw_parts(p as *const u8, len))
-        .ok()
-        .map(str::to_owned);
-    qjs::JS_FreeCString(c, p);
-    text
+    c_text(c, p, len)
 }
 
 /// The text of a JS string value, if it is valid UTF-8 (the slow path reads any other as
@@ -369,6 +361,12 @@ unsafe fn atom_text(c: *mut JSContext, atom: JSAtom) -> Option<String> {
 unsafe fn string_text(c: *mut JSContext, v: JSValue) -> Option<String> {
     let mut len = 0usize;
     let p = qjs::JS_ToCStringLen(c, &mut len, v);
+    c_text(c, p, len)
+}
+
+/// The `len` bytes at `p` (a C string QuickJS made, freed here) as text, if they are
+/// valid UTF-8; `None` also when QuickJS could not make it (`p` null).
+unsafe fn c_text(c: *mut JSContext, p: *const c_char, len: usize) -> Option<String> {
     if p.is_null() {
         drop_exception(c);
         return None;
