@@ -407,11 +407,18 @@ unsafe fn panicked(c: *mut JSContext) -> JSValue {
     qjs::JS_EXCEPTION
 }
 
-/// Runs `fast`; `None` hands the call to `slow` untouched.
+/// A fast path: the call's arguments to its result, or `None` to hand the call on.
+type Fast = unsafe fn(&Raw, c_int, *mut JSValue) -> Option<JSValue>;
+
+/// Serves a C function's call: `fast` first; on `None` (or with the fast paths off) the
+/// slow function `slow` picks is called with the same `this` and arguments, untouched.
 unsafe fn serve(
     c: *mut JSContext,
-    slow: impl FnOnce(&Raw) -> JSValue,
-    fast: impl FnOnce(&Raw) -> Option<JSValue>,
+    this: JSValue,
+    argc: c_int,
+    argv: *mut JSValue,
+    slow: fn(&Raw) -> &Cell<JSValue>,
+    fast: Fast,
 ) -> JSValue {
     let Some(raw) = raw_of(c) else {
         let ctx = Ctx::from_raw(NonNull::new_unchecked(c));
@@ -421,14 +428,14 @@ unsafe fn serve(
         );
         return qjs::JS_EXCEPTION;
     };
-    if !raw.enabled.get() {
-        return slow(raw);
+    if raw.enabled.get() {
+        match catch_unwind(AssertUnwindSafe(|| fast(raw, argc, argv))) {
+            Ok(Some(v)) => return v,
+            Ok(None) => {}
+            Err(_) => return panicked(c),
+        }
     }
-    match catch_unwind(AssertUnwindSafe(|| fast(raw))) {
-        Ok(Some(v)) => v,
-        Ok(None) => slow(raw),
-        Err(_) => panicked(c),
-    }
+    qjs::JS_Call(c, slow(raw).get(), this, argc, argv)
 }
 
 unsafe extern "C" fn raw_get(
@@ -437,11 +444,7 @@ unsafe extern "C" fn raw_get(
     argc: c_int,
     argv: *mut JSValue,
 ) -> JSValue {
-    serve(
-        c,
-        |raw| qjs::JS_Call(c, raw.slow_get.get(), this, argc, argv),
-        |raw| fast_get(raw, argc, argv),
-    )
+    serve(c, this, argc, argv, |raw| &raw.slow_get, fast_get)
 }
 
 unsafe extern "C" fn raw_patch(
@@ -450,11 +453,7 @@ unsafe extern "C" fn raw_patch(
     argc: c_int,
     argv: *mut JSValue,
 ) -> JSValue {
-    serve(
-        c,
-        |raw| qjs::JS_Call(c, raw.slow_patch.get(), this, argc, argv),
-        |raw| fast_patch(raw, argc, argv),
-    )
+    serve(c, this, argc, argv, |raw| &raw.slow_patch, fast_patch)
 }
 
 /// The JS value of an engine value: numbers, booleans, null and text directly, anything
