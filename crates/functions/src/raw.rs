@@ -572,9 +572,6 @@ unsafe fn plain_props(
     out: &mut Vec<(JSAtom, Prop)>,
 ) -> Option<()> {
     out.clear();
-    if names.len as usize > PATCH_PROPS_MAX {
-        return None;
-    }
     for atom in names.atoms() {
         let mut desc = qjs::JSPropertyDescriptor {
             flags: 0,
@@ -633,6 +630,9 @@ unsafe fn fast_patch(raw: &Raw, argc: c_int, argv: *mut JSValue) -> Option<JSVal
     }
     // The atoms in `props` are those of `names`, alive until it drops.
     let names = PropNames::of_plain(c, set, raw.plain_class.get())?;
+    if names.len as usize > PATCH_PROPS_MAX {
+        return None;
+    }
     let mut props = Vec::with_capacity(names.len as usize);
     plain_props(c, set, &names, &mut props)?;
     let served = patch_props(raw, c, table, id, &mut props)?;
