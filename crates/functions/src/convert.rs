@@ -2,7 +2,6 @@
 
 use rquickjs::{Array, Ctx, Function, IntoJs, Object, Type, Value};
 use serde_json::Value as Json;
-use sluice_engine::Value as DbValue;
 
 /// Nesting depth past which a value is refused (guards the Rust stack).
 pub(crate) const DEPTH_MAX: usize = 64;
@@ -12,24 +11,13 @@ pub(crate) const DEPTH_MAX: usize = 64;
 /// array this long already fills the default 64 MiB of function memory (16 bytes a slot).
 pub(crate) const ARRAY_ITEMS_MAX: usize = 1 << 22;
 
-pub(crate) fn json_to_js<'js>(ctx: &Ctx<'js>, json: &Json) -> rquickjs::Result<Value<'js>> {
-    build(ctx, json, None)
-}
-
 /// `json` as a JS value whose every object and array is frozen with `freeze`
-/// (`Object.freeze`): read-only at every depth.
+/// (`Object.freeze`): read-only at every depth (the caller's `tx.auth`). Unfrozen values
+/// are built by [`crate::raw::json_to_js`], which makes the same values in raw calls.
 pub(crate) fn json_to_frozen_js<'js>(
     ctx: &Ctx<'js>,
     json: &Json,
     freeze: &Function<'js>,
-) -> rquickjs::Result<Value<'js>> {
-    build(ctx, json, Some(freeze))
-}
-
-fn build<'js>(
-    ctx: &Ctx<'js>,
-    json: &Json,
-    freeze: Option<&Function<'js>>,
 ) -> rquickjs::Result<Value<'js>> {
     let value = match json {
         Json::Null => Value::new_null(ctx.clone()),
@@ -42,38 +30,23 @@ fn build<'js>(
         Json::Array(items) => {
             let array = Array::new(ctx.clone())?;
             for (i, item) in items.iter().enumerate() {
-                array.set(i, build(ctx, item, freeze)?)?;
+                array.set(i, json_to_frozen_js(ctx, item, freeze)?)?;
             }
             array.into_value()
         }
         Json::Object(map) => {
             let object = Object::new(ctx.clone())?;
             for (k, v) in map {
-                object.set(k.as_str(), build(ctx, v, freeze)?)?;
+                object.set(k.as_str(), json_to_frozen_js(ctx, v, freeze)?)?;
             }
             object.into_value()
         }
     };
-    match freeze {
-        Some(freeze) if value.is_object() => freeze.call((value,)),
-        _ => Ok(value),
+    if value.is_object() {
+        freeze.call((value,))
+    } else {
+        Ok(value)
     }
-}
-
-/// An engine value as a JS value (INTEGER and TIMESTAMP as numbers; BLOB as base64 text,
-/// JSON as the parsed value — the same shapes the HTTP API uses).
-pub(crate) fn db_to_js<'js>(ctx: &Ctx<'js>, value: &DbValue) -> rquickjs::Result<Value<'js>> {
-    Ok(match value {
-        DbValue::Null => Value::new_null(ctx.clone()),
-        DbValue::Integer(i) | DbValue::Timestamp(i) => match i32::try_from(*i) {
-            Ok(small) => Value::new_int(ctx.clone(), small),
-            Err(_) => Value::new_float(ctx.clone(), *i as f64),
-        },
-        DbValue::Real(r) => Value::new_float(ctx.clone(), *r),
-        DbValue::Boolean(b) => Value::new_bool(ctx.clone(), *b),
-        DbValue::Text(s) => s.as_ref().into_js(ctx)?,
-        other => json_to_js(ctx, &other.to_json())?,
-    })
 }
 
 pub(crate) fn js_to_json(value: &Value<'_>, depth: usize) -> Result<Json, String> {

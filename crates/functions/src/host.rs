@@ -8,8 +8,8 @@ use rquickjs::{Atom, Ctx, Exception, Function, Object, Persistent, Type, Value};
 use sluice_engine::db::key_from_json;
 use sluice_engine::{ColumnType, Key, TableSchema, TxError, Value as DbValue};
 
-use crate::convert::{db_to_js, js_to_json};
-use crate::raw::Raw;
+use crate::convert::js_to_json;
+use crate::raw::{db_to_js, Raw};
 use crate::{AuthSlot, Slot};
 
 /// Tables whose column atoms are kept at most (past it the cache starts over).
@@ -252,11 +252,12 @@ impl SetArg {
 
 /// `props` as `(column, value)` pairs of `schema` for a patch, if every property names a
 /// column other than the key and converts to its type; `None` sends the patch down the
-/// JSON path, which refuses it with its own errors in its own order.
-fn typed_set(
-    props: &mut [(SavedAtom, Prop)],
+/// JSON path, which refuses it with its own errors in its own order. `atoms` name the
+/// columns in order, as saved atoms here or raw ones in [`crate::raw`].
+pub(crate) fn typed_set<A: PartialEq>(
+    props: &mut [(A, Prop)],
     schema: &TableSchema,
-    atoms: &[SavedAtom],
+    atoms: &[A],
     out: &mut Vec<(usize, DbValue)>,
 ) -> Option<()> {
     out.clear();

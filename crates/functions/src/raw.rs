@@ -456,8 +456,9 @@ unsafe extern "C" fn raw_patch(
     serve(c, this, argc, argv, |raw| &raw.slow_patch, fast_patch)
 }
 
-/// The JS value of an engine value: numbers, booleans, null and text directly, anything
-/// else through [`crate::convert::db_to_js`].
+/// The JS value of an engine value (INTEGER and TIMESTAMP as numbers; BLOB as base64 text,
+/// JSON as the parsed value — the same shapes the HTTP API uses): an owned value, or the
+/// exception marker.
 unsafe fn js_of(c: *mut JSContext, v: &DbValue) -> JSValue {
     match v {
         DbValue::Null => qjs::JS_NULL,
@@ -468,19 +469,18 @@ unsafe fn js_of(c: *mut JSContext, v: &DbValue) -> JSValue {
         DbValue::Real(r) => qjs::JS_NewFloat64(*r),
         DbValue::Boolean(b) => qjs::JS_MKVAL(qjs::JS_TAG_BOOL, *b as i32),
         DbValue::Text(s) => qjs::JS_NewStringLen(c, s.as_ptr() as *const c_char, s.len() as _),
-        other => {
-            let ctx = Ctx::from_raw(NonNull::new_unchecked(c));
-            match crate::convert::db_to_js(&ctx, other) {
-                Ok(v) => qjs::JS_DupValue(c, v.as_raw()),
-                Err(e) => {
-                    if !matches!(e, rquickjs::Error::Exception) {
-                        let _ = rquickjs::Exception::throw_internal(&ctx, &e.to_string());
-                    }
-                    qjs::JS_EXCEPTION
-                }
-            }
-        }
+        other => build(c, &other.to_json()),
     }
+}
+
+/// An engine value as a JS value (see [`js_of`]); the general `tx.get` fills its rows with it.
+pub(crate) fn db_to_js<'js>(
+    ctx: &Ctx<'js>,
+    value: &DbValue,
+) -> rquickjs::Result<rquickjs::Value<'js>> {
+    // SAFETY: `ctx` stands for a live context; `js_of` returns an owned value or the
+    // exception marker.
+    unsafe { owned(ctx, js_of(ctx.as_raw().as_ptr(), value)) }
 }
 
 /// `tx.get(table, id)`.
@@ -663,19 +663,8 @@ unsafe fn patch_props(
     let schema = t.schema.clone();
     let key = fast_key(c, id, schema.pk_column().ty)?;
     let mut typed = raw.typed.try_borrow_mut().ok()?;
-    typed.clear();
-    for (atom, prop) in props.iter() {
-        let i = entry.columns.atoms.iter().position(|a| a == atom)?;
-        if i == schema.pk || !prop.fits(schema.columns[i].ty) {
-            return None;
-        }
-        typed.push((i, DbValue::Null));
-    }
+    host::typed_set(props, &schema, &entry.columns.atoms, &mut typed)?;
     drop(tables);
-    // All fit: only now are texts moved out.
-    for ((i, value), (_, prop)) in typed.iter_mut().zip(props.iter_mut()) {
-        *value = prop.take(schema.columns[*i].ty);
-    }
     Some(match tx.patch_decoded(&schema, key, &mut typed, None) {
         Ok(w) => qjs::JS_NewFloat64(w.version as f64),
         Err(e) => {
@@ -688,16 +677,25 @@ unsafe fn patch_props(
     })
 }
 
-/// `json` as a JS value, as [`crate::convert::json_to_js`] makes it (numbers that are
-/// 32-bit integers as integers, objects and arrays filled with `JS_SetProperty*`), in raw
-/// calls: the arguments of every call pass through here.
+/// `json` as a JS value: numbers that are 32-bit integers as integers, objects and arrays
+/// filled with `JS_SetProperty*` (as rquickjs's `Object::set` and `Array::set` do).
 pub(crate) fn json_to_js<'js>(
     ctx: &Ctx<'js>,
     json: &serde_json::Value,
 ) -> rquickjs::Result<rquickjs::Value<'js>> {
+    // SAFETY: `ctx` stands for a live context; `build` returns an owned value or the
+    // exception marker.
+    unsafe { owned(ctx, build(ctx.as_raw().as_ptr(), json)) }
+}
+
+/// A call's arguments as [`json_to_js`] makes them, the shape of a top-level object kept
+/// (see [`KeptShape`]): every call builds one, most with the keys of the one before.
+pub(crate) fn args_to_js<'js>(
+    ctx: &Ctx<'js>,
+    json: &serde_json::Value,
+) -> rquickjs::Result<rquickjs::Value<'js>> {
     let c = ctx.as_raw().as_ptr();
-    // SAFETY: `c` is the live context `ctx` stands for; `build` returns an owned value or
-    // the exception marker.
+    // SAFETY: as in `json_to_js`.
     unsafe {
         let value = match json {
             serde_json::Value::Object(map) => build_object(c, map, raw_of(c)),
@@ -747,34 +745,36 @@ unsafe fn build_object(
     if qjs::JS_IsException(object) {
         return object;
     }
+    // The first keys' atoms, held until the shape is kept; every one is freed below.
     let mut atoms = [qjs::JS_ATOM_NULL; KEPT_PROPS_MAX];
-    for (i, (k, v)) in map.iter().enumerate() {
+    let mut held = 0;
+    let mut failed = false;
+    for (k, v) in map {
         let atom = key_atom(c, k);
         if atom == qjs::JS_ATOM_NULL {
-            qjs::JS_FreeValue(c, object);
-            return qjs::JS_EXCEPTION;
+            failed = true;
+            break;
         }
         let v = build(c, v);
-        let failed = qjs::JS_IsException(v) || qjs::JS_SetProperty(c, object, atom, v) < 0;
-        match atoms.get_mut(i) {
-            Some(slot) if !failed => *slot = atom,
-            _ => qjs::JS_FreeAtom(c, atom),
+        failed = qjs::JS_IsException(v) || qjs::JS_SetProperty(c, object, atom, v) < 0;
+        if held < KEPT_PROPS_MAX {
+            atoms[held] = atom;
+            held += 1;
+        } else {
+            qjs::JS_FreeAtom(c, atom);
         }
         if failed {
-            atoms[..i.min(KEPT_PROPS_MAX)]
-                .iter()
-                .for_each(|&a| qjs::JS_FreeAtom(c, a));
-            qjs::JS_FreeValue(c, object);
-            return qjs::JS_EXCEPTION;
+            break;
         }
     }
-    let held = map.len().min(KEPT_PROPS_MAX);
-    if let Some(raw) = keep {
-        if map.len() <= KEPT_PROPS_MAX {
-            raw.keep(&atoms[..held]);
-        }
+    if let Some(raw) = keep.filter(|_| !failed && map.len() <= KEPT_PROPS_MAX) {
+        raw.keep(&atoms[..held]);
     }
     atoms[..held].iter().for_each(|&a| qjs::JS_FreeAtom(c, a));
+    if failed {
+        qjs::JS_FreeValue(c, object);
+        return qjs::JS_EXCEPTION;
+    }
     object
 }
 
