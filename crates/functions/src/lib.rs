@@ -42,6 +42,8 @@ use sluice_engine::TxRef;
 
 mod convert;
 mod host;
+pub mod msgpack;
+pub use msgpack::{Args, Msgpack};
 // The one module with unsafe code: QuickJS C functions over raw values (see its docs).
 #[allow(unsafe_code)]
 mod raw;
@@ -304,6 +306,28 @@ impl Functions {
         auth: Option<&serde_json::Value>,
         access: A,
     ) -> (A, Result<serde_json::Value, FunctionError>) {
+        self.call_with(name, msgpack::ArgsRef::Json(args), auth, access)
+    }
+
+    /// [`Functions::call`] with arguments that may be MessagePack bytes ([`Args`]): the
+    /// function sees the same value as with their JSON.
+    pub fn call_args<A: TxAccess>(
+        &mut self,
+        name: &str,
+        args: &Args,
+        auth: Option<&serde_json::Value>,
+        access: A,
+    ) -> (A, Result<serde_json::Value, FunctionError>) {
+        self.call_with(name, args.into(), auth, access)
+    }
+
+    fn call_with<A: TxAccess>(
+        &mut self,
+        name: &str,
+        args: msgpack::ArgsRef,
+        auth: Option<&serde_json::Value>,
+        access: A,
+    ) -> (A, Result<serde_json::Value, FunctionError>) {
         let Some(loaded) = &self.loaded else {
             return (access, Err(refusal(name, auth.is_some(), false)));
         };
@@ -332,7 +356,7 @@ impl Functions {
                     None => return Err(refusal(name, true, false)),
                 };
                 // `allow` gets its own copy of the arguments: it cannot change the function's.
-                let allow_args = raw::json_to_js(&ctx, args)
+                let allow_args = raw::args_copy_to_js(&ctx, args)
                     .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
                 let name_js = name
                     .into_js(&ctx)

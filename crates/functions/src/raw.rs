@@ -29,6 +29,7 @@ use rquickjs::Ctx;
 use sluice_engine::{ColumnType, Key, TableSchema, Value as DbValue};
 
 use crate::host::{self, Prop};
+use crate::msgpack::{ArgsRef, Reader, Token};
 use crate::Slot;
 
 /// Tables whose atoms are cached at most (past it the cache starts over).
@@ -688,20 +689,83 @@ pub(crate) fn json_to_js<'js>(
     unsafe { owned(ctx, build(ctx.as_raw().as_ptr(), json)) }
 }
 
-/// A call's arguments as [`json_to_js`] makes them, the shape of a top-level object kept
-/// (see [`KeptShape`]): every call builds one, most with the keys of the one before.
+/// A call's arguments as [`json_to_js`] makes them (or, for MessagePack, as it makes the
+/// `serde_json::Value` those bytes decode to), the shape of a top-level object kept (see
+/// [`KeptShape`]): every call builds one, most with the keys of the one before.
 pub(crate) fn args_to_js<'js>(
     ctx: &Ctx<'js>,
-    json: &serde_json::Value,
+    args: ArgsRef,
 ) -> rquickjs::Result<rquickjs::Value<'js>> {
     let c = ctx.as_raw().as_ptr();
     // SAFETY: as in `json_to_js`.
     unsafe {
-        let value = match json {
-            serde_json::Value::Object(map) => build_object(c, map, raw_of(c)),
-            other => build(c, other),
+        let value = match args {
+            ArgsRef::Json(serde_json::Value::Object(map)) => {
+                let mut entries = map.iter();
+                build_object(c, map.len(), raw_of(c), || {
+                    entries.next().map(|(k, v)| (k.as_str(), build(c, v)))
+                })
+            }
+            ArgsRef::Json(other) => build(c, other),
+            ArgsRef::Msgpack(m) => build_msgpack(c, &mut Reader::new(m.bytes()), raw_of(c)),
         };
         owned(ctx, value)
+    }
+}
+
+/// A copy of a call's arguments for `allow` (no shape kept).
+pub(crate) fn args_copy_to_js<'js>(
+    ctx: &Ctx<'js>,
+    args: ArgsRef,
+) -> rquickjs::Result<rquickjs::Value<'js>> {
+    match args {
+        ArgsRef::Json(json) => json_to_js(ctx, json),
+        // SAFETY: as in `json_to_js`.
+        ArgsRef::Msgpack(m) => unsafe {
+            let c = ctx.as_raw().as_ptr();
+            owned(ctx, build_msgpack(c, &mut Reader::new(m.bytes()), None))
+        },
+    }
+}
+
+/// The next value of checked MessagePack as [`build`] makes the `serde_json::Value` it
+/// decodes to; a top-level object's shape kept by `keep` when given.
+///
+/// # Safety
+/// `c` is a live context.
+unsafe fn build_msgpack(c: *mut JSContext, r: &mut Reader, keep: Option<&Raw>) -> JSValue {
+    let Some(token) = r.token() else {
+        // `Msgpack::read` checked the bytes: not reached.
+        return qjs::JS_ThrowTypeError(c, c"arguments: malformed MessagePack".as_ptr());
+    };
+    match token {
+        Token::Nil => qjs::JS_NULL,
+        Token::Bool(b) => qjs::JS_MKVAL(qjs::JS_TAG_BOOL, b as i32),
+        Token::Int(i) => match i32::try_from(i) {
+            Ok(i) => qjs::JS_MKVAL(qjs::JS_TAG_INT, i),
+            Err(_) => qjs::JS_NewFloat64(i as f64),
+        },
+        Token::Uint(u) => qjs::JS_NewFloat64(u as f64),
+        Token::Float(f) => qjs::JS_NewFloat64(f),
+        Token::Str(s) => qjs::JS_NewStringLen(c, s.as_ptr() as *const c_char, s.len() as _),
+        Token::Array(n) => {
+            let array = qjs::JS_NewArray(c);
+            if qjs::JS_IsException(array) {
+                return array;
+            }
+            for i in 0..n {
+                let v = build_msgpack(c, r, None);
+                if qjs::JS_IsException(v) || qjs::JS_SetPropertyUint32(c, array, i, v) < 0 {
+                    qjs::JS_FreeValue(c, array);
+                    return qjs::JS_EXCEPTION;
+                }
+            }
+            array
+        }
+        Token::Map(n) => build_object(c, n as usize, keep, || match r.token() {
+            Some(Token::Str(k)) => Some((k, build_msgpack(c, r, None))),
+            _ => None,
+        }),
     }
 }
 
@@ -731,15 +795,22 @@ unsafe fn build(c: *mut JSContext, json: &serde_json::Value) -> JSValue {
             }
             array
         }
-        Json::Object(map) => build_object(c, map, None),
+        Json::Object(map) => {
+            let mut entries = map.iter();
+            build_object(c, map.len(), None, || {
+                entries.next().map(|(k, v)| (k.as_str(), build(c, v)))
+            })
+        }
     }
 }
 
-/// `map` as a JS object; its shape kept by `keep` when given (the top-level arguments).
-unsafe fn build_object(
+/// The `len` entries `entry` gives (a name and its built value; `None` if there is none)
+/// as a JS object, its shape kept by `keep` when given (the top-level arguments).
+unsafe fn build_object<'k>(
     c: *mut JSContext,
-    map: &serde_json::Map<String, serde_json::Value>,
+    len: usize,
     keep: Option<&Raw>,
+    mut entry: impl FnMut() -> Option<(&'k str, JSValue)>,
 ) -> JSValue {
     let object = qjs::JS_NewObject(c);
     if qjs::JS_IsException(object) {
@@ -749,14 +820,24 @@ unsafe fn build_object(
     let mut atoms = [qjs::JS_ATOM_NULL; KEPT_PROPS_MAX];
     let mut held = 0;
     let mut failed = false;
-    for (k, v) in map {
-        let atom = key_atom(c, k);
-        if atom == qjs::JS_ATOM_NULL {
+    for _ in 0..len {
+        let Some((k, v)) = entry() else {
+            // Only checked MessagePack gives entries this way: not reached.
+            qjs::JS_ThrowTypeError(c, c"arguments: malformed MessagePack".as_ptr());
+            failed = true;
+            break;
+        };
+        if qjs::JS_IsException(v) {
             failed = true;
             break;
         }
-        let v = build(c, v);
-        failed = qjs::JS_IsException(v) || qjs::JS_SetProperty(c, object, atom, v) < 0;
+        let atom = key_atom(c, k);
+        if atom == qjs::JS_ATOM_NULL {
+            qjs::JS_FreeValue(c, v);
+            failed = true;
+            break;
+        }
+        failed = qjs::JS_SetProperty(c, object, atom, v) < 0;
         if held < KEPT_PROPS_MAX {
             atoms[held] = atom;
             held += 1;
@@ -767,7 +848,7 @@ unsafe fn build_object(
             break;
         }
     }
-    if let Some(raw) = keep.filter(|_| !failed && map.len() <= KEPT_PROPS_MAX) {
+    if let Some(raw) = keep.filter(|_| !failed && len <= KEPT_PROPS_MAX) {
         raw.keep(&atoms[..held]);
     }
     atoms[..held].iter().for_each(|&a| qjs::JS_FreeAtom(c, a));

@@ -524,7 +524,7 @@ impl Core {
         let ok = self
             .call(|reply| Request::Call {
                 name,
-                args,
+                args: args.into(),
                 claims,
                 durability,
                 reply,

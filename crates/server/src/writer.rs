@@ -84,7 +84,7 @@ pub(crate) enum Request {
     },
     Call {
         name: String,
-        args: serde_json::Value,
+        args: sluice_functions::Args,
         /// The calling client's claims; `None` for the admin.
         claims: Option<Arc<crate::auth::Claims>>,
         durability: Durability,
@@ -795,7 +795,7 @@ impl Writer {
         &mut self,
         db: DbGuard,
         name: &str,
-        args: &serde_json::Value,
+        args: &sluice_functions::Args,
         claims: Option<&crate::auth::Claims>,
     ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
@@ -805,7 +805,7 @@ impl Writer {
         let auth = claims.map(|c| serde_json::json!({"sub": c.sub, "claims": c.all}));
         let (mut lent, result) =
             self.functions
-                .call(name, args, auth.as_ref(), Lent { db, st, now_us });
+                .call_args(name, args, auth.as_ref(), Lent { db, st, now_us });
         // A call that met the commit-size limit is refused even if it caught the error.
         let result = match lent.st.over_limit() {
             Some(e) => Err(CoreError::Tx(e.clone())),

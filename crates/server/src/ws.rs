@@ -34,7 +34,7 @@ use crate::writer::Request;
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
 
-use crate::decode::{msgpack_value, KeptBody, KeyStr, MSGPACK_DEPTH_MAX};
+use crate::decode::{msgpack_value, KeptBody, KeyStr};
 
 mod forward;
 /// `get`: point reads by key or through an index.
@@ -46,11 +46,15 @@ mod many;
 /// accepts: a frame this reader is unsure of — not an object, no `"type": "call"`, a field
 /// twice, a non-string key or `name`, a `durability` that is not a known class — is read
 /// again by the generic path, which decides it (and any refusal) exactly as before.
+///
+/// A MessagePack call keeps its `args` as the frame's bytes ([`sluice_functions::Msgpack`]:
+/// checked here, built into JavaScript on the writer), when they are of the kinds that
+/// decode to JSON one way; otherwise the generic path reads the frame.
 #[derive(Debug, PartialEq)]
 struct CallFrame {
     id: Value,
     name: String,
-    args: Value,
+    args: sluice_functions::Args,
     durability: Option<sluice_log::Durability>,
 }
 
@@ -61,13 +65,71 @@ impl CallFrame {
             Message::Text(text) if text.len() <= body_max => {
                 serde_json::from_str::<CallFrame>(text.as_str()).ok()
             }
-            Message::Binary(bytes) if bytes.len() <= body_max => {
-                let mut de = rmp_serde::Deserializer::from_read_ref(&bytes[..]);
-                de.set_max_depth(MSGPACK_DEPTH_MAX);
-                serde::Deserialize::deserialize(&mut de).ok()
-            }
+            Message::Binary(bytes) if bytes.len() <= body_max => CallFrame::read_msgpack(bytes),
             _ => None,
         }
+    }
+
+    /// A MessagePack call, as [`CallFrameVisitor`] reads one, its `args` kept as bytes.
+    /// Every value is checked by [`sluice_functions::Msgpack::read`], which takes a subset of
+    /// what `rmp_serde` decodes into JSON (and decodes it the same way): the rest is left to
+    /// the generic path. So is a frame with bytes after its map.
+    fn read_msgpack(frame: &[u8]) -> Option<CallFrame> {
+        use sluice_functions::msgpack::{Reader, Token};
+        use sluice_functions::{Args, Msgpack};
+        let mut r = Reader::new(frame);
+        let Token::Map(fields) = r.token()? else {
+            return None;
+        };
+        let (mut call, mut id, mut name, mut args, mut durability) =
+            (false, None, None, None, None);
+        fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
+            slot.replace(value).is_none().then_some(())
+        }
+        let value = |r: &mut Reader| -> Option<Msgpack> {
+            let (value, end) = Msgpack::read(frame, r.position())?;
+            r.seek(end);
+            Some(value)
+        };
+        for _ in 0..fields {
+            let Token::Str(key) = r.token()? else {
+                return None;
+            };
+            match key {
+                "type" => {
+                    if call || r.token()? != Token::Str("call") {
+                        return None;
+                    }
+                    call = true;
+                }
+                "id" => once(&mut id, value(&mut r)?.to_json())?,
+                "name" => match r.token()? {
+                    Token::Str(text) => once(&mut name, text.to_owned())?,
+                    _ => return None,
+                },
+                "args" => once(&mut args, Args::Msgpack(value(&mut r)?))?,
+                "durability" => {
+                    let class = match r.token()? {
+                        Token::Nil => None,
+                        Token::Str(class) => Some(class.parse::<sluice_log::Durability>().ok()?),
+                        _ => return None,
+                    };
+                    once(&mut durability, class)?;
+                }
+                _ => {
+                    value(&mut r)?;
+                }
+            }
+        }
+        if r.position() != frame.len() || !call {
+            return None;
+        }
+        Some(CallFrame {
+            id: id.unwrap_or(Value::Null),
+            name: name?,
+            args: args.unwrap_or(Args::Json(Value::Null)),
+            durability: durability.flatten(),
+        })
     }
 }
 
@@ -131,7 +193,7 @@ impl<'de> serde::de::Visitor<'de> for CallFrameVisitor {
             (true, Some(name)) => Ok(CallFrame {
                 id: id.unwrap_or(Value::Null),
                 name,
-                args: args.unwrap_or(Value::Null),
+                args: sluice_functions::Args::Json(args.unwrap_or(Value::Null)),
                 durability: durability.flatten(),
             }),
             _ => Err(A::Error::custom("not a whole call")),
@@ -1225,7 +1287,7 @@ async fn dispatch(
             let rx = core
                 .enqueue(|reply| Request::Call {
                     name,
-                    args,
+                    args: args.into(),
                     claims: caller.claims().cloned(),
                     durability: class,
                     reply,
@@ -1295,9 +1357,62 @@ mod tests {
         Some(CallFrame {
             id,
             name,
-            args,
+            args: sluice_functions::Args::Json(args),
             durability,
         })
+    }
+
+    /// `frame` with its arguments as the JSON they decode to (a kept MessagePack slice and
+    /// the generic path's JSON compare equal when the function sees the same value).
+    fn as_json(frame: Option<CallFrame>) -> Option<CallFrame> {
+        frame.map(|f| CallFrame {
+            args: sluice_functions::Args::Json(f.args.to_json()),
+            ..f
+        })
+    }
+
+    #[test]
+    fn messagepack_arguments_the_kept_bytes_cannot_hold_go_the_generic_way() {
+        let head = |args: &[u8]| {
+            let mut frame = vec![0x83, 0xa4];
+            frame.extend_from_slice(b"type");
+            frame.extend_from_slice(&[0xa4, b'c', b'a', b'l', b'l', 0xa4]);
+            frame.extend_from_slice(b"name");
+            frame.extend_from_slice(&[0xa1, b'f', 0xa4]);
+            frame.extend_from_slice(b"args");
+            frame.extend_from_slice(args);
+            Message::Binary(frame.into())
+        };
+        let nan = [vec![0xcb], f64::NAN.to_be_bytes().to_vec()].concat();
+        let odd: Vec<Vec<u8>> = vec![
+            vec![0xc4, 1, 7],                         // bin
+            vec![0xd4, 1, 0],                         // fixext
+            nan,                                      // NaN: JSON null the generic way
+            vec![0x81, 0x01, 0x02],                   // an integer key
+            vec![0x82, 0xa1, b'a', 1, 0xa1, b'a', 2], // a key twice
+            [vec![0x91; 100], vec![0xc0]].concat(),   // deeper than the kept bytes take
+        ];
+        for args in odd {
+            let message = head(&args);
+            assert_eq!(CallFrame::read(&message, 1 << 20), None, "{args:?}");
+        }
+        // What it takes, it keeps as bytes, and they are the generic path's JSON.
+        let message = head(&[
+            0x82, 0xa4, b'f', b'r', b'o', b'm', 0x01, 0xa2, b't', b'o', 0xcd, 1, 0,
+        ]);
+        let taken = CallFrame::read(&message, 1 << 20).unwrap();
+        assert!(matches!(taken.args, sluice_functions::Args::Msgpack(_)));
+        assert_eq!(as_json(Some(taken)), generic_call(&message));
+        assert_eq!(
+            generic_call(&message).unwrap().args.to_json(),
+            json!({"from": 1, "to": 256})
+        );
+        // Bytes after the frame's map: left to the generic path.
+        let Message::Binary(bytes) = message else {
+            unreachable!()
+        };
+        let trailing = Message::Binary([&bytes[..], &[0xc0]].concat().into());
+        assert_eq!(CallFrame::read(&trailing, 1 << 20), None);
     }
 
     #[test]
@@ -1374,15 +1489,15 @@ mod tests {
                 frames += 1;
                 let typed = CallFrame::read(&message, 1 << 20);
                 let generic = generic_call(&message);
+                taken += usize::from(typed.is_some());
                 if twice {
                     assert_eq!(
                         typed, None,
                         "{text}: a field twice is left to the generic path"
                     );
                 } else {
-                    assert_eq!(typed, generic, "{text} ({message:?})");
+                    assert_eq!(as_json(typed), generic, "{text} ({message:?})");
                 }
-                taken += usize::from(typed.is_some());
             }
         }
         assert!(taken > frames / 20, "only {taken} of {frames} frames taken");
