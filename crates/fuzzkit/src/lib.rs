@@ -15,7 +15,8 @@
 //!
 //! Environment:
 //! - `SLUICE_FUZZ_EXECS=N`: executions per target (default: each target's bounded count);
-//! - `SLUICE_FUZZ_SEED=S`: the base seed (default: from the clock; always printed);
+//! - `SLUICE_FUZZ_SEED=S`: the base seed (default: from the clock; printed to stderr, past the
+//!   test harness's capture, before the first input runs, so even an aborted run can be replayed);
 //! - `SLUICE_FUZZ_HANG_SECS=T`: an execution running longer is a hang (default 30).
 //!
 //! # Layout
@@ -31,6 +32,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::io::Write;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,13 +115,21 @@ impl Fuzzer {
         // One base seed per process, so one `SLUICE_FUZZ_SEED` replays every target.
         static BASE: OnceLock<u64> = OnceLock::new();
         let base = *BASE.get_or_init(|| {
-            env_u64("SLUICE_FUZZ_SEED").unwrap_or_else(|| {
+            let base = env_u64("SLUICE_FUZZ_SEED").unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
                     % 1_000_000_000
-            })
+            });
+            // Straight to the process's stderr, past the test harness's capture, and before
+            // any input runs: a run that aborts (an allocation failure, a stack overflow)
+            // prints no report, and its seed is all there is to replay it with.
+            let _ = writeln!(
+                std::io::stderr(),
+                "sluice-fuzzkit: base seed {base} (SLUICE_FUZZ_SEED={base} replays this process's targets)"
+            );
+            base
         });
         // Each target gets its own stream from the same base seed.
         let mut h = std::collections::hash_map::DefaultHasher::new();

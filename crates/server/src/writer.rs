@@ -227,6 +227,16 @@ struct Committed {
 }
 
 impl Committed {
+    /// Room for a round of `requests` durable commits, so that the lists do not grow (and
+    /// copy themselves) as the round goes.
+    fn with_capacity(requests: usize) -> Committed {
+        Committed {
+            waiting: Vec::with_capacity(requests),
+            acks: Vec::with_capacity(requests),
+            ..Committed::default()
+        }
+    }
+
     fn add(&mut self, seq: u64, durability: Durability, reply: AckReply) {
         self.frames += 1;
         if durability == Durability::Memory {
@@ -502,7 +512,7 @@ impl Writer {
             }
         }
         let poisoned = shared.log.poisoned();
-        let mut done = Committed::default();
+        let mut done = Committed::with_capacity(batch.len());
         let mut snapshot_replies = std::mem::take(&mut self.snapshot_waiting);
         let mut shutdown = None;
         let role;
@@ -734,7 +744,11 @@ impl Writer {
         // After the write lock is released: a view the live thread builds meanwhile starts
         // from a state that already has these commits and skips them.
         shared.hub_feed.publish(&self.published);
-        shared.live.publish(std::mem::take(&mut self.published));
+        // The next round is likely about this one's size: room for it, so the list need not
+        // grow (and copy itself) as it goes.
+        let room = self.published.len();
+        let published = std::mem::replace(&mut self.published, Vec::with_capacity(room));
+        shared.live.publish(published);
         if !self.frames.is_empty() {
             self.log_bytes_since_snapshot += self.frames.len() as u64;
             // On failure the log has already failed the acks with the reason.
