@@ -7,7 +7,7 @@
 
 use serde_json::json;
 use sluice_engine::{Changelog, Db, Limits, Retention, TxRef, TxState};
-use sluice_functions::{FunctionLimits, Functions, TxAccess};
+use sluice_functions::{Args, FunctionLimits, Functions, Msgpack, TxAccess};
 
 struct Owned {
     db: Db,
@@ -70,15 +70,26 @@ fn main() {
         rng % accounts
     };
     let mut payload = Vec::new();
+    let mut frame = Vec::new();
     let mut failed = 0u64;
     let started = thread_cpu_ns();
     let wall = std::time::Instant::now();
     for _ in 0..calls {
         let (from, to) = (next(), next());
-        // As the WebSocket reader hands them to the writer.
-        let args = json!({"from": from, "to": to, "amount": 1});
+        // As the WebSocket reader hands them to the writer: MessagePack checked and copied
+        // out of the frame (`Msgpack::read`, on the connection's task in the server).
+        frame.clear();
+        frame.push(0x83);
+        for (key, value) in [("from", from), ("to", to), ("amount", 1)] {
+            frame.push(0xa0 | key.len() as u8);
+            frame.extend_from_slice(key.as_bytes());
+            frame.push(0xce);
+            frame.extend_from_slice(&(value as u32).to_be_bytes());
+        }
+        let (args, _) = Msgpack::read(&frame, 0).expect("a transfer's arguments");
+        let args = Args::Msgpack(args);
         let st = db.begin();
-        let (mut owned, result) = functions.call("transfer", &args, None, Owned { db, st });
+        let (mut owned, result) = functions.call_args("transfer", &args, None, Owned { db, st });
         match result {
             Ok(_) => {
                 if let Some(commit) = owned.db.commit_state(&mut owned.st) {

@@ -39,7 +39,9 @@ pub enum Token<'a> {
     /// Above `i64::MAX`.
     Uint(u64),
     Float(f64),
-    Str(&'a str),
+    /// Text's bytes: [`Msgpack::read`] checks that they are UTF-8, the token does not (the
+    /// writer builds JS from checked bytes and need not check them again).
+    Str(&'a [u8]),
     Array(u32),
     Map(u32),
 }
@@ -78,10 +80,10 @@ impl<'a> Reader<'a> {
     }
 
     fn text(&mut self, len: usize) -> Option<Token<'a>> {
-        std::str::from_utf8(self.take(len)?).ok().map(Token::Str)
+        self.take(len).map(Token::Str)
     }
 
-    /// The next token; `None` for `bin`, `ext`, text that is not UTF-8, or the end.
+    /// The next token; `None` for `bin`, `ext`, or the end.
     pub fn token(&mut self) -> Option<Token<'a>> {
         let marker = *self.take(1)?.first()?;
         Some(match marker {
@@ -134,6 +136,7 @@ impl<'a> Reader<'a> {
     fn check(&mut self, depth: usize) -> Option<()> {
         match self.token()? {
             Token::Float(f) if !f.is_finite() => None,
+            Token::Str(text) => std::str::from_utf8(text).ok().map(|_| ()),
             Token::Array(n) => {
                 if depth >= DEPTH_MAX {
                     return None;
@@ -145,13 +148,15 @@ impl<'a> Reader<'a> {
                     return None;
                 }
                 // Few keys (an argument object) are compared directly; many, through a set.
-                let mut few: Vec<&str> = Vec::new();
+                let mut few: Vec<&[u8]> = Vec::new();
                 let mut many = std::collections::HashSet::new();
                 for _ in 0..n {
                     let Token::Str(key) = self.token()? else {
                         return None;
                     };
-                    if key.starts_with(SERDE_JSON_PRIVATE) {
+                    if key.starts_with(SERDE_JSON_PRIVATE.as_bytes())
+                        || std::str::from_utf8(key).is_err()
+                    {
                         return None;
                     }
                     let repeated = if n <= 16 {
@@ -181,7 +186,7 @@ impl<'a> Reader<'a> {
             Token::Int(i) => Json::from(i),
             Token::Uint(u) => Json::from(u),
             Token::Float(f) => serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number),
-            Token::Str(s) => Json::String(s.to_owned()),
+            Token::Str(s) => Json::String(std::str::from_utf8(s).ok()?.to_owned()),
             Token::Array(n) => Json::Array((0..n).map(|_| self.json()).collect::<Option<_>>()?),
             Token::Map(n) => {
                 let mut map = serde_json::Map::new();
@@ -190,7 +195,7 @@ impl<'a> Reader<'a> {
                         return None;
                     };
                     let value = self.json()?;
-                    map.insert(key.to_owned(), value);
+                    map.insert(std::str::from_utf8(key).ok()?.to_owned(), value);
                 }
                 Json::Object(map)
             }
@@ -330,6 +335,8 @@ mod tests {
             ("integer key", vec![0x81, 0x01, 0x02]),
             ("repeated key", vec![0x82, 0xa1, b'a', 1, 0xa1, b'a', 2]),
             ("not UTF-8", vec![0xa2, 0xff, 0xfe]),
+            ("a key not UTF-8", vec![0x81, 0xa1, 0xff, 0x01]),
+            ("not UTF-8 in an array", vec![0x91, 0xa1, 0xc0]),
             ("truncated string", vec![0xa5, b'a']),
             ("truncated array", vec![0x92, 1]),
             ("empty", vec![]),

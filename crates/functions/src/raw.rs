@@ -703,7 +703,7 @@ pub(crate) fn args_to_js<'js>(
             ArgsRef::Json(serde_json::Value::Object(map)) => {
                 let mut entries = map.iter();
                 build_object(c, map.len(), raw_of(c), || {
-                    entries.next().map(|(k, v)| (k.as_str(), build(c, v)))
+                    entries.next().map(|(k, v)| (k.as_bytes(), build(c, v)))
                 })
             }
             ArgsRef::Json(other) => build(c, other),
@@ -798,19 +798,20 @@ unsafe fn build(c: *mut JSContext, json: &serde_json::Value) -> JSValue {
         Json::Object(map) => {
             let mut entries = map.iter();
             build_object(c, map.len(), None, || {
-                entries.next().map(|(k, v)| (k.as_str(), build(c, v)))
+                entries.next().map(|(k, v)| (k.as_bytes(), build(c, v)))
             })
         }
     }
 }
 
-/// The `len` entries `entry` gives (a name and its built value; `None` if there is none)
+/// The `len` entries `entry` gives (a name's UTF-8 and its built value; `None` if there is
+/// none)
 /// as a JS object, its shape kept by `keep` when given (the top-level arguments).
 unsafe fn build_object<'k>(
     c: *mut JSContext,
     len: usize,
     keep: Option<&Raw>,
-    mut entry: impl FnMut() -> Option<(&'k str, JSValue)>,
+    mut entry: impl FnMut() -> Option<(&'k [u8], JSValue)>,
 ) -> JSValue {
     let object = qjs::JS_NewObject(c);
     if qjs::JS_IsException(object) {
@@ -862,7 +863,7 @@ unsafe fn build_object<'k>(
 /// The atom of a property name: straight from its bytes when it is ASCII, else through a
 /// JS string (`JS_NewAtomLen` may match a non-ASCII name to the atom of its UTF-8 bytes
 /// read as Latin-1). `JS_ATOM_NULL` with an exception pending on failure.
-unsafe fn key_atom(c: *mut JSContext, k: &str) -> JSAtom {
+unsafe fn key_atom(c: *mut JSContext, k: &[u8]) -> JSAtom {
     if k.is_ascii() {
         return qjs::JS_NewAtomLen(c, k.as_ptr() as *const c_char, k.len() as _);
     }

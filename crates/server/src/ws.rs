@@ -96,22 +96,29 @@ impl CallFrame {
                 return None;
             };
             match key {
-                "type" => {
-                    if call || r.token()? != Token::Str("call") {
+                b"type" => {
+                    if call || r.token()? != Token::Str(b"call") {
                         return None;
                     }
                     call = true;
                 }
-                "id" => once(&mut id, value(&mut r)?.to_json())?,
-                "name" => match r.token()? {
-                    Token::Str(text) => once(&mut name, text.to_owned())?,
+                b"id" => once(&mut id, value(&mut r)?.to_json())?,
+                b"name" => match r.token()? {
+                    Token::Str(text) => {
+                        once(&mut name, std::str::from_utf8(text).ok()?.to_owned())?
+                    }
                     _ => return None,
                 },
-                "args" => once(&mut args, Args::Msgpack(value(&mut r)?))?,
-                "durability" => {
+                b"args" => once(&mut args, Args::Msgpack(value(&mut r)?))?,
+                b"durability" => {
                     let class = match r.token()? {
                         Token::Nil => None,
-                        Token::Str(class) => Some(class.parse::<sluice_log::Durability>().ok()?),
+                        Token::Str(class) => Some(
+                            std::str::from_utf8(class)
+                                .ok()?
+                                .parse::<sluice_log::Durability>()
+                                .ok()?,
+                        ),
                         _ => return None,
                     };
                     once(&mut durability, class)?;
