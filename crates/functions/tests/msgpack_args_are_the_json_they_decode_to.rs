@@ -10,6 +10,7 @@ mod support;
 use serde_json::{json, Value as Json};
 use sluice_engine::{Changelog, Db, Limits, Retention};
 use sluice_functions::{Args, FunctionLimits, Functions, Msgpack};
+use sluice_fuzzkit::Rng;
 use support::Owned;
 
 /// Describes a value so that any difference a function could see shows.
@@ -43,17 +44,6 @@ export function describe(tx, args) {
 }
 "#;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 fn text(rng: &mut Rng) -> String {
     const PARTS: &[&str] = &[
         "a",
@@ -74,9 +64,7 @@ fn text(rng: &mut Rng) -> String {
         "length",
         "constructor",
     ];
-    (0..rng.below(4))
-        .map(|_| PARTS[rng.below(PARTS.len() as u64) as usize])
-        .collect()
+    (0..rng.below(4)).map(|_| *rng.pick(PARTS)).collect()
 }
 
 fn value(rng: &mut Rng, depth: usize) -> Json {
@@ -104,12 +92,12 @@ fn value(rng: &mut Rng, depth: usize) -> Json {
                 i64::MAX,
                 i64::MIN,
             ];
-            json!(INTS[rng.below(INTS.len() as u64) as usize])
+            json!(*rng.pick(INTS))
         }
-        3 => json!([u64::MAX, i64::MAX as u64 + 1][rng.below(2) as usize]),
+        3 => json!(*rng.pick(&[u64::MAX, i64::MAX as u64 + 1])),
         4 => {
             const FLOATS: &[f64] = &[0.0, -0.0, 1.5, -2.25, 3.0, 1e300, 5e-324, 2147483648.0];
-            json!(FLOATS[rng.below(FLOATS.len() as u64) as usize])
+            json!(*rng.pick(FLOATS))
         }
         5 | 6 => Json::String(text(rng)),
         7 => Json::Array((0..rng.below(5)).map(|_| value(rng, depth + 1)).collect()),
@@ -144,7 +132,7 @@ fn describe(functions: &mut Functions, args: &Args, client: bool) -> Json {
 fn random_arguments_read_from_messagepack_are_the_json_they_decode_to() {
     let mut functions = Functions::new(FunctionLimits::default()).unwrap();
     functions.load(APP).unwrap();
-    let mut rng = Rng(0x5eed_cafe_f00d_0001);
+    let mut rng = Rng::new(0x5eed_cafe_f00d_0001);
     let (mut taken, mut cases) = (0, 0);
     for case in 0..3000 {
         let mut json = value(&mut rng, 0);
