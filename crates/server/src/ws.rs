@@ -1369,7 +1369,7 @@ mod tests {
         })
     }
 
-    /// `frame` with its arguments as the JSON they decode to (a kept MessagePack slice and
+    /// `frame` with its arguments as the JSON they decode to (kept MessagePack bytes and
     /// the generic path's JSON compare equal when the function sees the same value).
     fn as_json(frame: Option<CallFrame>) -> Option<CallFrame> {
         frame.map(|f| CallFrame {
