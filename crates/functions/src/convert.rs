@@ -13,7 +13,7 @@ pub(crate) const ARRAY_ITEMS_MAX: usize = 1 << 22;
 
 /// `json` as a JS value whose every object and array is frozen with `freeze`
 /// (`Object.freeze`): read-only at every depth (the caller's `tx.auth`). Unfrozen values
-/// are built by [`crate::raw::json_to_js`], which makes the same values in raw calls.
+/// are built in raw calls by `crate::raw` (call arguments, rows, JSON columns).
 pub(crate) fn json_to_frozen_js<'js>(
     ctx: &Ctx<'js>,
     json: &Json,

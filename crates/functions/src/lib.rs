@@ -356,7 +356,7 @@ impl Functions {
                     None => return Err(refusal(name, true, false)),
                 };
                 // `allow` gets its own copy of the arguments: it cannot change the function's.
-                let allow_args = raw::args_copy_to_js(&ctx, args)
+                let allow_args = raw::args_to_js(&ctx, args, false)
                     .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
                 let name_js = name
                     .into_js(&ctx)
@@ -392,7 +392,7 @@ impl Functions {
             let result = (|| -> Result<serde_json::Value, FunctionError> {
                 let function = restore(&ctx, &loaded.functions[export])?;
                 let tx = restore(&ctx, &loaded.tx)?;
-                let js_args = raw::args_to_js(&ctx, args)
+                let js_args = raw::args_to_js(&ctx, args, true)
                     .map_err(|e| FunctionError::Value(format!("args: {e}")))?;
                 let out: rquickjs::Value = function
                     .call((tx, js_args))

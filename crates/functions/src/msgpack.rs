@@ -22,6 +22,9 @@
 /// are left to the general decoder, whose limit is higher.
 pub const DEPTH_MAX: usize = 64;
 
+/// Map keys up to which [`Reader::check`] finds a repeated key by comparing them all.
+const FEW_KEYS: usize = 16;
+
 /// Keys `serde_json` reads as markers rather than as names (with its `raw_value` or
 /// `arbitrary_precision` features).
 const SERDE_JSON_PRIVATE: &str = "$serde_json::private::";
@@ -48,6 +51,7 @@ pub enum Token<'a> {
 
 /// Reads tokens off the front of a byte slice; `None` for anything [`Token`] does not
 /// cover or that runs past the end.
+#[derive(Clone)]
 pub struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -132,6 +136,17 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// Reads past one value if [`Msgpack::read`] would take it (nothing is copied).
+    pub fn check_value(&mut self) -> Option<()> {
+        self.check(0)
+    }
+
+    /// The next value as `rmp_serde` decodes it into JSON: for a value [`Reader::check_value`]
+    /// took (else `None` or a partial answer).
+    pub fn json_value(&mut self) -> Option<serde_json::Value> {
+        self.json()
+    }
+
     /// Checks one whole value (see the module docs); `depth` is its nesting so far.
     fn check(&mut self, depth: usize) -> Option<()> {
         match self.token()? {
@@ -147,10 +162,11 @@ impl<'a> Reader<'a> {
                 if depth >= DEPTH_MAX {
                     return None;
                 }
-                // Few keys (an argument object) are compared directly; many, through a set.
-                let mut few: Vec<&[u8]> = Vec::new();
+                // Few keys (an argument object) are compared directly, without allocating;
+                // many, through a set.
+                let mut few: [&[u8]; FEW_KEYS] = [&[]; FEW_KEYS];
                 let mut many = std::collections::HashSet::new();
-                for _ in 0..n {
+                for i in 0..n as usize {
                     let Token::Str(key) = self.token()? else {
                         return None;
                     };
@@ -159,9 +175,9 @@ impl<'a> Reader<'a> {
                     {
                         return None;
                     }
-                    let repeated = if n <= 16 {
-                        let seen = few.contains(&key);
-                        few.push(key);
+                    let repeated = if n as usize <= FEW_KEYS {
+                        let seen = few[..i].contains(&key);
+                        few[i] = key;
                         seen
                     } else {
                         !many.insert(key)

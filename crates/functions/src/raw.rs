@@ -678,54 +678,33 @@ unsafe fn patch_props(
     })
 }
 
-/// `json` as a JS value: numbers that are 32-bit integers as integers, objects and arrays
-/// filled with `JS_SetProperty*` (as rquickjs's `Object::set` and `Array::set` do).
-pub(crate) fn json_to_js<'js>(
-    ctx: &Ctx<'js>,
-    json: &serde_json::Value,
-) -> rquickjs::Result<rquickjs::Value<'js>> {
-    // SAFETY: `ctx` stands for a live context; `build` returns an owned value or the
-    // exception marker.
-    unsafe { owned(ctx, build(ctx.as_raw().as_ptr(), json)) }
-}
-
-/// A call's arguments as [`json_to_js`] makes them (or, for MessagePack, as it makes the
-/// `serde_json::Value` those bytes decode to), the shape of a top-level object kept (see
-/// [`KeptShape`]): every call builds one, most with the keys of the one before.
+/// A call's arguments as [`build`] makes them (or, for MessagePack, as it makes the
+/// `serde_json::Value` those bytes decode to). With `keep_shape`, a top-level object's shape
+/// is kept (see [`KeptShape`]): every call builds one, most with the keys of the one before;
+/// `allow`'s copy does not keep it.
 pub(crate) fn args_to_js<'js>(
     ctx: &Ctx<'js>,
     args: ArgsRef,
+    keep_shape: bool,
 ) -> rquickjs::Result<rquickjs::Value<'js>> {
     let c = ctx.as_raw().as_ptr();
-    // SAFETY: as in `json_to_js`.
+    // SAFETY: `ctx` stands for a live context; the builders return an owned value or the
+    // exception marker.
     unsafe {
+        let keep = if keep_shape { raw_of(c) } else { None };
         let value = match args {
-            ArgsRef::Json(serde_json::Value::Object(map)) => {
-                let mut entries = map.iter();
-                build_object(c, map.len(), raw_of(c), || {
-                    entries.next().map(|(k, v)| (k.as_bytes(), build(c, v)))
-                })
-            }
+            ArgsRef::Json(serde_json::Value::Object(map)) => build_json_object(c, map, keep),
             ArgsRef::Json(other) => build(c, other),
-            ArgsRef::Msgpack(m) => build_msgpack(c, &mut Reader::new(m.bytes()), raw_of(c)),
+            ArgsRef::Msgpack(m) => build_msgpack(c, &mut Reader::new(m.bytes()), keep),
         };
         owned(ctx, value)
     }
 }
 
-/// A copy of a call's arguments for `allow` (no shape kept).
-pub(crate) fn args_copy_to_js<'js>(
-    ctx: &Ctx<'js>,
-    args: ArgsRef,
-) -> rquickjs::Result<rquickjs::Value<'js>> {
-    match args {
-        ArgsRef::Json(json) => json_to_js(ctx, json),
-        // SAFETY: as in `json_to_js`.
-        ArgsRef::Msgpack(m) => unsafe {
-            let c = ctx.as_raw().as_ptr();
-            owned(ctx, build_msgpack(c, &mut Reader::new(m.bytes()), None))
-        },
-    }
+/// Throws for MessagePack that `Msgpack::read` would not have passed (not reached: every
+/// `Msgpack` was checked).
+unsafe fn malformed(c: *mut JSContext) -> JSValue {
+    qjs::JS_ThrowTypeError(c, c"arguments: malformed MessagePack".as_ptr())
 }
 
 /// The next value of checked MessagePack as [`build`] makes the `serde_json::Value` it
@@ -735,8 +714,7 @@ pub(crate) fn args_copy_to_js<'js>(
 /// `c` is a live context.
 unsafe fn build_msgpack(c: *mut JSContext, r: &mut Reader, keep: Option<&Raw>) -> JSValue {
     let Some(token) = r.token() else {
-        // `Msgpack::read` checked the bytes: not reached.
-        return qjs::JS_ThrowTypeError(c, c"arguments: malformed MessagePack".as_ptr());
+        return malformed(c);
     };
     match token {
         Token::Nil => qjs::JS_NULL,
@@ -769,6 +747,10 @@ unsafe fn build_msgpack(c: *mut JSContext, r: &mut Reader, keep: Option<&Raw>) -
     }
 }
 
+/// `json` as a JS value — numbers that are 32-bit integers as integers, objects and arrays
+/// filled with `JS_SetProperty*` (as rquickjs's `Object::set` and `Array::set` do) — owned,
+/// or the exception marker.
+///
 /// # Safety
 /// `c` is a live context.
 unsafe fn build(c: *mut JSContext, json: &serde_json::Value) -> JSValue {
@@ -795,18 +777,27 @@ unsafe fn build(c: *mut JSContext, json: &serde_json::Value) -> JSValue {
             }
             array
         }
-        Json::Object(map) => {
-            let mut entries = map.iter();
-            build_object(c, map.len(), None, || {
-                entries.next().map(|(k, v)| (k.as_bytes(), build(c, v)))
-            })
-        }
+        Json::Object(map) => build_json_object(c, map, None),
     }
 }
 
-/// The `len` entries `entry` gives (a name's UTF-8 and its built value; `None` if there is
-/// none)
-/// as a JS object, its shape kept by `keep` when given (the top-level arguments).
+/// `map` as a JS object (see [`build_object`]).
+///
+/// # Safety
+/// `c` is a live context.
+unsafe fn build_json_object(
+    c: *mut JSContext,
+    map: &serde_json::Map<String, serde_json::Value>,
+    keep: Option<&Raw>,
+) -> JSValue {
+    let mut entries = map.iter();
+    build_object(c, map.len(), keep, || {
+        entries.next().map(|(k, v)| (k.as_bytes(), build(c, v)))
+    })
+}
+
+/// The `len` entries `entry` gives (a name's UTF-8 and its built value; `None` if it runs
+/// out) as a JS object, its shape kept by `keep` when given (the top-level arguments).
 unsafe fn build_object<'k>(
     c: *mut JSContext,
     len: usize,
@@ -823,8 +814,8 @@ unsafe fn build_object<'k>(
     let mut failed = false;
     for _ in 0..len {
         let Some((k, v)) = entry() else {
-            // Only checked MessagePack gives entries this way: not reached.
-            qjs::JS_ThrowTypeError(c, c"arguments: malformed MessagePack".as_ptr());
+            // Only MessagePack runs out of entries early.
+            malformed(c);
             failed = true;
             break;
         };

@@ -71,9 +71,9 @@ impl CallFrame {
     }
 
     /// A MessagePack call, as [`CallFrameVisitor`] reads one, its `args` kept as bytes.
-    /// Every value is checked by [`sluice_functions::Msgpack::read`], which takes a subset of
-    /// what `rmp_serde` decodes into JSON (and decodes it the same way): the rest is left to
-    /// the generic path. So is a frame with bytes after its map.
+    /// Every value is checked as [`sluice_functions::Msgpack::read`] checks `args` (a subset of
+    /// what `rmp_serde` decodes into JSON, decoded the same way; only `args` is copied out):
+    /// the rest is left to the generic path. So is a frame with bytes after its map.
     fn read_msgpack(frame: &[u8]) -> Option<CallFrame> {
         use sluice_functions::msgpack::{Reader, Token};
         use sluice_functions::{Args, Msgpack};
@@ -86,11 +86,7 @@ impl CallFrame {
         fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
             slot.replace(value).is_none().then_some(())
         }
-        let value = |r: &mut Reader| -> Option<Msgpack> {
-            let (value, end) = Msgpack::read(frame, r.position())?;
-            r.seek(end);
-            Some(value)
-        };
+
         for _ in 0..fields {
             let Token::Str(key) = r.token()? else {
                 return None;
@@ -102,14 +98,22 @@ impl CallFrame {
                     }
                     call = true;
                 }
-                b"id" => once(&mut id, value(&mut r)?.to_json())?,
+                b"id" => {
+                    let mut again = r.clone();
+                    r.check_value()?;
+                    once(&mut id, again.json_value()?)?
+                }
                 b"name" => match r.token()? {
                     Token::Str(text) => {
                         once(&mut name, std::str::from_utf8(text).ok()?.to_owned())?
                     }
                     _ => return None,
                 },
-                b"args" => once(&mut args, Args::Msgpack(value(&mut r)?))?,
+                b"args" => {
+                    let (kept, end) = Msgpack::read(frame, r.position())?;
+                    r.seek(end);
+                    once(&mut args, Args::Msgpack(kept))?
+                }
                 b"durability" => {
                     let class = match r.token()? {
                         Token::Nil => None,
@@ -123,9 +127,7 @@ impl CallFrame {
                     };
                     once(&mut durability, class)?;
                 }
-                _ => {
-                    value(&mut r)?;
-                }
+                _ => r.check_value()?,
             }
         }
         if r.position() != frame.len() || !call {
