@@ -1,0 +1,511 @@
+//! The hand-written reader of a JSON mutate body: the bodies clients send, read in one pass
+//! over the bytes into typed ops, in about a quarter of the instructions `serde_json` takes
+//! (its per-string UTF-8 checks, its visitor calls for every key and value).
+//!
+//! Like the decoder around it, it only ever *accepts*: whatever it is not sure of — an op
+//! naming its table after its `row`, a JSON column, a number `serde_json` would read as a
+//! float where an integer belongs, a lone surrogate escape, a key it does not know — makes
+//! it return `None`, and [`super::read_mutate_serde`] reads the body instead. What it
+//! accepts it reads exactly as that reader does: the same ops, the same values, down to
+//! the bits of a REAL (which it leaves to `serde_json` itself).
+//!
+//! The body is checked as UTF-8 once, whole; every string then lies between ASCII quotes,
+//! so slicing the checked text there is always on a character boundary.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use sluice_engine::{ColumnType, TableSchema, Value};
+use sluice_log::Durability;
+
+use super::{column_index, finish_op, finish_row, table, text_value};
+use super::{Kind, Pending, Schemas, Seen, TypedOp};
+
+/// The ops and durability of the mutate body `body`, or `None` (see the module's doc).
+pub(super) fn read(
+    body: &[u8],
+    schemas: &mut dyn Schemas,
+    ops_max: usize,
+) -> Option<(Vec<TypedOp>, Option<Durability>)> {
+    let mut r = Reader {
+        text: std::str::from_utf8(body).ok()?,
+        at: 0,
+    };
+    r.open(b'{')?;
+    let mut ops = None;
+    let mut durability: Option<Option<Durability>> = None;
+    loop {
+        match &*r.key()? {
+            "ops" if ops.is_none() => ops = Some(r.ops(schemas, ops_max)?),
+            "durability" if durability.is_none() => {
+                durability = Some(match r.null_or_string()? {
+                    None => None,
+                    Some(name) => Some(name.parse().ok()?),
+                });
+            }
+            _ => return None,
+        }
+        if !r.more(b'}')? {
+            break;
+        }
+    }
+    r.skip_space();
+    if r.at != body.len() {
+        return None;
+    }
+    Some((ops?, durability.flatten()))
+}
+
+/// A position in the body's text.
+struct Reader<'b> {
+    text: &'b str,
+    at: usize,
+}
+
+impl<'b> Reader<'b> {
+    fn bytes(&self) -> &'b [u8] {
+        self.text.as_bytes()
+    }
+
+    /// Skips JSON whitespace.
+    #[inline(always)]
+    fn skip_space(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes().get(self.at) {
+            self.at += 1;
+        }
+    }
+
+    /// The next byte after whitespace, not consumed.
+    #[inline(always)]
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_space();
+        self.bytes().get(self.at).copied()
+    }
+
+    /// Consumes `open` (after whitespace).
+    #[inline(always)]
+    fn open(&mut self, open: u8) -> Option<()> {
+        (self.peek()? == open).then(|| self.at += 1)
+    }
+
+    /// Consumes `close` if it comes next: an empty object or array.
+    #[inline(always)]
+    fn empty(&mut self, close: u8) -> bool {
+        let empty = self.peek() == Some(close);
+        if empty {
+            self.at += 1;
+        }
+        empty
+    }
+
+    /// After a member or an element: `true` on a comma, `false` on `close`.
+    #[inline(always)]
+    fn more(&mut self, close: u8) -> Option<bool> {
+        let b = self.peek()?;
+        self.at += 1;
+        match b {
+            b',' => Some(true),
+            _ if b == close => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Consumes the word `word` (`null`, `true`, `false`).
+    fn word(&mut self, word: &[u8]) -> Option<()> {
+        self.skip_space();
+        let end = self.at + word.len();
+        (self.bytes().get(self.at..end)? == word).then(|| self.at = end)
+    }
+
+    /// An object member's key, and its colon.
+    #[inline(always)]
+    fn key(&mut self) -> Option<Cow<'b, str>> {
+        let key = self.string()?;
+        self.open(b':')?;
+        Some(key)
+    }
+
+    /// A string, its escapes read as `serde_json` reads them.
+    #[inline(always)]
+    fn string(&mut self) -> Option<Cow<'b, str>> {
+        self.open(b'"')?;
+        let b = self.bytes();
+        let start = self.at;
+        let end = special(b, start)?;
+        match b[end] {
+            b'"' => {
+                self.at = end + 1;
+                Some(Cow::Borrowed(self.text.get(start..end)?))
+            }
+            b'\\' => self.escaped(start, end).map(Cow::Owned),
+            // A control character, which JSON does not allow in a string.
+            _ => None,
+        }
+    }
+
+    /// The rest of a string that holds an escape (at `at`): the escapes replaced.
+    fn escaped(&mut self, start: usize, mut at: usize) -> Option<String> {
+        let b = self.bytes();
+        let mut out = String::with_capacity(at - start + 16);
+        out.push_str(self.text.get(start..at)?);
+        loop {
+            // `b[at]` is a backslash.
+            let escape = *b.get(at + 1)?;
+            at += 2;
+            out.push(match escape {
+                b'"' => '"',
+                b'\\' => '\\',
+                b'/' => '/',
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                b'u' => {
+                    let unit = hex4(b.get(at..at + 4)?)?;
+                    at += 4;
+                    match unit {
+                        0xD800..=0xDBFF => {
+                            // Only a whole surrogate pair is a character.
+                            if b.get(at..at + 2)? != b"\\u" {
+                                return None;
+                            }
+                            let low = hex4(b.get(at + 2..at + 6)?)?;
+                            if !(0xDC00..=0xDFFF).contains(&low) {
+                                return None;
+                            }
+                            at += 6;
+                            char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))?
+                        }
+                        _ => char::from_u32(unit)?,
+                    }
+                }
+                _ => return None,
+            });
+            let end = special(b, at)?;
+            out.push_str(self.text.get(at..end)?);
+            at = end;
+            match b[end] {
+                b'"' => {
+                    self.at = end + 1;
+                    return Some(out);
+                }
+                b'\\' => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// `null` (`Some(None)`) or a string.
+    fn null_or_string(&mut self) -> Option<Option<Cow<'b, str>>> {
+        if self.peek()? == b'n' {
+            self.word(b"null")?;
+            return Some(None);
+        }
+        self.string().map(Some)
+    }
+
+    /// A number as `serde_json` reads it into an `i64`; `None` for what it would read as
+    /// a float (a fraction or exponent, `-0`, beyond `u64`) or a `u64` above `i64::MAX`.
+    #[inline(always)]
+    fn integer(&mut self) -> Option<i64> {
+        self.skip_space();
+        let negative = self.bytes().get(self.at) == Some(&b'-');
+        if negative {
+            self.at += 1;
+        }
+        let magnitude = self.digits()?;
+        if negative {
+            // `-0` is a float to serde_json, as is anything below `i64::MIN`.
+            match magnitude {
+                1..=0x8000_0000_0000_0000 => Some((magnitude as i64).wrapping_neg()),
+                _ => None,
+            }
+        } else {
+            i64::try_from(magnitude).ok()
+        }
+    }
+
+    /// An unsigned integer of at most 19 digits (so it fits a `u64`), with no sign, fraction
+    /// or exponent.
+    #[inline(always)]
+    fn digits(&mut self) -> Option<u64> {
+        let b = self.bytes();
+        let start = self.at;
+        let mut at = start;
+        let mut value = 0u64;
+        while let Some(&c) = b.get(at) {
+            let digit = c.wrapping_sub(b'0');
+            if digit > 9 {
+                break;
+            }
+            if at - start == 19 {
+                return None;
+            }
+            // Below 10^19 after 19 digits: no overflow.
+            value = value * 10 + u64::from(digit);
+            at += 1;
+        }
+        let count = at - start;
+        // At least one digit, and only one leading zero, and then no digit.
+        if count == 0 || (count > 1 && b[start] == b'0') {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = b.get(at) {
+            return None;
+        }
+        self.at = at;
+        Some(value)
+    }
+
+    /// A number read as `serde_json` reads it into an `f64`: it is handed the number's
+    /// text, so the bits are its own.
+    fn real(&mut self) -> Option<f64> {
+        self.skip_space();
+        let start = self.at;
+        while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.bytes().get(self.at) {
+            self.at += 1;
+        }
+        serde_json::from_str(self.text.get(start..self.at)?).ok()
+    }
+
+    /// One column value of type `ty`, as `super::ColumnSeed` converts it.
+    fn column(&mut self, ty: ColumnType) -> Option<Value> {
+        if ty == ColumnType::Json {
+            return None;
+        }
+        match self.peek()? {
+            b'n' => {
+                self.word(b"null")?;
+                Some(Value::Null)
+            }
+            b'"' => text_value(ty, &self.string()?),
+            b't' if ty == ColumnType::Boolean => {
+                self.word(b"true")?;
+                Some(Value::Boolean(true))
+            }
+            b'f' if ty == ColumnType::Boolean => {
+                self.word(b"false")?;
+                Some(Value::Boolean(false))
+            }
+            _ => match ty {
+                ColumnType::Integer => self.integer().map(Value::Integer),
+                ColumnType::Timestamp => self.integer().map(Value::Timestamp),
+                ColumnType::Real => self.real().map(Value::Real),
+                _ => None,
+            },
+        }
+    }
+
+    /// `"ops"`: a non-empty array of ops, at most `ops_max`.
+    fn ops(&mut self, schemas: &mut dyn Schemas, ops_max: usize) -> Option<Vec<TypedOp>> {
+        self.open(b'[')?;
+        if self.empty(b']') {
+            return None;
+        }
+        let mut ops = Vec::new();
+        // The table of the previous op, and the scratch row (as `super::OpsSeed` keeps them).
+        let mut last = None;
+        let mut buf = Vec::new();
+        loop {
+            let start = self.at;
+            let op = self.op(schemas, &mut last, &mut buf)?;
+            if ops.len() == ops_max {
+                return None;
+            }
+            if ops.is_empty() {
+                // As many more as ops this long would fill the rest of the body.
+                let rest = self.bytes().len() - self.at;
+                ops.reserve((rest / (self.at - start) + 1).min(ops_max));
+            }
+            ops.push(op);
+            if !self.more(b']')? {
+                return Some(ops);
+            }
+        }
+    }
+
+    /// One op; its table must come before its `row`, `set` or `id`.
+    fn op(
+        &mut self,
+        schemas: &mut dyn Schemas,
+        last: &mut Option<Arc<TableSchema>>,
+        buf: &mut Vec<Value>,
+    ) -> Option<TypedOp> {
+        self.open(b'{')?;
+        let mut kind = None;
+        let mut schema: Option<Arc<TableSchema>> = None;
+        let mut if_version: Option<Option<u64>> = None;
+        let mut fields: Option<(bool, Pending)> = None;
+        let mut id = None;
+        loop {
+            match &*self.key()? {
+                "op" if kind.is_none() => {
+                    kind = Some(match &*self.string()? {
+                        "insert" => Kind::Insert,
+                        "upsert" => Kind::Upsert,
+                        "patch" => Kind::Patch,
+                        "delete" => Kind::Delete,
+                        _ => return None,
+                    });
+                }
+                "table" if schema.is_none() => {
+                    schema = Some(table(schemas, last, &self.string()?)?);
+                }
+                "if_version" if if_version.is_none() => {
+                    if_version = Some(match self.peek()? {
+                        b'n' => self.word(b"null").map(|()| None)?,
+                        _ => Some(self.digits()?),
+                    });
+                }
+                "row" if fields.is_none() => {
+                    let row = self.row(schema.as_deref()?, buf)?;
+                    fields = Some((false, Pending::Row(row)));
+                }
+                "set" if fields.is_none() => {
+                    let set = self.set(schema.as_deref()?)?;
+                    fields = Some((true, Pending::Set(set)));
+                }
+                "id" if id.is_none() => {
+                    id = Some(self.column(schema.as_deref()?.pk_column().ty)?);
+                }
+                _ => return None,
+            }
+            if !self.more(b'}')? {
+                break;
+            }
+        }
+        finish_op(kind?, schema?, if_version.flatten(), fields, id, buf)
+    }
+
+    /// A whole `row` (as `super::FullRowSeed`): the named columns into `buf`, the others
+    /// their default, then the row's own allocation.
+    fn row(&mut self, schema: &TableSchema, buf: &mut Vec<Value>) -> Option<Arc<[Value]>> {
+        let columns = &schema.columns;
+        buf.clear();
+        buf.resize(columns.len(), Value::Null);
+        let mut seen = Seen::new(columns.len());
+        self.open(b'{')?;
+        if !self.empty(b'}') {
+            let mut next = 0;
+            loop {
+                let i = column_index(schema, next, &self.key()?)?;
+                if !seen.insert(i) {
+                    return None;
+                }
+                next = i + 1;
+                buf[i] = self.column(columns[i].ty)?;
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        finish_row(schema, buf, &mut seen)
+    }
+
+    /// A `set` (as `super::RowSeed`): the named columns, in the order named.
+    fn set(&mut self, schema: &TableSchema) -> Option<Vec<(usize, Value)>> {
+        let columns = &schema.columns;
+        let mut out = Vec::with_capacity(columns.len());
+        let mut seen = Seen::new(columns.len());
+        self.open(b'{')?;
+        if self.empty(b'}') {
+            return Some(out);
+        }
+        let mut next = 0;
+        loop {
+            let i = column_index(schema, next, &self.key()?)?;
+            if !seen.insert(i) {
+                return None;
+            }
+            next = i + 1;
+            out.push((i, self.column(columns[i].ty)?));
+            if !self.more(b'}')? {
+                return Some(out);
+            }
+        }
+    }
+}
+
+/// A byte that ends a string's plain run: a quote, a backslash or a control character.
+#[inline(always)]
+fn is_special(c: u8) -> bool {
+    SPECIAL[usize::from(c)]
+}
+
+/// [`is_special`] by byte: one load instead of three comparisons.
+static SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = c == b'"' as usize || c == b'\\' as usize || c < 0x20;
+        c += 1;
+    }
+    table
+};
+
+/// Four hex digits.
+fn hex4(digits: &[u8]) -> Option<u32> {
+    digits.iter().try_fold(0u32, |n, &d| {
+        let v = (d as char).to_digit(16)?;
+        Some(n << 4 | v)
+    })
+}
+
+/// Where the first quote, backslash or control character at or after `from` is: the end
+/// of a string's plain run. Eight bytes at a time: each test flags exactly the bytes it
+/// looks for at and below the first one found (a borrow only ever runs upwards), so the
+/// lowest flag is the first such byte.
+#[inline(always)]
+fn special(b: &[u8], from: usize) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut at = from;
+    while let Some(chunk) = b.get(at..at + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        let found = (quote.wrapping_sub(ONES) & !quote
+            | backslash.wrapping_sub(ONES) & !backslash
+            | x.wrapping_sub(ONES * 0x20) & !x)
+            & HIGH;
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let rest = b.get(at..)?;
+    rest.iter().position(|&c| is_special(c)).map(|p| at + p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::special;
+
+    /// The eight-byte scan finds what a byte-by-byte one finds, wherever it lies in a word
+    /// and whatever comes before it (bytes above 0x7f among them).
+    #[test]
+    fn the_word_scan_finds_the_first_special_byte() {
+        let fill: &[u8] = b"ab\x7f\x80\xa0\xff ~!#[]{}z";
+        let specials: &[u8] = b"\"\\\x00\x01\x1f";
+        for len in 0..40 {
+            for from in 0..len.min(9) {
+                for &s in specials {
+                    for pos in from..=len {
+                        let mut b: Vec<u8> = (0..len).map(|i| fill[i % fill.len()]).collect();
+                        if pos < len {
+                            b[pos] = s;
+                        }
+                        let want = b[from..]
+                            .iter()
+                            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+                            .map(|p| from + p);
+                        assert_eq!(special(&b, from), want, "{b:?} from {from}");
+                    }
+                }
+            }
+        }
+    }
+}

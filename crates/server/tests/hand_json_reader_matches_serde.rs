@@ -1,0 +1,533 @@
+//! Differential test of the two readers of a JSON mutate body: the hand-written one
+//! (`read_mutate_json`, which `decode_mutate` tries first) against the `serde_json` one
+//! (`read_mutate_serde`, which reads whatever the first is not sure of).
+//!
+//! Random bodies are built as values, then spelled out at random: whitespace between any
+//! two tokens, characters written as escapes (`\u00e9`, surrogate pairs, `\/`), numbers at
+//! every boundary of `i64` and `u64` and in float spellings, keys in any order, and now and
+//! then broken (a lone surrogate, a raw control character, a bad escape, a cut, a flipped
+//! byte, invalid UTF-8, a repeated or unknown key, a wrong type). For every body:
+//! - whatever the hand reader accepts, the serde reader accepts too, as the same ops (the
+//!   same values, to the bits of a REAL);
+//! - a body built without a fault, a JSON column or a table named after its row, that the
+//!   serde reader accepts, the hand reader accepts too (so it does serve the common case).
+//!
+//! `SLUICE_DECODE_SEED=n` replays one seed; `SLUICE_DECODE_CASES=n` sets the number of
+//! bodies (default 20 000).
+
+mod common;
+
+use common::TempDir;
+use sluice_engine::Db;
+use sluice_fuzzkit::{env_u64, Rng};
+use sluice_log::Durability;
+use sluice_server::decode::{read_mutate_json, read_mutate_serde};
+use sluice_server::{Config, Core};
+
+const OPS_MAX: usize = 5;
+
+const SCHEMA: &str = "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL, n INTEGER, \
+    r REAL, b BOOLEAN, ts TIMESTAMP, j JSON, bl BLOB, d INTEGER DEFAULT 7, \"é t\" TEXT); \
+    CREATE TABLE s (k TEXT PRIMARY KEY, v INTEGER NOT NULL DEFAULT 0, note TEXT)";
+
+/// A JSON value to be spelled out; `Num` and `Raw` are already text.
+#[derive(Clone)]
+enum J {
+    Null,
+    Bool(bool),
+    Num(String),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+    /// Text put in as it is (a broken value).
+    Raw(String),
+}
+
+/// What a generated body holds that lets the hand reader pass it on.
+#[derive(Default)]
+struct Made {
+    /// Whether this body may be broken (about half are not).
+    noisy: bool,
+    /// Anything broken or of the wrong type.
+    fault: bool,
+    /// A JSON column's value, or an op naming its table after its row, set or id.
+    handed_on: bool,
+}
+
+const INTEGERS: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "42",
+    "1700000000000000",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "999999999999999999",
+    "1000000000000000000",
+    "-999999999999999999",
+];
+
+/// Integer spellings that `serde_json` reads as something else, or refuses.
+const ODD_INTEGERS: &[&str] = &[
+    "-0",
+    "01",
+    "-01",
+    "00",
+    "1.0",
+    "1e2",
+    "1E2",
+    "-",
+    "+1",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999",
+    "1.",
+    ".5",
+];
+
+const REALS: &[&str] = &[
+    "0.5",
+    "-2.25",
+    "3",
+    "-7",
+    "0",
+    "-0",
+    "-0.0",
+    "1e10",
+    "1E-5",
+    "2.5e+3",
+    "0.1",
+    "124.875",
+    "1.7976931348623157e308",
+    "4.9e-324",
+    "2.2250738585072014e-308",
+    "123456789012345678901234567890",
+    "18446744073709551616",
+    "0.30000000000000004",
+    "9007199254740993",
+    "1e400",
+    "1e",
+    "1.5.2",
+    "--1",
+];
+
+const TEXTS: &[&str] = &[
+    "",
+    "a",
+    "room-7",
+    "user-1234",
+    "exactly8",
+    "seven77",
+    "nine99999",
+    "fifteen-chars!!",
+    "sixteen-chars!!!",
+    "seventeen-chars!!",
+    "é",
+    "日本語のテキスト",
+    "😀 emoji",
+    "quote \" inside",
+    "back \\ slash",
+    "tab\there",
+    "nul\u{0}byte",
+    "line\nbreak",
+    "slash / here",
+    "the quick brown fox jumps over the lazy dog while the sluice keeps every write in order",
+];
+
+impl Made {
+    /// `one_in(n)` for a fault, which only a noisy body gets.
+    fn fault(&mut self, rng: &mut Rng, n: usize) -> bool {
+        let fault = self.noisy && rng.one_in(n);
+        self.fault |= fault;
+        fault
+    }
+}
+
+fn ws(rng: &mut Rng, out: &mut String) {
+    if rng.one_in(6) {
+        out.push_str(*rng.pick(&[" ", "\n", "\t", "\r\n  ", "  "]));
+    }
+}
+
+/// `text` as a JSON string: characters that must be escaped are, others sometimes.
+fn spell_str(rng: &mut Rng, text: &str, out: &mut String, made: &mut Made) {
+    out.push('"');
+    let escapes = rng.one_in(4);
+    for c in text.chars() {
+        let must = c == '"' || c == '\\' || (c as u32) < 0x20;
+        if !must && !(escapes && rng.one_in(3)) {
+            out.push(c);
+            continue;
+        }
+        match c {
+            '"' if rng.one_in(2) => out.push_str("\\\""),
+            '\\' if rng.one_in(2) => out.push_str("\\\\"),
+            '\n' if rng.one_in(2) => out.push_str("\\n"),
+            '\t' if rng.one_in(2) => out.push_str("\\t"),
+            '/' if rng.one_in(2) => out.push_str("\\/"),
+            _ => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    if rng.one_in(2) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    } else {
+                        out.push_str(&format!("\\u{u:04X}"));
+                    }
+                }
+            }
+        }
+    }
+    if made.fault(rng, 60) {
+        out.push_str(*rng.pick(&[
+            "\\ud83d",
+            "\\ud83dx",
+            "\\ude00",
+            "\\ud83d\\u0041",
+            "\\x",
+            "\\u12",
+            "\u{1}",
+            "\\",
+        ]));
+    }
+    out.push('"');
+}
+
+fn spell(rng: &mut Rng, j: &J, out: &mut String, made: &mut Made) {
+    ws(rng, out);
+    match j {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Num(n) | J::Raw(n) => out.push_str(n),
+        J::Str(s) => spell_str(rng, s, out, made),
+        J::Arr(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    ws(rng, out);
+                    out.push(',');
+                }
+                spell(rng, item, out, made);
+            }
+            ws(rng, out);
+            out.push(']');
+        }
+        J::Obj(members) => {
+            out.push('{');
+            for (i, (k, v)) in members.iter().enumerate() {
+                if i > 0 {
+                    ws(rng, out);
+                    out.push(',');
+                }
+                ws(rng, out);
+                spell_str(rng, k, out, made);
+                ws(rng, out);
+                out.push(':');
+                spell(rng, v, out, made);
+            }
+            ws(rng, out);
+            out.push('}');
+        }
+    }
+    ws(rng, out);
+}
+
+/// A value for a column of type `ty`: mostly of that type, now and then anything.
+fn value(rng: &mut Rng, ty: &str, nullable: bool, made: &mut Made) -> J {
+    if ty == "json" {
+        // Any value of a JSON column, null too, is the serde reader's.
+        made.handed_on = true;
+    }
+    if made.fault(rng, 25) {
+        return match rng.below(6) {
+            0 => J::Num(rng.pick(ODD_INTEGERS).to_string()),
+            1 => J::Str(rng.pick(TEXTS).to_string()),
+            2 => J::Bool(true),
+            3 => J::Arr(vec![J::Num("1".into())]),
+            4 => J::Raw(rng.pick(&["nul", "tru", "True", "NaN", "'a'"]).to_string()),
+            _ => J::Num(rng.pick(REALS).to_string()),
+        };
+    }
+    if nullable && rng.one_in(12) {
+        return J::Null;
+    }
+    match ty {
+        "int" | "ts" => J::Num(rng.pick(INTEGERS).to_string()),
+        "real" => {
+            let broken = |r: &str| {
+                r.starts_with("1e4") || r.contains("--") || r.ends_with('e') || r == "1.5.2"
+            };
+            let mut r = rng.pick(REALS).to_string();
+            while broken(&r) && !made.noisy {
+                r = rng.pick(REALS).to_string();
+            }
+            made.fault |= broken(&r);
+            J::Num(r)
+        }
+        "bool" => J::Bool(rng.one_in(2)),
+        "text" => J::Str(rng.pick(TEXTS).to_string()),
+        "blob" => {
+            let b = if made.fault(rng, 6) {
+                *rng.pick(&["!!", "aGk"])
+            } else {
+                *rng.pick(&["aGk=", "", "AAEC", "aGVsbG8gd29ybGQ="])
+            };
+            J::Str(b.into())
+        }
+        "json" => rng
+            .pick(&[
+                J::Obj(vec![("k".into(), J::Num("1".into()))]),
+                J::Arr(vec![J::Bool(true), J::Null]),
+                J::Str("s".into()),
+                J::Num("3.5".into()),
+            ])
+            .clone(),
+        _ => unreachable!("{ty}"),
+    }
+}
+
+/// Table name, (column, type) beside the key, key column, key type.
+type TableSpec = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+);
+
+const TABLES: &[TableSpec] = &[
+    (
+        "t",
+        &[
+            ("name", "text"),
+            ("n", "int"),
+            ("r", "real"),
+            ("b", "bool"),
+            ("ts", "ts"),
+            ("j", "json"),
+            ("bl", "blob"),
+            ("d", "int"),
+            ("é t", "text"),
+        ],
+        "id",
+        "int",
+    ),
+    ("s", &[("v", "int"), ("note", "text")], "k", "text"),
+];
+
+fn shuffle_some<T>(rng: &mut Rng, items: &mut [T]) {
+    if items.len() > 1 && rng.one_in(3) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, rng.below(i + 1));
+        }
+    }
+}
+
+fn key_value(rng: &mut Rng, ty: &str, made: &mut Made) -> J {
+    if made.fault(rng, 30) {
+        return value(rng, if ty == "int" { "text" } else { "int" }, false, made);
+    }
+    match ty {
+        "int" => J::Num(rng.below(20).to_string()),
+        _ => J::Str(rng.pick(&["a", "b", "é", "k\"q"]).to_string()),
+    }
+}
+
+fn row(rng: &mut Rng, spec: &TableSpec, with_key: bool, made: &mut Made) -> J {
+    let (_, cols, pk, pk_ty) = *spec;
+    let mut members = Vec::new();
+    if with_key {
+        members.push((pk.to_string(), key_value(rng, pk_ty, made)));
+    }
+    for (c, ty) in cols {
+        // `j` (JSON) mostly left out, so most rows stay with the hand reader.
+        let required = *c == "name" && with_key;
+        if (rng.one_in(4) && (!required || made.fault(rng, 2))) || (*ty == "json" && !rng.one_in(8))
+        {
+            continue;
+        }
+        members.push((c.to_string(), value(rng, ty, *c != "name", made)));
+    }
+    if made.fault(rng, 40) {
+        members.push(("bogus".into(), J::Num("1".into())));
+    }
+    if !members.is_empty() && made.fault(rng, 40) {
+        let dup = members[rng.below(members.len())].clone();
+        members.push(dup);
+    }
+    shuffle_some(rng, &mut members);
+    J::Obj(members)
+}
+
+fn op(rng: &mut Rng, made: &mut Made) -> J {
+    let spec = if rng.one_in(3) {
+        &TABLES[1]
+    } else {
+        &TABLES[0]
+    };
+    let kind = *rng.pick(&["insert", "insert", "upsert", "patch", "delete"]);
+    let mut members = vec![
+        ("op".to_string(), J::Str(kind.into())),
+        ("table".to_string(), J::Str(spec.0.into())),
+    ];
+    match kind {
+        "patch" => {
+            members.push(("id".into(), key_value(rng, spec.3, made)));
+            members.push(("set".into(), row(rng, spec, false, made)));
+        }
+        "delete" => members.push(("id".into(), key_value(rng, spec.3, made))),
+        _ => members.push(("row".into(), row(rng, spec, true, made))),
+    }
+    if rng.one_in(6) {
+        let v = if made.fault(rng, 4) {
+            rng.pick(&["-1", "1.0", "-0"])
+        } else {
+            rng.pick(&["null", "0", "3", "18446744073709551615"])
+        };
+        if v.len() > 19 {
+            // Past the hand reader's 19 digits: `serde_json` reads it.
+            made.handed_on = true;
+        }
+        members.push(("if_version".into(), J::Num(v.to_string())));
+    }
+    match if made.noisy { rng.below(40) } else { 99 } {
+        0 => {
+            made.fault = true;
+            members.remove(rng.below(members.len()));
+        }
+        1 => {
+            made.fault = true;
+            members.push(("extra".into(), J::Num("1".into())));
+        }
+        2 => {
+            made.fault = true;
+            members.push(("op".into(), J::Str("insert".into())));
+        }
+        3 => {
+            made.fault = true;
+            members[0].1 = J::Str(rng.pick(&["replace", "Insert", ""]).to_string());
+        }
+        _ => {}
+    }
+    let table_at = |m: &[(String, J)]| m.iter().position(|(k, _)| k == "table");
+    shuffle_some(rng, &mut members);
+    let data_before_table = members
+        .iter()
+        .position(|(k, _)| ["row", "set", "id"].contains(&k.as_str()))
+        .zip(table_at(&members))
+        .is_some_and(|(d, t)| d < t);
+    if data_before_table {
+        made.handed_on = true;
+    }
+    J::Obj(members)
+}
+
+fn body(rng: &mut Rng, made: &mut Made) -> Vec<u8> {
+    let count = 1 + rng.below(OPS_MAX) + usize::from(made.fault(rng, 10));
+    let ops: Vec<J> = (0..count).map(|_| op(rng, made)).collect();
+    let mut members = vec![("ops".to_string(), J::Arr(ops))];
+    if rng.one_in(3) {
+        let d = if made.fault(rng, 5) {
+            "bogus".to_string()
+        } else {
+            rng.pick(&["memory", "disk", "fsync", "null"]).to_string()
+        };
+        let v = if d == "null" { J::Null } else { J::Str(d) };
+        members.push(("durability".into(), v));
+    }
+    shuffle_some(rng, &mut members);
+    let mut out = String::new();
+    spell(rng, &J::Obj(members), &mut out, made);
+    let mut bytes = out.into_bytes();
+    if !bytes.is_empty() && made.fault(rng, 8) {
+        let at = rng.below(bytes.len());
+        match rng.below(4) {
+            0 => bytes.truncate(at),
+            1 => bytes[at] = *rng.pick(b"{}[],:\"\\ 0a-\xff\x01"),
+            2 => bytes.insert(at, *rng.pick(b"\xc3\xff\x80,}")),
+            _ => bytes.extend_from_slice(rng.pick::<&[u8]>(&[b",", b"x", b"{}", b"\xff"])),
+        }
+    }
+    bytes
+}
+
+#[test]
+fn hand_json_reader_matches_serde() {
+    let seed = env_u64("SLUICE_DECODE_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos() as u64
+    });
+    let cases = env_u64("SLUICE_DECODE_CASES").unwrap_or(20_000);
+    eprintln!(
+        "hand JSON reader differential: seed {seed} (SLUICE_DECODE_SEED={seed}), {cases} bodies"
+    );
+    let dir = TempDir::new("hand-json");
+    let mut config = Config::new(dir.path());
+    config.durability = Durability::Memory;
+    let core = Core::open(config).expect("open");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let changes = sluice_sql::parse_ddl(SCHEMA)
+            .expect("the DDL parses")
+            .into_iter()
+            .map(|d| d.change)
+            .collect();
+        core.ddl(changes, SCHEMA.into(), None)
+            .await
+            .expect("the DDL");
+    });
+    let db = core.db();
+    let mut rng = Rng::new(seed);
+    let (mut by_hand, mut by_serde, mut clean) = (0u64, 0u64, 0u64);
+    // Plain bodies the serde reader read (so the hand reader had to).
+    let mut plain_read = 0u64;
+    for case in 0..cases {
+        let mut made = Made {
+            noisy: rng.one_in(2),
+            ..Made::default()
+        };
+        let body = body(&mut rng, &mut made);
+        let mut schemas: &Db = &db;
+        let hand = read_mutate_json(&body, &mut schemas, OPS_MAX);
+        let serde = read_mutate_serde(&body, &mut schemas, OPS_MAX);
+        let text = String::from_utf8_lossy(&body);
+        match (&hand, &serde) {
+            (Some(h), Some(s)) => assert_eq!(
+                format!("{h:?}"),
+                format!("{s:?}"),
+                "case {case} (seed {seed}): the readers disagree on {text}"
+            ),
+            (Some(h), None) => panic!(
+                "case {case} (seed {seed}): the hand reader accepted what serde did not: {text}\n{h:?}"
+            ),
+            _ => {}
+        }
+        if !made.fault && !made.handed_on {
+            clean += 1;
+            plain_read += u64::from(serde.is_some());
+            assert!(
+                serde.is_none() || hand.is_some(),
+                "case {case} (seed {seed}): the hand reader passed on a plain body: {text}"
+            );
+        }
+        by_hand += u64::from(hand.is_some());
+        by_serde += u64::from(serde.is_some());
+    }
+    eprintln!(
+        "{cases} bodies: {clean} plain ({plain_read} read), serde read {by_serde}, the hand reader {by_hand}"
+    );
+    // The bodies must be worth comparing: many read, and many plain ones read by hand.
+    assert!(
+        by_serde * 4 > cases,
+        "serde read only {by_serde} of {cases}"
+    );
+    assert!(
+        plain_read * 5 > cases,
+        "only {plain_read} plain bodies of {cases} were read"
+    );
+}
