@@ -567,16 +567,16 @@ fn table(
 /// Column `name`'s position: clients usually name the columns in schema order, so the
 /// one after the last (`next`) is tried first.
 fn column_index(schema: &TableSchema, next: usize, name: &str) -> Option<usize> {
-    // Compared in line: a call to `memcmp` costs more than these few bytes.
     match schema.columns.get(next) {
-        Some(c)
-            if c.name.len() == name.len()
-                && c.name.bytes().zip(name.bytes()).all(|(a, b)| a == b) =>
-        {
-            Some(next)
-        }
+        Some(c) if same(&c.name, name) => Some(next),
         _ => schema.column(name),
     }
+}
+
+/// `a == b`, compared in line: for names this short a call to `memcmp` costs more.
+#[inline(always)]
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
 }
 
 /// An op from its fields as read (`fields`: whether it was a `set`, and what it held), or

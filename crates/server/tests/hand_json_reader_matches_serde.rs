@@ -147,7 +147,7 @@ impl Made {
 
 fn ws(rng: &mut Rng, out: &mut String) {
     if rng.one_in(6) {
-        out.push_str(*rng.pick(&[" ", "\n", "\t", "\r\n  ", "  "]));
+        out.push_str(rng.pick::<&str>(&[" ", "\n", "\t", "\r\n  ", "  "]));
     }
 }
 
@@ -157,7 +157,7 @@ fn spell_str(rng: &mut Rng, text: &str, out: &mut String, made: &mut Made) {
     let escapes = rng.one_in(4);
     for c in text.chars() {
         let must = c == '"' || c == '\\' || (c as u32) < 0x20;
-        if !must && !(escapes && rng.one_in(3)) {
+        if !(must || escapes && rng.one_in(3)) {
             out.push(c);
             continue;
         }
@@ -180,7 +180,7 @@ fn spell_str(rng: &mut Rng, text: &str, out: &mut String, made: &mut Made) {
         }
     }
     if made.fault(rng, 60) {
-        out.push_str(*rng.pick(&[
+        out.push_str(rng.pick::<&str>(&[
             "\\ud83d",
             "\\ud83dx",
             "\\ude00",
