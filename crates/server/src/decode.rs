@@ -209,7 +209,7 @@ const GIVE_UP: &str = "typed decoder: use the general path";
 /// when the general path must decide (anything unusual, every refusal among it).
 ///
 /// Two readers take turns: [`read_mutate_json`], written by hand for the bodies clients
-/// send (about a quarter of the instructions), and, for whatever it is not sure of,
+/// send (about two thirds of the instructions), and, for whatever it is not sure of,
 /// [`read_mutate_serde`] over `serde_json`, which gives up in turn on what only the
 /// general path can decide.
 pub fn decode_mutate(
@@ -217,10 +217,8 @@ pub fn decode_mutate(
     schemas: &mut dyn Schemas,
     ops_max: usize,
 ) -> Option<TypedMutate> {
-    let (ops, durability) = match read_mutate_json(&body, schemas, ops_max) {
-        Some(decoded) => decoded,
-        None => read_mutate_serde(&body, schemas, ops_max)?,
-    };
+    let (ops, durability, _) = read_mutate_json(&body, schemas, ops_max, false)
+        .or_else(|| read_mutate_serde(&body, schemas, ops_max, false))?;
     Some(TypedMutate {
         ops,
         durability,
@@ -228,34 +226,37 @@ pub fn decode_mutate(
     })
 }
 
-/// The hand-written reader of a JSON mutate body ([`decode_mutate`] tries it first): the
-/// ops and durability, or `None` for anything it is not sure of — which
-/// [`read_mutate_serde`] then reads. What it accepts, it reads exactly as that reader does
-/// (the differential test `hand_json_reader_matches_serde` holds it to that).
+/// The hand-written reader of a JSON mutate body ([`decode_mutate`] tries it first; `ws`:
+/// a WebSocket `mutate` request, with its `"type"` and `"id"`): the ops, durability and id,
+/// or `None` for anything it is not sure of — which [`read_mutate_serde`] then reads. What
+/// it accepts, it reads exactly as that reader does (the differential test
+/// `hand_json_reader_matches_serde` holds it to that).
 pub fn read_mutate_json(
     body: &[u8],
     schemas: &mut dyn Schemas,
     ops_max: usize,
-) -> Option<(Vec<TypedOp>, Option<Durability>)> {
-    json::read(body, schemas, ops_max)
+    ws: bool,
+) -> Option<Body> {
+    json::read(body, schemas, ops_max, ws)
 }
 
-/// The `serde_json` reader of a JSON mutate body: the ops and durability, or `None` when
-/// the general path must decide.
+/// The `serde_json` reader of a JSON mutate body (`ws` as for [`read_mutate_json`]): the
+/// ops, durability and id, or `None` when the general path must decide.
 pub fn read_mutate_serde(
     body: &[u8],
     schemas: &mut dyn Schemas,
     ops_max: usize,
-) -> Option<(Vec<TypedOp>, Option<Durability>)> {
+    ws: bool,
+) -> Option<Body> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let seed = BodySeed {
         schemas,
         ops_max,
-        ws: false,
+        ws,
     };
-    let (ops, durability, _) = seed.deserialize(&mut de).ok()?;
+    let decoded = seed.deserialize(&mut de).ok()?;
     de.end().ok()?;
-    Some((ops, durability))
+    Some(decoded)
 }
 
 /// Decodes a WebSocket `mutate` request (`{"type": "mutate", "id"?, "ops": [...],
@@ -267,22 +268,18 @@ pub fn decode_ws_mutate(
     schemas: &mut dyn Schemas,
     ops_max: usize,
 ) -> Option<(Json, TypedMutate)> {
-    let seed = BodySeed {
-        schemas,
-        ops_max,
-        ws: true,
-    };
     let (ops, durability, id) = match &frame {
-        KeptBody::Json(bytes) => {
-            let mut de = serde_json::Deserializer::from_slice(bytes);
-            let decoded = seed.deserialize(&mut de).ok()?;
-            de.end().ok()?;
-            decoded
-        }
+        KeptBody::Json(bytes) => read_mutate_json(bytes, schemas, ops_max, true)
+            .or_else(|| read_mutate_serde(bytes, schemas, ops_max, true))?,
         KeptBody::Msgpack(bytes) => {
             // As `msgpack_value` reads a frame (bytes after the value are not looked at).
             let mut de = rmp_serde::Deserializer::from_read_ref(&bytes[..]);
             de.set_max_depth(MSGPACK_DEPTH_MAX);
+            let seed = BodySeed {
+                schemas,
+                ops_max,
+                ws: true,
+            };
             seed.deserialize(&mut de).ok()?
         }
     };
@@ -305,7 +302,7 @@ struct BodySeed<'s> {
 }
 
 /// Ops, durability and (WebSocket) id.
-type Body = (Vec<TypedOp>, Option<Durability>, Option<Json>);
+pub type Body = (Vec<TypedOp>, Option<Durability>, Option<Json>);
 
 impl<'de> DeserializeSeed<'de> for BodySeed<'_> {
     type Value = Body;

@@ -2,15 +2,18 @@
 //! (`read_mutate_json`, which `decode_mutate` tries first) against the `serde_json` one
 //! (`read_mutate_serde`, which reads whatever the first is not sure of).
 //!
-//! Random bodies are built as values, then spelled out at random: whitespace between any
-//! two tokens, characters written as escapes (`\u00e9`, surrogate pairs, `\/`), numbers at
-//! every boundary of `i64` and `u64` and in float spellings, keys in any order, and now and
-//! then broken (a lone surrogate, a raw control character, a bad escape, a cut, a flipped
-//! byte, invalid UTF-8, a repeated or unknown key, a wrong type). For every body:
-//! - whatever the hand reader accepts, the serde reader accepts too, as the same ops (the
-//!   same values, to the bits of a REAL);
-//! - a body built without a fault, a JSON column or a table named after its row, that the
-//!   serde reader accepts, the hand reader accepts too (so it does serve the common case).
+//! Random bodies — HTTP bodies and WebSocket `mutate` requests, with an `"id"` of any kind
+//! — are built as values, then spelled out at random: whitespace between any two tokens,
+//! characters written as escapes (`\u00e9`, surrogate pairs, `\/`), numbers at every
+//! boundary of `i64` and `u64` and in float spellings, JSON column values of any shape,
+//! keys in any order, and now and then broken (a lone surrogate, a raw control character,
+//! a bad escape, a cut, a flipped byte, invalid UTF-8, a repeated or unknown key, a wrong
+//! type). For every body:
+//! - whatever the hand reader accepts, the serde reader accepts too, as the same ops,
+//!   durability and id (compared by `Debug`: the same values, to the bits of a REAL);
+//! - a body built without a fault, a value nested past the hand reader's depth or a table
+//!   named after its row, that the serde reader accepts, the hand reader accepts too (so
+//!   it does serve the common case).
 //!
 //! `SLUICE_DECODE_SEED=n` replays one seed; `SLUICE_DECODE_CASES=n` sets the number of
 //! bodies (default 20 000).
@@ -48,9 +51,12 @@ enum J {
 struct Made {
     /// Whether this body may be broken (about half are not).
     noisy: bool,
+    /// A WebSocket `mutate` request (with `"type"` and `"id"`), not an HTTP body.
+    ws: bool,
     /// Anything broken or of the wrong type.
     fault: bool,
-    /// A JSON column's value, or an op naming its table after its row, set or id.
+    /// A JSON value nested deeper than the hand reader takes, an `if_version` past 19
+    /// digits, or an op naming its table after its row, set or id.
     handed_on: bool,
 }
 
@@ -235,10 +241,6 @@ fn spell(rng: &mut Rng, j: &J, out: &mut String, made: &mut Made) {
 
 /// A value for a column of type `ty`: mostly of that type, now and then anything.
 fn value(rng: &mut Rng, ty: &str, nullable: bool, made: &mut Made) -> J {
-    if ty == "json" {
-        // Any value of a JSON column, null too, is the serde reader's.
-        made.handed_on = true;
-    }
     if made.fault(rng, 25) {
         return match rng.below(6) {
             0 => J::Num(rng.pick(ODD_INTEGERS).to_string()),
@@ -275,15 +277,48 @@ fn value(rng: &mut Rng, ty: &str, nullable: bool, made: &mut Made) -> J {
             };
             J::Str(b.into())
         }
-        "json" => rng
-            .pick(&[
-                J::Obj(vec![("k".into(), J::Num("1".into()))]),
-                J::Arr(vec![J::Bool(true), J::Null]),
-                J::Str("s".into()),
-                J::Num("3.5".into()),
-            ])
-            .clone(),
+        "json" => any_json(rng, 4, made),
         _ => unreachable!("{ty}"),
+    }
+}
+
+/// Any JSON value, nested up to `depth` levels (now and then far deeper than the hand
+/// reader takes: 70 levels).
+fn any_json(rng: &mut Rng, depth: usize, made: &mut Made) -> J {
+    if depth == 4 && rng.one_in(100) {
+        made.handed_on = true;
+        let mut deep = J::Num("1".into());
+        for _ in 0..70 {
+            deep = J::Arr(vec![deep]);
+        }
+        return deep;
+    }
+    match rng.below(if depth == 0 { 5 } else { 7 }) {
+        0 => J::Null,
+        1 => J::Bool(rng.one_in(2)),
+        2 => J::Num(rng.pick(INTEGERS).to_string()),
+        3 => J::Num({
+            let numbers = if made.fault(rng, 10) {
+                ODD_INTEGERS
+            } else {
+                REALS
+            };
+            rng.pick(numbers).to_string()
+        }),
+        4 => J::Str(rng.pick(TEXTS).to_string()),
+        5 => J::Arr(
+            (0..rng.below(4))
+                .map(|_| any_json(rng, depth - 1, made))
+                .collect(),
+        ),
+        _ => J::Obj(
+            (0..rng.below(4))
+                .map(|_| {
+                    let key = rng.pick(&["a", "b", "é", "k\"q", ""]).to_string();
+                    (key, any_json(rng, depth - 1, made))
+                })
+                .collect(),
+        ),
     }
 }
 
@@ -342,7 +377,7 @@ fn row(rng: &mut Rng, spec: &TableSpec, with_key: bool, made: &mut Made) -> J {
     for (c, ty) in cols {
         // `j` (JSON) mostly left out, so most rows stay with the hand reader.
         let required = *c == "name" && with_key;
-        if (rng.one_in(4) && (!required || made.fault(rng, 2))) || (*ty == "json" && !rng.one_in(8))
+        if (rng.one_in(4) && (!required || made.fault(rng, 2))) || (*ty == "json" && rng.one_in(2))
         {
             continue;
         }
@@ -426,6 +461,30 @@ fn body(rng: &mut Rng, made: &mut Made) -> Vec<u8> {
     let count = 1 + rng.below(OPS_MAX) + usize::from(made.fault(rng, 10));
     let ops: Vec<J> = (0..count).map(|_| op(rng, made)).collect();
     let mut members = vec![("ops".to_string(), J::Arr(ops))];
+    if made.ws {
+        // A WebSocket request: its type (now and then a wrong, missing or repeated one)
+        // and, mostly, an id of any kind.
+        match if made.noisy { rng.below(12) } else { 99 } {
+            0 => made.fault = true,
+            1 => {
+                made.fault = true;
+                members.push(("type".into(), J::Str("call".into())));
+            }
+            2 => {
+                made.fault = true;
+                members.push(("type".into(), J::Num("1".into())));
+            }
+            3 => {
+                made.fault = true;
+                members.push(("type".into(), J::Str("mutate".into())));
+                members.push(("type".into(), J::Str("mutate".into())));
+            }
+            _ => members.push(("type".into(), J::Str("mutate".into()))),
+        }
+        if !rng.one_in(4) {
+            members.push(("id".into(), any_json(rng, 4, made)));
+        }
+    }
     if rng.one_in(3) {
         let d = if made.fault(rng, 5) {
             "bogus".to_string()
@@ -489,12 +548,13 @@ fn hand_json_reader_matches_serde() {
     for case in 0..cases {
         let mut made = Made {
             noisy: rng.one_in(2),
+            ws: rng.one_in(3),
             ..Made::default()
         };
         let body = body(&mut rng, &mut made);
         let mut schemas: &Db = &db;
-        let hand = read_mutate_json(&body, &mut schemas, OPS_MAX);
-        let serde = read_mutate_serde(&body, &mut schemas, OPS_MAX);
+        let hand = read_mutate_json(&body, &mut schemas, OPS_MAX, made.ws);
+        let serde = read_mutate_serde(&body, &mut schemas, OPS_MAX, made.ws);
         let text = String::from_utf8_lossy(&body);
         match (&hand, &serde) {
             (Some(h), Some(s)) => assert_eq!(

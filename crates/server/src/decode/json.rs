@@ -1,13 +1,14 @@
 //! The hand-written reader of a JSON mutate body: the bodies clients send, read in one pass
-//! over the bytes into typed ops, in about a quarter of the instructions `serde_json` takes
-//! (its per-string UTF-8 checks, its visitor calls for every key and value).
+//! over the bytes into typed ops, in well under `serde_json`'s instructions (its per-string
+//! UTF-8 checks, its visitor calls for every key and value).
 //!
 //! Like the decoder around it, it only ever *accepts*: whatever it is not sure of — an op
-//! naming its table after its `row`, a JSON column, a number `serde_json` would read as a
-//! float where an integer belongs, a lone surrogate escape, a key it does not know — makes
-//! it return `None`, and [`super::read_mutate_serde`] reads the body instead. What it
-//! accepts it reads exactly as that reader does: the same ops, the same values, down to
-//! the bits of a REAL (which it leaves to `serde_json` itself).
+//! naming its table after its `row`, a number `serde_json` would read as a float where an
+//! integer belongs, a lone surrogate escape, a key it does not know — makes it return
+//! `None`, and [`super::read_mutate_serde`] reads the body instead. What it accepts it
+//! reads exactly as that reader does: the same ops, the same values, down to the bits of a
+//! REAL and the shape of a JSON column's value (both of which it leaves to `serde_json`
+//! itself, given the value's text).
 //!
 //! The body is checked as UTF-8 once, whole; every string then lies between ASCII quotes,
 //! so slicing the checked text there is always on a character boundary.
@@ -15,18 +16,22 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use serde_json::Value as Json;
 use sluice_engine::{ColumnType, TableSchema, Value};
 use sluice_log::Durability;
 
 use super::{column_index, finish_op, finish_row, table, text_value};
 use super::{Kind, Pending, Schemas, Seen, TypedOp};
 
-/// The ops and durability of the mutate body `body`, or `None` (see the module's doc).
+/// The ops, durability and (a WebSocket request's) id of the mutate body `body`, or `None`
+/// (see the module's doc). `ws`: a WebSocket `mutate` request, which also has `"type":
+/// "mutate"` (required) and may have an `"id"`, as [`super::BodySeed`] reads them.
 pub(super) fn read(
     body: &[u8],
     schemas: &mut dyn Schemas,
     ops_max: usize,
-) -> Option<(Vec<TypedOp>, Option<Durability>)> {
+    ws: bool,
+) -> Option<super::Body> {
     let mut r = Reader {
         text: std::str::from_utf8(body).ok()?,
         at: 0,
@@ -34,8 +39,17 @@ pub(super) fn read(
     r.open(b'{')?;
     let mut ops = None;
     let mut durability: Option<Option<Durability>> = None;
+    let mut id = None;
+    let mut typed = false;
     loop {
         match &*r.key()? {
+            "type" if ws && !typed => {
+                if r.string()? != "mutate" {
+                    return None;
+                }
+                typed = true;
+            }
+            "id" if ws && id.is_none() => id = Some(r.json(JSON_DEPTH_MAX)?),
             "ops" if ops.is_none() => ops = Some(r.ops(schemas, ops_max)?),
             "durability" if durability.is_none() => {
                 durability = Some(match r.null_or_string()? {
@@ -50,11 +64,15 @@ pub(super) fn read(
         }
     }
     r.skip_space();
-    if r.at != body.len() {
+    if r.at != body.len() || (ws && !typed) {
         return None;
     }
-    Some((ops?, durability.flatten()))
+    Some((ops?, durability.flatten(), id))
 }
+
+/// Nesting the hand reader takes in a JSON column's value or a request's id (`serde_json`
+/// takes 128 levels in the whole body; a value read whole at this depth is well inside).
+const JSON_DEPTH_MAX: usize = 64;
 
 /// A position in the body's text.
 struct Reader<'b> {
@@ -269,10 +287,75 @@ impl<'b> Reader<'b> {
         serde_json::from_str(self.text.get(start..self.at)?).ok()
     }
 
+    /// Any JSON value, at most `depth` levels deep, read by `serde_json` from its text (found
+    /// by [`Reader::skip`]): the value the serde reader reads in its place.
+    fn json(&mut self, depth: usize) -> Option<Json> {
+        self.skip_space();
+        let start = self.at;
+        self.skip(depth)?;
+        serde_json::from_str(self.text.get(start..self.at)?).ok()
+    }
+
+    /// Passes over one JSON value of at most `depth` levels: only far enough to find its
+    /// end — `serde_json` checks the text. A string's escapes are passed over whole (a
+    /// backslash and the byte after it).
+    fn skip(&mut self, depth: usize) -> Option<()> {
+        let b = self.bytes();
+        match self.peek()? {
+            b'"' => {
+                let mut at = self.at + 1;
+                loop {
+                    at = special(b, at)?;
+                    match b[at] {
+                        b'"' => break,
+                        b'\\' => at += 2,
+                        _ => return None,
+                    }
+                }
+                self.at = at + 1;
+            }
+            open @ (b'{' | b'[') => {
+                let depth = depth.checked_sub(1)?;
+                let close = if open == b'{' { b'}' } else { b']' };
+                self.at += 1;
+                if self.empty(close) {
+                    return Some(());
+                }
+                loop {
+                    if open == b'{' {
+                        self.skip(0)?;
+                        self.open(b':')?;
+                    }
+                    self.skip(depth)?;
+                    if !self.more(close)? {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                // A number, `true`, `false` or `null`: up to the next delimiter.
+                let start = self.at;
+                while let Some(c) = b.get(self.at) {
+                    if matches!(c, b',' | b'}' | b']' | b':' | b'"' | b'[' | b'{')
+                        || c.is_ascii_whitespace()
+                    {
+                        break;
+                    }
+                    self.at += 1;
+                }
+                if self.at == start {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
     /// One column value of type `ty`, as `super::ColumnSeed` converts it.
     fn column(&mut self, ty: ColumnType) -> Option<Value> {
         if ty == ColumnType::Json {
-            return None;
+            let json = self.json(JSON_DEPTH_MAX)?;
+            return Value::from_json(ColumnType::Json, &json).ok();
         }
         match self.peek()? {
             b'n' => {
