@@ -582,6 +582,7 @@ async fn inproc_case(
             syncs: probe_core.syncs(),
             synced_commits: None,
             snapshots: None,
+            writer_rounds: None,
         };
         Box::pin(async move { Some(counts) })
     });
@@ -673,6 +674,7 @@ async fn http_case(
                 syncs: m.get("sluice_log_syncs_total") as u64,
                 synced_commits: Some(m.get("sluice_log_synced_commits_total") as u64),
                 snapshots: Some(m.get("sluice_snapshots_total") as u64),
+                writer_rounds: Some(m.histogram("sluice_writer_round_seconds")),
             })
         })
     });
@@ -1313,6 +1315,7 @@ fn case_cells(c: &Case, id: &[String], cells: impl Fn(&Measured) -> Vec<String>)
                 syncs_per_sec: None,
                 commits_per_sync: None,
                 snapshots: None,
+                writer_rounds: None,
                 latency: Default::default(),
                 per_second: Vec::new(),
             })

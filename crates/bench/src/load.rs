@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::hist::{Latency, LatencySummary};
+use sluice_log::latency::LATENCY_BUCKETS;
 
 /// How long workers may take to finish their in-flight request after the window.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,6 +30,53 @@ pub struct Counts {
     /// Commits whose ack waited for a sync (fsync class); `None` if not exposed.
     pub synced_commits: Option<u64>,
     pub snapshots: Option<u64>,
+    /// The writer's rounds (`sluice_writer_round_seconds`, [`Metrics::histogram`]).
+    ///
+    /// [`Metrics::histogram`]: crate::server::Metrics::histogram
+    pub writer_rounds: Option<[u64; LATENCY_BUCKETS]>,
+}
+
+/// The writer's rounds in a measured window: how many, how many commits each, how long.
+/// A round applies every request waiting when it starts and hands their frames to the log
+/// at once, so its length is what a request that arrives during it waits on top of its own.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Rounds {
+    pub per_sec: f64,
+    pub commits_per_round: f64,
+    /// Upper bounds (µs) of the buckets holding the median and the 99th-percentile round
+    /// (`u64::MAX`: past the last bound).
+    pub p50_le_us: u64,
+    pub p99_le_us: u64,
+    /// Share of rounds longer than 4.1 ms (the bound of the 4 096 µs bucket).
+    pub over_4ms: f64,
+}
+
+impl Rounds {
+    /// From the histogram at the window's start (`a`) and end (`b`).
+    fn between(
+        a: &[u64; LATENCY_BUCKETS],
+        b: &[u64; LATENCY_BUCKETS],
+        commits: u64,
+        seconds: f64,
+    ) -> Option<Rounds> {
+        let d: [u64; LATENCY_BUCKETS] = std::array::from_fn(|i| b[i].saturating_sub(a[i]));
+        let n = d[LATENCY_BUCKETS - 1];
+        if n == 0 {
+            return None;
+        }
+        let le = |q: f64| {
+            (0..LATENCY_BUCKETS - 1)
+                .find(|&i| d[i] as f64 >= q * n as f64)
+                .map_or(u64::MAX, |i| 1u64 << i)
+        };
+        Some(Rounds {
+            per_sec: n as f64 / seconds,
+            commits_per_round: commits as f64 / n as f64,
+            p50_le_us: le(0.5),
+            p99_le_us: le(0.99),
+            over_4ms: 1.0 - d[12] as f64 / n as f64,
+        })
+    }
 }
 
 /// Reads [`Counts`]; `None` when the system under test has no such counters (PostgreSQL).
@@ -107,6 +155,8 @@ pub struct Measured {
     /// waited for a sync, else all commits per sync.
     pub commits_per_sync: Option<f64>,
     pub snapshots: Option<u64>,
+    /// The writer's rounds in the window (Sluice over HTTP or WebSocket).
+    pub writer_rounds: Option<Rounds>,
     pub latency: LatencySummary,
     pub per_second: Vec<Second>,
 }
@@ -228,6 +278,14 @@ async fn measure_window(
         syncs_per_sec: deltas.map(|d| d.1 as f64 / seconds),
         commits_per_sync,
         snapshots: deltas.and_then(|d| d.3),
+        writer_rounds: counts0.zip(last_counts).and_then(|(a, b)| {
+            Rounds::between(
+                &a.writer_rounds?,
+                &b.writer_rounds?,
+                b.commits - a.commits,
+                seconds,
+            )
+        }),
         latency: LatencySummary::default(),
         per_second,
     })
@@ -308,5 +366,30 @@ mod tests {
         .await
         .unwrap_err();
         assert!(format!("{err:#}").contains("server said no"), "{err:#}");
+    }
+
+    /// Rounds come from the difference of the two histograms: 100 rounds in 2 s, 60 of
+    /// them within 1 ms, 39 more within 4.1 ms, one within 16.4 ms.
+    #[test]
+    fn rounds_are_read_from_the_window_s_histogram_difference() {
+        let mut a = [0u64; LATENCY_BUCKETS];
+        let mut b = [0u64; LATENCY_BUCKETS];
+        // Before the window: 7 rounds, all within 1 µs (they must not count).
+        a.iter_mut().for_each(|c| *c = 7);
+        for (i, c) in b.iter_mut().enumerate() {
+            *c = 7 + match i {
+                0..=9 => 0,
+                10 => 60,
+                11 | 12 => 99,
+                _ => 100,
+            };
+        }
+        let r = Rounds::between(&a, &b, 2_500, 2.0).expect("rounds in the window");
+        assert_eq!(r.per_sec, 50.0);
+        assert_eq!(r.commits_per_round, 25.0);
+        assert_eq!(r.p50_le_us, 1 << 10);
+        assert_eq!(r.p99_le_us, 1 << 11);
+        assert!((r.over_4ms - 0.01).abs() < 1e-9, "{}", r.over_4ms);
+        assert!(Rounds::between(&a, &a, 0, 2.0).is_none());
     }
 }

@@ -152,6 +152,8 @@ pub struct SluiceServer {
 #[derive(Clone, Debug, Default)]
 pub struct Metrics(pub HashMap<String, f64>);
 
+use sluice_log::latency::LATENCY_BUCKETS;
+
 impl Metrics {
     pub fn parse(text: &str) -> Metrics {
         Metrics(
@@ -168,6 +170,19 @@ impl Metrics {
     /// The value of `name`, 0 when the server does not expose it.
     pub fn get(&self, name: &str) -> f64 {
         self.0.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// The cumulative buckets of the server's log2-µs histogram `name`: the counts at
+    /// `le` = 1, 2, 4 … µs, then at `+Inf` (all of them).
+    pub fn histogram(&self, name: &str) -> [u64; LATENCY_BUCKETS] {
+        std::array::from_fn(|i| {
+            let le = if i + 1 == LATENCY_BUCKETS {
+                "+Inf".to_string()
+            } else {
+                format!("{}", (1u64 << i) as f64 / 1e6)
+            };
+            self.get(&format!("{name}_bucket{{le=\"{le}\"}}")) as u64
+        })
     }
 }
 
@@ -354,5 +369,15 @@ mod tests {
         assert_eq!(m.get("sluice_recovery_seconds"), 0.25);
         assert_eq!(m.get("sluice_log_sync_seconds_bucket{le=\"+Inf\"}"), 7.0);
         assert_eq!(m.get("missing"), 0.0);
+    }
+
+    #[test]
+    fn histogram_buckets_are_read_by_their_bounds() {
+        let m = Metrics::parse(
+            "h_bucket{le=\"0.000001\"} 1\nh_bucket{le=\"0.000002\"} 3\nh_bucket{le=\"0.004096\"} 9\nh_bucket{le=\"+Inf\"} 10\n",
+        );
+        let h = m.histogram("h");
+        assert_eq!((h[0], h[1], h[2], h[12]), (1, 3, 0, 9));
+        assert_eq!(h[LATENCY_BUCKETS - 1], 10);
     }
 }

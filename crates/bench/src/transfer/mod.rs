@@ -972,6 +972,7 @@ mod tests {
             syncs_per_sec: None,
             commits_per_sync: None,
             snapshots: None,
+            writer_rounds: None,
             latency: Default::default(),
             per_second: series
                 .iter()

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{profile, Case, Params, Target};
-use crate::hist::{fmt_ratio, fmt_si};
+use crate::hist::{fmt_ratio, fmt_si, fmt_us};
 use crate::report::{Report, Table, Target as Goal};
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 
@@ -95,6 +95,9 @@ pub fn write(
     report.tables.push(verification_table(params, cases));
     report.tables.push(checks_table(params, cases));
     if let Some(t) = threads_table(cases) {
+        report.tables.push(t);
+    }
+    if let Some(t) = rounds_table(cases) {
         report.tables.push(t);
     }
     writer_profile(report, params, cases, profile_before);
@@ -496,6 +499,56 @@ fn threads_table(cases: &[Case]) -> Option<Table> {
          in the count. The writer applies every transaction one at a time (the function runs \
          there): if it nears 1.00 core it is the bottleneck; otherwise the CPUs shared by the \
          network threads, the log and the clients are."
+            .into(),
+    );
+    (!t.rows.is_empty()).then_some(t)
+}
+
+/// The writer's rounds in each Sluice case's window, beside the acknowledgement latency
+/// they make up.
+fn rounds_table(cases: &[Case]) -> Option<Table> {
+    let mut t = Table::new(
+        "Sluice's writer rounds (measured window)",
+        &[
+            "system",
+            "α",
+            "TPS",
+            "rounds/s",
+            "transfers per round",
+            "round p50",
+            "round p99",
+            "rounds > 4.1 ms",
+            "ack p50",
+            "ack p99",
+        ],
+    );
+    for c in cases {
+        let Some(m) = &c.result else { continue };
+        let Some(r) = m.writer_rounds else { continue };
+        let le = |us: u64| match us {
+            u64::MAX => "> 8 s".to_string(),
+            _ => format!("≤ {}", fmt_us(us)),
+        };
+        t.row(vec![
+            c.target.name().into(),
+            c.alpha.to_string(),
+            tps(c.tps_mean),
+            format!("{:.0}", r.per_sec),
+            format!("{:.0}", r.commits_per_round),
+            le(r.p50_le_us),
+            le(r.p99_le_us),
+            format!("{:.0} %", r.over_4ms * 100.0),
+            fmt_us(m.latency.p50_us),
+            fmt_us(m.latency.p99_us),
+        ]);
+    }
+    t.note = Some(
+        "From the server's `sluice_writer_round_seconds` (log2 buckets: a round's time is \
+         given as its bucket's upper bound) before and after the window. A round applies every \
+         call waiting when it starts, then hands their frames to the log at once; a call that \
+         arrives during a round waits for the rest of it, then for its own round and the \
+         sync, so long rounds are what lifts ack p99 above the mean. Transfers per round: \
+         commits over rounds (a round may also hold nothing but a live-query or topic step)."
             .into(),
     );
     (!t.rows.is_empty()).then_some(t)

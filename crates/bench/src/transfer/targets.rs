@@ -194,6 +194,7 @@ impl Running {
                     syncs: m.get("sluice_log_syncs_total") as u64,
                     synced_commits: Some(m.get("sluice_log_synced_commits_total") as u64),
                     snapshots: Some(m.get("sluice_snapshots_total") as u64),
+                    writer_rounds: Some(m.histogram("sluice_writer_round_seconds")),
                 })
             })
         })
