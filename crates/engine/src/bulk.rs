@@ -440,13 +440,8 @@ mod tests {
     /// are apart (moved whole) or overlap, are short or long, with repeated keys.
     #[test]
     fn a_block_of_runs_sorts_as_a_whole_sort_does() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
+        let mut rng = sluice_fuzzkit::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut rand = move |n: usize| rng.below(n);
         for case in 0..2_000 {
             let runs = 1 + rand(40);
             let run_len = 1 + rand(60);

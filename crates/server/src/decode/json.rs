@@ -464,36 +464,30 @@ impl<'b> Reader<'b> {
     /// A whole `row` (as `super::FullRowSeed`): the named columns into `buf`, the others
     /// their default, then the row's own allocation.
     fn row(&mut self, schema: &TableSchema, buf: &mut Vec<Value>) -> Option<Arc<[Value]>> {
-        let columns = &schema.columns;
         buf.clear();
-        buf.resize(columns.len(), Value::Null);
-        let mut seen = Seen::new(columns.len());
-        self.open(b'{')?;
-        if !self.empty(b'}') {
-            let mut next = 0;
-            loop {
-                let i = column_index(schema, next, &self.key()?)?;
-                if !seen.insert(i) {
-                    return None;
-                }
-                next = i + 1;
-                buf[i] = self.column(columns[i].ty)?;
-                if !self.more(b'}')? {
-                    break;
-                }
-            }
-        }
+        buf.resize(schema.columns.len(), Value::Null);
+        let mut seen = self.members(schema, |i, v| buf[i] = v)?;
         finish_row(schema, buf, &mut seen)
     }
 
     /// A `set` (as `super::RowSeed`): the named columns, in the order named.
     fn set(&mut self, schema: &TableSchema) -> Option<Vec<(usize, Value)>> {
-        let columns = &schema.columns;
-        let mut out = Vec::with_capacity(columns.len());
-        let mut seen = Seen::new(columns.len());
+        let mut out = Vec::with_capacity(schema.columns.len());
+        self.members(schema, |i, v| out.push((i, v)))?;
+        Some(out)
+    }
+
+    /// The members of a `row` or `set` object, each a column of `schema` named once:
+    /// `each(column, value)` in the order named. The columns named.
+    fn members(
+        &mut self,
+        schema: &TableSchema,
+        mut each: impl FnMut(usize, Value),
+    ) -> Option<Seen> {
+        let mut seen = Seen::new(schema.columns.len());
         self.open(b'{')?;
         if self.empty(b'}') {
-            return Some(out);
+            return Some(seen);
         }
         let mut next = 0;
         loop {
@@ -502,9 +496,9 @@ impl<'b> Reader<'b> {
                 return None;
             }
             next = i + 1;
-            out.push((i, self.column(columns[i].ty)?));
+            each(i, self.column(schema.columns[i].ty)?);
             if !self.more(b'}')? {
-                return Some(out);
+                return Some(seen);
             }
         }
     }
