@@ -276,15 +276,17 @@ impl<'b> Reader<'b> {
         Some(value)
     }
 
-    /// A number read as `serde_json` reads it into an `f64`: it is handed the number's
-    /// text, so the bits are its own.
+    /// A number read as `serde_json` reads it into an `f64`: a short decimal
+    /// ([`short_decimal`]) here, anything else handed to it as the number's text, so the
+    /// bits are its own.
     fn real(&mut self) -> Option<f64> {
         self.skip_space();
         let start = self.at;
         while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.bytes().get(self.at) {
             self.at += 1;
         }
-        serde_json::from_str(self.text.get(start..self.at)?).ok()
+        let text = self.text.get(start..self.at)?;
+        short_decimal(text.as_bytes()).or_else(|| serde_json::from_str(text).ok())
     }
 
     /// Any JSON value, at most `depth` levels deep, read by `serde_json` from its text (found
@@ -521,6 +523,40 @@ static SPECIAL: [bool; 256] = {
     table
 };
 
+/// A number written `-?(0|[1-9][0-9]*)\.[0-9]+` with at most 15 digits in all, as an `f64`:
+/// its digits as an integer (below 2^53, so exact) over the power of ten of its fraction
+/// (exact up to 10^22): one division of two exact numbers is the correctly rounded value,
+/// which is what `serde_json` gives (both with `float_roundtrip`, which this build has,
+/// and without, where it makes this same division). `None` for any other number.
+fn short_decimal(b: &[u8]) -> Option<f64> {
+    const POW10: [f64; 16] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+    ];
+    let (negative, digits) = match b.split_first()? {
+        (b'-', rest) => (true, rest),
+        _ => (false, b),
+    };
+    let point = digits.iter().position(|&c| c == b'.')?;
+    let (whole, fraction) = (&digits[..point], &digits[point + 1..]);
+    if whole.is_empty()
+        || fraction.is_empty()
+        || (whole.len() > 1 && whole[0] == b'0')
+        || whole.len() + fraction.len() > 15
+    {
+        return None;
+    }
+    let mut significand = 0u64;
+    for &c in whole.iter().chain(fraction) {
+        let digit = c.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        significand = significand * 10 + u64::from(digit);
+    }
+    let f = significand as f64 / POW10[fraction.len()];
+    Some(if negative { -f } else { f })
+}
+
 /// Four hex digits.
 fn hex4(digits: &[u8]) -> Option<u32> {
     digits.iter().try_fold(0u32, |n, &d| {
@@ -559,7 +595,51 @@ fn special(b: &[u8], from: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::special;
+    use super::{short_decimal, special};
+
+    /// Every short decimal reads to the bits `serde_json` gives it: random digit strings
+    /// of every length and point position, signs, leading zeros, and the longest ones.
+    #[test]
+    fn short_decimals_read_as_serde_json_reads_them() {
+        let mut rng = sluice_fuzzkit::Rng::new(0x5eed_dec1);
+        let mut texts: Vec<String> = ["0.0", "-0.0", "0.1", "0.30000000000000004", "124.875"]
+            .map(String::from)
+            .to_vec();
+        texts.extend(
+            [
+                "999999999999999.9",
+                "0.00000000000001",
+                "1.5e3",
+                "01.5",
+                "1.",
+                ".5",
+            ]
+            .map(String::from),
+        );
+        for _ in 0..100_000 {
+            let len = 1 + rng.below(17);
+            let point = rng.below(len + 1);
+            let digits: String = (0..len)
+                .map(|_| char::from(b'0' + rng.below(10) as u8))
+                .collect();
+            let sign = if rng.one_in(2) { "-" } else { "" };
+            texts.push(format!("{sign}{}.{}", &digits[..point], &digits[point..]));
+        }
+        let mut read = 0;
+        for text in &texts {
+            let serde: Option<f64> = serde_json::from_str(text).ok();
+            if let Some(f) = short_decimal(text.as_bytes()) {
+                read += 1;
+                let want = serde.unwrap_or_else(|| panic!("{text}: serde_json refuses it"));
+                assert_eq!(
+                    f.to_bits(),
+                    want.to_bits(),
+                    "{text}: {f:?} against {want:?}"
+                );
+            }
+        }
+        assert!(read > 50_000, "only {read} of {} read here", texts.len());
+    }
 
     /// The eight-byte scan finds what a byte-by-byte one finds, wherever it lies in a word
     /// and whatever comes before it (bytes above 0x7f among them).
