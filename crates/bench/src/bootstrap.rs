@@ -315,17 +315,11 @@ async fn size_cases(
     Ok(cases)
 }
 
-/// `sluice_mutate_seconds`'s cumulative log2 buckets (le = 1, 2, 4 … µs), then its count.
+/// `sluice_mutate_seconds`'s cumulative log2 buckets (le = 1, 2, 4 … µs, then `+Inf`).
 fn mutate_buckets(m: &crate::server::Metrics) -> Vec<f64> {
-    let name = "sluice_mutate_seconds";
-    (0..sluice_log::latency::LATENCY_BUCKETS - 1)
-        .map(|i| {
-            m.get(&format!(
-                "{name}_bucket{{le=\"{}\"}}",
-                (1u64 << i) as f64 / 1e6
-            ))
-        })
-        .chain([m.get(&format!("{name}_count"))])
+    m.histogram("sluice_mutate_seconds")
+        .iter()
+        .map(|&c| c as f64)
         .collect()
 }
 

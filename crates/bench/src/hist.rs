@@ -88,6 +88,16 @@ pub fn fmt_us(us: u64) -> String {
     }
 }
 
+/// `≤ 2.05 ms`-style text for a log2 histogram bucket's bound (`—` for an empty
+/// histogram, `> 8 s` past the last bound).
+pub fn fmt_le(us: u64) -> String {
+    match us {
+        0 => "—".into(),
+        u64::MAX => "> 8 s".into(),
+        _ => format!("≤ {}", fmt_us(us)),
+    }
+}
+
 /// `12.3 M`, `456 k`, `789`: a rate or count with an SI suffix and three significant digits.
 pub fn fmt_si(v: f64) -> String {
     let (scaled, suffix) = match v.abs() {

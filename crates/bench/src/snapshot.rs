@@ -31,7 +31,7 @@ use sluice_engine::table::RowEntry;
 use sluice_engine::Key;
 use sluice_log::Durability;
 
-use crate::hist::{fmt_si, fmt_us, Latency, LatencySummary};
+use crate::hist::{fmt_le, fmt_si, fmt_us, Latency, LatencySummary};
 use crate::progress::Progress;
 use crate::report::{Report, Table, Target};
 use crate::server::{sluice_bin, Metrics, SluiceServer};
@@ -128,27 +128,17 @@ const BREAKDOWN_HISTOGRAMS: [&str; 5] = [
     "sluice_log_round_seconds",
 ];
 
-/// The `le` labels of the server's log2-µs histograms, in order (`+Inf` last).
-fn le_labels() -> Vec<(String, u64)> {
-    let mut out: Vec<(String, u64)> = (0..sluice_log::latency::LATENCY_BUCKETS - 1)
-        .map(|i| (format!("{}", (1u64 << i) as f64 / 1e6), 1u64 << i))
-        .collect();
-    out.push(("+Inf".into(), u64::MAX));
-    out
-}
-
 /// The upper bound (µs) of the slowest bucket `name` filled between `a` and `b`.
 fn slowest_bucket(a: &Metrics, b: &Metrics, name: &str) -> u64 {
-    let count = |m: &Metrics, le: &str| m.get(&format!("{name}_bucket{{le=\"{le}\"}}"));
-    let labels = le_labels();
-    let total = count(b, "+Inf") - count(a, "+Inf");
-    if total <= 0.0 {
+    let (a, b) = (a.histogram(name), b.histogram(name));
+    let last = b.len() - 1;
+    let total = b[last].saturating_sub(a[last]);
+    if total == 0 {
         return 0;
     }
-    labels
-        .iter()
-        .find(|(le, _)| count(b, le) - count(a, le) >= total)
-        .map_or(u64::MAX, |(_, us)| *us)
+    (0..last)
+        .find(|&i| b[i].saturating_sub(a[i]) >= total)
+        .map_or(u64::MAX, |i| 1u64 << i)
 }
 
 fn breakdown(a: &Metrics, b: &Metrics) -> Breakdown {
@@ -162,15 +152,6 @@ fn breakdown(a: &Metrics, b: &Metrics) -> Breakdown {
         log_round_le_us: log_round,
         segment_rolls: (b.get("sluice_segments_created_total")
             - a.get("sluice_segments_created_total")) as u64,
-    }
-}
-
-/// `≤ 2.05 ms`-style text for a bucket bound (`—` for an empty histogram).
-fn fmt_le(us: u64) -> String {
-    match us {
-        0 => "—".into(),
-        u64::MAX => "> 8 s".into(),
-        _ => format!("≤ {}", fmt_us(us)),
     }
 }
 

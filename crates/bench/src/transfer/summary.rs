@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{profile, Case, Params, Target};
-use crate::hist::{fmt_ratio, fmt_si, fmt_us};
+use crate::hist::{fmt_le, fmt_ratio, fmt_si, fmt_us};
 use crate::report::{Report, Table, Target as Goal};
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 
@@ -525,18 +525,14 @@ fn rounds_table(cases: &[Case]) -> Option<Table> {
     for c in cases {
         let Some(m) = &c.result else { continue };
         let Some(r) = m.writer_rounds else { continue };
-        let le = |us: u64| match us {
-            u64::MAX => "> 8 s".to_string(),
-            _ => format!("≤ {}", fmt_us(us)),
-        };
         t.row(vec![
             c.target.name().into(),
             c.alpha.to_string(),
             tps(c.tps_mean),
             format!("{:.0}", r.per_sec),
             format!("{:.0}", r.commits_per_round),
-            le(r.p50_le_us),
-            le(r.p99_le_us),
+            fmt_le(r.p50_le_us),
+            fmt_le(r.p99_le_us),
             format!("{:.0} %", r.over_4ms * 100.0),
             fmt_us(m.latency.p50_us),
             fmt_us(m.latency.p99_us),
