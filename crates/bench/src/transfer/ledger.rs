@@ -91,7 +91,7 @@ impl Ledger {
         self.clients_running.fetch_add(1, Ordering::Relaxed);
         ClientGuard {
             ledger: self.clone(),
-            in_flight: BTreeMap::new(),
+            in_flight: Vec::new(),
         }
     }
 
@@ -124,17 +124,27 @@ impl Ledger {
 /// One client's transfers in flight, keyed by the client's own request id.
 pub struct ClientGuard {
     ledger: Arc<Ledger>,
-    in_flight: BTreeMap<u64, Transfer>,
+    /// The transfer in flight in each request slot (a client's request ids are its slots,
+    /// `0..pipeline`): indexed, not a map, as every call passes through it twice.
+    in_flight: Vec<Option<Transfer>>,
 }
 
 impl ClientGuard {
-    pub fn sent(&mut self, id: u64, t: Transfer) {
-        self.in_flight.insert(id, t);
+    pub fn sent(&mut self, id: usize, t: Transfer) {
+        if id >= self.in_flight.len() {
+            self.in_flight.resize(id + 1, None);
+        }
+        let before = self.in_flight[id].replace(t);
+        debug_assert!(before.is_none(), "slot {id} sent twice without a reply");
+    }
+
+    fn take(&mut self, id: usize) -> Option<Transfer> {
+        self.in_flight.get_mut(id).and_then(Option::take)
     }
 
     /// The reply for `id` came: acknowledged (`true`) or refused (`false`).
-    pub fn answered(&mut self, id: u64, acked: bool) {
-        if let Some(t) = self.in_flight.remove(&id) {
+    pub fn answered(&mut self, id: usize, acked: bool) {
+        if let Some(t) = self.take(id) {
             if acked {
                 self.ledger.acked(t);
             }
@@ -142,8 +152,8 @@ impl ClientGuard {
     }
 
     /// The reply for `id` came but does not say whether the transfer applied.
-    pub fn unknown(&mut self, id: u64) {
-        if let Some(t) = self.in_flight.remove(&id) {
+    pub fn unknown(&mut self, id: usize) {
+        if let Some(t) = self.take(id) {
             self.ledger.unknown(t);
         }
     }
@@ -151,7 +161,7 @@ impl ClientGuard {
 
 impl Drop for ClientGuard {
     fn drop(&mut self) {
-        for (_, t) in std::mem::take(&mut self.in_flight) {
+        for t in std::mem::take(&mut self.in_flight).into_iter().flatten() {
             self.ledger.unknown(t);
         }
         self.ledger.clients_running.fetch_sub(1, Ordering::Relaxed);
