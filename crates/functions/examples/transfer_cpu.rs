@@ -9,6 +9,10 @@ use serde_json::json;
 use sluice_engine::{Changelog, Db, Limits, Retention, TxRef, TxState};
 use sluice_functions::{Args, FunctionLimits, Functions, Msgpack, TxAccess};
 
+// The allocator the server runs with, so allocation costs count as they do there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Owned {
     db: Db,
     st: TxState,

@@ -55,7 +55,15 @@ pub(crate) struct Raw {
     plain_class: Cell<u32>,
     /// Shapes of the argument objects and `tx.patch` sets seen, kept alive.
     kept: RefCell<Vec<KeptShape>>,
+    /// The atoms of the ASCII property names built objects were given, by their bytes
+    /// (one reference each held; see [`key_atom`]).
+    key_atoms: RefCell<Vec<(Box<[u8]>, JSAtom)>>,
 }
+
+/// Property names whose atoms are cached at most, and their longest: a call's argument
+/// keys are few and short, and a miss scans the whole cache.
+const KEY_ATOMS_MAX: usize = 64;
+const KEY_ATOM_BYTES_MAX: usize = 32;
 
 struct RawTable {
     name: Box<str>,
@@ -138,6 +146,7 @@ impl Raw {
             slow_patch: Cell::new(qjs::JS_UNDEFINED),
             plain_class: Cell::new(u32::MAX),
             kept: RefCell::default(),
+            key_atoms: RefCell::default(),
         }
     }
 
@@ -330,6 +339,10 @@ impl Drop for Raw {
             }
             self.tables.get_mut().drain(..).for_each(|t| t.free(c));
             self.kept.get_mut().drain(..).for_each(|k| k.free(c));
+            self.key_atoms
+                .get_mut()
+                .drain(..)
+                .for_each(|(_, a)| qjs::JS_FreeAtom(c, a));
             qjs::JS_FreeValue(c, self.slow_get.replace(qjs::JS_UNDEFINED));
             qjs::JS_FreeValue(c, self.slow_patch.replace(qjs::JS_UNDEFINED));
         }
@@ -854,9 +867,27 @@ unsafe fn build_object<'k>(
 /// The atom of a property name: straight from its bytes when it is ASCII, else through a
 /// JS string (`JS_NewAtomLen` may match a non-ASCII name to the atom of its UTF-8 bytes
 /// read as Latin-1). `JS_ATOM_NULL` with an exception pending on failure.
+///
+/// A short ASCII name's atom is kept in the context's [`Raw`] once made, so the next object
+/// with that key takes a reference to it (the same atom `JS_NewAtomLen` would find in the
+/// runtime's atom table, without hashing the name): each call's argument object has the
+/// same few keys.
 unsafe fn key_atom(c: *mut JSContext, k: &[u8]) -> JSAtom {
     if k.is_ascii() {
-        return qjs::JS_NewAtomLen(c, k.as_ptr() as *const c_char, k.len() as _);
+        let cache = raw_of(c)
+            .filter(|_| k.len() <= KEY_ATOM_BYTES_MAX)
+            .and_then(|raw| raw.key_atoms.try_borrow_mut().ok());
+        let Some(mut cache) = cache else {
+            return qjs::JS_NewAtomLen(c, k.as_ptr() as *const c_char, k.len() as _);
+        };
+        if let Some(&(_, atom)) = cache.iter().find(|(bytes, _)| **bytes == *k) {
+            return qjs::JS_DupAtom(c, atom);
+        }
+        let atom = qjs::JS_NewAtomLen(c, k.as_ptr() as *const c_char, k.len() as _);
+        if atom != qjs::JS_ATOM_NULL && cache.len() < KEY_ATOMS_MAX {
+            cache.push((k.into(), qjs::JS_DupAtom(c, atom)));
+        }
+        return atom;
     }
     let text = qjs::JS_NewStringLen(c, k.as_ptr() as *const c_char, k.len() as _);
     if qjs::JS_IsException(text) {

@@ -7,12 +7,19 @@
 //! whole round (apply, frame encoding, changelog, log submit).
 //!
 //! `cargo build --release -p sluice-server --example ingest_cpu`, then
-//! `valgrind --tool=callgrind target/release/examples/ingest_cpu [batches] [rows]`.
+//! `valgrind --tool=callgrind target/release/examples/ingest_cpu [batches] [rows] [msgpack]`;
+//! with `msgpack`, each body goes as the WebSocket `mutate` request in MessagePack
+//! (`Core::decode_ws_mutate`; its encoding is outside the count only if you subtract
+//! `rmp_serde::encode`).
 
 use std::fmt::Write;
 
 use sluice_log::Durability;
 use sluice_server::{Caller, Config, Core};
+
+// The allocator the server runs with, so allocation costs count as they do there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn body(first: u64, rows: u64) -> String {
     const TEXT: &str = "the quick brown fox jumps over the lazy dog while the sluice keeps every write in order and durable; pack my box with five dozen liquor jugs";
@@ -40,6 +47,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let batches: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(300);
     let rows: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100);
+    let msgpack = args.next().as_deref() == Some("msgpack");
     let dir = std::env::temp_dir().join(format!("sluice-ingest-cpu-{}", std::process::id()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -58,9 +66,21 @@ fn main() {
         core.ddl(changes, sql.into(), None).await.expect("the DDL");
         for b in 0..batches {
             let text = body(b * rows, rows);
-            let decoded = core
-                .decode_mutate(axum::body::Bytes::from(text))
-                .expect("the typed decoder takes these rows");
+            let decoded = if msgpack {
+                // The WebSocket request the TypeScript SDK sends by default.
+                let mut request: serde_json::Value =
+                    serde_json::from_str(&text).expect("the body is JSON");
+                request["type"] = "mutate".into();
+                request["id"] = b.into();
+                let frame = rmp_serde::to_vec_named(&request).expect("encodes");
+                let kept = sluice_server::decode::KeptBody::Msgpack(frame.into());
+                core.decode_ws_mutate(kept)
+                    .expect("the typed decoder takes these rows")
+                    .1
+            } else {
+                core.decode_mutate(axum::body::Bytes::from(text))
+                    .expect("the typed decoder takes these rows")
+            };
             let ok = core
                 .mutate_decoded_as(&Caller::Admin, decoded)
                 .await
