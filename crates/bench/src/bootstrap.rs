@@ -27,7 +27,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::harness::Bench;
@@ -724,7 +723,7 @@ async fn ws_snapshot(
     let url = format!("{}/v1/ws", server.base_url.replacen("http://", "ws://", 1));
     let request = crate::server::ws_request(&url, crate::server::admin_token(), Some(protocol))?;
     // Snapshots before chunking came as one message of any size.
-    let config = WebSocketConfig::default()
+    let config = crate::server::ws_config()
         .max_message_size(None)
         .max_frame_size(None);
     let (mut ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)

@@ -810,9 +810,13 @@ async fn ws_connect(server: &crate::harness::Sluice, msgpack: bool) -> anyhow::R
         sluice_server::ws::JSON_PROTOCOL
     };
     let request = crate::server::ws_request(&url, server.admin_token(), Some(protocol))?;
-    let (ws, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .context("WebSocket connect")?;
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(
+        request,
+        Some(crate::server::ws_config()),
+        false,
+    )
+    .await
+    .context("WebSocket connect")?;
     Ok(ws)
 }
 

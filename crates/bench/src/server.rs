@@ -113,6 +113,18 @@ pub fn ws_request(
     Ok(request)
 }
 
+/// Bytes a bench client's WebSocket reads at once, as the server reads: tungstenite
+/// zero-fills the free part of its read buffer before every read (128 KiB by default), which
+/// with frames of a few KiB per read was most of a client's `memset` time, on the CPUs the
+/// server shares.
+const WS_READ_BUFFER_BYTES: usize = 16 << 10;
+
+/// The WebSocket settings of every bench client ([`WS_READ_BUFFER_BYTES`]).
+pub fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+}
+
 /// Which binary to start: `--sluice-bin`, else `$SLUICE_BIN`, else this executable.
 pub fn sluice_bin(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     let bin = match flag {

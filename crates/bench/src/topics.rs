@@ -659,9 +659,13 @@ pub async fn ws_append(
             let class = class.to_string();
             tokio::spawn(async move {
                 let request = crate::server::ws_request(&url, crate::server::admin_token(), None)?;
-                let (ws, _) = tokio_tungstenite::connect_async(request)
-                    .await
-                    .with_context(|| format!("cannot connect to {url}"))?;
+                let (ws, _) = tokio_tungstenite::connect_async_with_config(
+                    request,
+                    Some(crate::server::ws_config()),
+                    false,
+                )
+                .await
+                .with_context(|| format!("cannot connect to {url}"))?;
                 let ws = Arc::new(tokio::sync::Mutex::new(ws));
                 let mut id = 0u64;
                 measure(warmup, window, u64::MAX, || {

@@ -363,9 +363,13 @@ fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
 async fn ws(t: &Target, state: &WatcherState, shared: &Shared) -> anyhow::Result<()> {
     let url = format!("ws://{}/v1/ws", t.addr);
     let request = crate::server::ws_request(&url, crate::server::admin_token(), None)?;
-    let (mut socket, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .with_context(|| format!("cannot connect to {url}"))?;
+    let (mut socket, _) = tokio_tungstenite::connect_async_with_config(
+        request,
+        Some(crate::server::ws_config()),
+        false,
+    )
+    .await
+    .with_context(|| format!("cannot connect to {url}"))?;
     let mut watch = serde_json::json!({"id": 1, "type": "watch", "qid": "w", "topic": t.topic});
     if let Some(tag) = &t.tag {
         watch["tags"] = serde_json::json!([tag]);

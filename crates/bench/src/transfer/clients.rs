@@ -28,7 +28,6 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use sluice_log::Durability;
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -121,9 +120,6 @@ impl Shared {
 
 pub type WsStream = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// Bytes a client's WebSocket reads at once.
-const WS_READ_BUFFER_BYTES: usize = 16 << 10;
-
 #[derive(Serialize)]
 struct CallFrame<'a> {
     id: u32,
@@ -172,10 +168,7 @@ pub async fn connect_ws_as(
     token: &str,
 ) -> anyhow::Result<WsStream> {
     let request = crate::server::ws_request(url, token, Some(protocol))?;
-    // tungstenite zero-fills the free part of its read buffer before every read (128 KiB by
-    // default): with replies of a few KiB per read that was most of this client's memset
-    // time, on the CPUs the server shares. 16 KiB, as the server reads.
-    let config = WebSocketConfig::default().read_buffer_size(WS_READ_BUFFER_BYTES);
+    let config = crate::server::ws_config();
     let (ws, response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .with_context(|| format!("cannot open a WebSocket to {url}"))?;
