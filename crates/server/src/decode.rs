@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
 mod json;
+mod msgpack;
 use sluice_engine::{ColumnType, Db, Key, TableSchema, Value};
 use sluice_log::Durability;
 
@@ -230,7 +231,7 @@ pub fn decode_mutate(
 /// a WebSocket `mutate` request, with its `"type"` and `"id"`): the ops, durability and id,
 /// or `None` for anything it is not sure of — which [`read_mutate_serde`] then reads. What
 /// it accepts, it reads exactly as that reader does (the differential test
-/// `hand_json_reader_matches_serde` holds it to that).
+/// `hand_json_reader_matches_serde` in `tests/hand_readers_match_serde.rs` holds it to that).
 pub fn read_mutate_json(
     body: &[u8],
     schemas: &mut dyn Schemas,
@@ -238,6 +239,35 @@ pub fn read_mutate_json(
     ws: bool,
 ) -> Option<Body> {
     json::read(body, schemas, ops_max, ws)
+}
+
+/// The hand-written reader of a MessagePack WebSocket `mutate` request (`decode/msgpack.rs`),
+/// which [`decode_ws_mutate`] tries first: the ops, durability and id, or `None` when it is
+/// not sure (then [`read_mutate_msgpack_serde`] reads the frame).
+pub fn read_mutate_msgpack(
+    frame: &[u8],
+    schemas: &mut dyn Schemas,
+    ops_max: usize,
+) -> Option<Body> {
+    msgpack::read(frame, schemas, ops_max)
+}
+
+/// The `rmp_serde` reader of a MessagePack WebSocket `mutate` request: the ops, durability
+/// and id, or `None` when the general path must decide. As `msgpack_value` reads a frame,
+/// bytes after the request are not looked at.
+pub fn read_mutate_msgpack_serde(
+    frame: &[u8],
+    schemas: &mut dyn Schemas,
+    ops_max: usize,
+) -> Option<Body> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
+    de.set_max_depth(MSGPACK_DEPTH_MAX);
+    let seed = BodySeed {
+        schemas,
+        ops_max,
+        ws: true,
+    };
+    seed.deserialize(&mut de).ok()
 }
 
 /// The `serde_json` reader of a JSON mutate body (`ws` as for [`read_mutate_json`]): the
@@ -271,17 +301,8 @@ pub fn decode_ws_mutate(
     let (ops, durability, id) = match &frame {
         KeptBody::Json(bytes) => read_mutate_json(bytes, schemas, ops_max, true)
             .or_else(|| read_mutate_serde(bytes, schemas, ops_max, true))?,
-        KeptBody::Msgpack(bytes) => {
-            // As `msgpack_value` reads a frame (bytes after the value are not looked at).
-            let mut de = rmp_serde::Deserializer::from_read_ref(&bytes[..]);
-            de.set_max_depth(MSGPACK_DEPTH_MAX);
-            let seed = BodySeed {
-                schemas,
-                ops_max,
-                ws: true,
-            };
-            seed.deserialize(&mut de).ok()?
-        }
+        KeptBody::Msgpack(bytes) => read_mutate_msgpack(bytes, schemas, ops_max)
+            .or_else(|| read_mutate_msgpack_serde(bytes, schemas, ops_max))?,
     };
     Some((
         id.unwrap_or(Json::Null),

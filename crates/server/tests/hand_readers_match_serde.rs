@@ -1,6 +1,8 @@
-//! Differential test of the two readers of a JSON mutate body: the hand-written one
+//! Differential tests of the two readers of a mutate body: for JSON, the hand-written one
 //! (`read_mutate_json`, which `decode_mutate` tries first) against the `serde_json` one
-//! (`read_mutate_serde`, which reads whatever the first is not sure of).
+//! (`read_mutate_serde`, which reads whatever the first is not sure of); for a MessagePack
+//! WebSocket request, `read_mutate_msgpack` against `rmp_serde` (`read_mutate_msgpack_serde`),
+//! on the same requests encoded as MessagePack (see `hand_msgpack_reader_matches_rmp_serde`).
 //!
 //! Random bodies — HTTP bodies and WebSocket `mutate` requests, with an `"id"` of any kind
 //! — are built as values, then spelled out at random: whitespace between any two tokens,
@@ -24,7 +26,9 @@ use common::TempDir;
 use sluice_engine::Db;
 use sluice_fuzzkit::{env_u64, Rng};
 use sluice_log::Durability;
-use sluice_server::decode::{read_mutate_json, read_mutate_serde};
+use sluice_server::decode::{
+    read_mutate_json, read_mutate_msgpack, read_mutate_msgpack_serde, read_mutate_serde,
+};
 use sluice_server::{Config, Core};
 
 const OPS_MAX: usize = 5;
@@ -458,6 +462,24 @@ fn op(rng: &mut Rng, made: &mut Made) -> J {
 }
 
 fn body(rng: &mut Rng, made: &mut Made) -> Vec<u8> {
+    let request = request(rng, made);
+    let mut out = String::new();
+    spell(rng, &request, &mut out, made);
+    let mut bytes = out.into_bytes();
+    if !bytes.is_empty() && made.fault(rng, 8) {
+        let at = rng.below(bytes.len());
+        match rng.below(4) {
+            0 => bytes.truncate(at),
+            1 => bytes[at] = *rng.pick(b"{}[],:\"\\ 0a-\xff\x01"),
+            2 => bytes.insert(at, *rng.pick(b"\xc3\xff\x80,}")),
+            _ => bytes.extend_from_slice(rng.pick::<&[u8]>(&[b",", b"x", b"{}", b"\xff"])),
+        }
+    }
+    bytes
+}
+
+/// A body or WebSocket request as a value, before it is spelled out.
+fn request(rng: &mut Rng, made: &mut Made) -> J {
     let count = 1 + rng.below(OPS_MAX) + usize::from(made.fault(rng, 10));
     let ops: Vec<J> = (0..count).map(|_| op(rng, made)).collect();
     let mut members = vec![("ops".to_string(), J::Arr(ops))];
@@ -495,23 +517,63 @@ fn body(rng: &mut Rng, made: &mut Made) -> Vec<u8> {
         members.push(("durability".into(), v));
     }
     shuffle_some(rng, &mut members);
-    let mut out = String::new();
-    spell(rng, &J::Obj(members), &mut out, made);
-    let mut bytes = out.into_bytes();
-    if !bytes.is_empty() && made.fault(rng, 8) {
-        let at = rng.below(bytes.len());
-        match rng.below(4) {
-            0 => bytes.truncate(at),
-            1 => bytes[at] = *rng.pick(b"{}[],:\"\\ 0a-\xff\x01"),
-            2 => bytes.insert(at, *rng.pick(b"\xc3\xff\x80,}")),
-            _ => bytes.extend_from_slice(rng.pick::<&[u8]>(&[b",", b"x", b"{}", b"\xff"])),
-        }
-    }
-    bytes
+    J::Obj(members)
 }
 
 #[test]
 fn hand_json_reader_matches_serde() {
+    differential(
+        "JSON",
+        body,
+        |body, schemas, ws| read_mutate_json(body, schemas, OPS_MAX, ws),
+        |body, schemas, ws| read_mutate_serde(body, schemas, OPS_MAX, ws),
+    );
+}
+
+/// The same for the two readers of a MessagePack WebSocket `mutate` request: the hand-written
+/// one (`read_mutate_msgpack`) against `rmp_serde` (`read_mutate_msgpack_serde`). The same
+/// requests, encoded with every width of integer, string, array and map marker (and
+/// `float 32` where it holds the value), and now and then broken in MessagePack's own ways:
+/// a string sent as `bin`, text that is not UTF-8, a key that is not a string, a NaN, an
+/// `ext` value, a cut or a flipped byte. Bytes after the request are no fault: both readers
+/// leave them be.
+#[test]
+fn hand_msgpack_reader_matches_rmp_serde() {
+    differential(
+        "MessagePack",
+        |rng, made| {
+            made.ws = true;
+            let request = request(rng, made);
+            let mut out = Vec::new();
+            pack(rng, &request, &mut out, made);
+            if !out.is_empty() && made.fault(rng, 8) {
+                let at = rng.below(out.len());
+                match rng.below(2) {
+                    0 => out.truncate(at),
+                    _ => out[at] = *rng.pick(&[0xc1, 0xc4, 0xd4, 0x00, 0xff, 0x80, 0x90]),
+                }
+            }
+            if rng.one_in(10) {
+                out.extend_from_slice(rng.pick::<&[u8]>(&[b"\xc0", b"\x81", b"junk"]));
+            }
+            out
+        },
+        |frame, schemas, _| read_mutate_msgpack(frame, schemas, OPS_MAX),
+        |frame, schemas, _| read_mutate_msgpack_serde(frame, schemas, OPS_MAX),
+    );
+}
+
+/// A reader under test: the body, the schemas, and whether it is a WebSocket request.
+type ReadBody = fn(&[u8], &mut &Db, bool) -> Option<sluice_server::decode::Body>;
+
+/// Builds random bodies with `make` and holds the hand reader `hand` to the serde reader
+/// `serde` (see the module's doc).
+fn differential(
+    what: &str,
+    mut make: impl FnMut(&mut Rng, &mut Made) -> Vec<u8>,
+    hand: ReadBody,
+    serde: ReadBody,
+) {
     let seed = env_u64("SLUICE_DECODE_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -520,9 +582,9 @@ fn hand_json_reader_matches_serde() {
     });
     let cases = env_u64("SLUICE_DECODE_CASES").unwrap_or(20_000);
     eprintln!(
-        "hand JSON reader differential: seed {seed} (SLUICE_DECODE_SEED={seed}), {cases} bodies"
+        "hand {what} reader differential: seed {seed} (SLUICE_DECODE_SEED={seed}), {cases} bodies"
     );
-    let dir = TempDir::new("hand-json");
+    let dir = TempDir::new("hand-reader");
     let mut config = Config::new(dir.path());
     config.durability = Durability::Memory;
     let core = Core::open(config).expect("open");
@@ -551,19 +613,19 @@ fn hand_json_reader_matches_serde() {
             ws: rng.one_in(3),
             ..Made::default()
         };
-        let body = body(&mut rng, &mut made);
+        let body = make(&mut rng, &mut made);
         let mut schemas: &Db = &db;
-        let hand = read_mutate_json(&body, &mut schemas, OPS_MAX, made.ws);
-        let serde = read_mutate_serde(&body, &mut schemas, OPS_MAX, made.ws);
+        let hand = hand(&body, &mut schemas, made.ws);
+        let serde = serde(&body, &mut schemas, made.ws);
         let text = String::from_utf8_lossy(&body);
         match (&hand, &serde) {
             (Some(h), Some(s)) => assert_eq!(
                 format!("{h:?}"),
                 format!("{s:?}"),
-                "case {case} (seed {seed}): the readers disagree on {text}"
+                "case {case} (seed {seed}): the readers disagree on {text} ({body:x?})"
             ),
             (Some(h), None) => panic!(
-                "case {case} (seed {seed}): the hand reader accepted what serde did not: {text}\n{h:?}"
+                "case {case} (seed {seed}): the hand reader accepted what serde did not: {text} ({body:x?})\n{h:?}"
             ),
             _ => {}
         }
@@ -572,7 +634,7 @@ fn hand_json_reader_matches_serde() {
             plain_read += u64::from(serde.is_some());
             assert!(
                 serde.is_none() || hand.is_some(),
-                "case {case} (seed {seed}): the hand reader passed on a plain body: {text}"
+                "case {case} (seed {seed}): the hand reader passed on a plain body: {text} ({body:x?})"
             );
         }
         by_hand += u64::from(hand.is_some());
@@ -590,4 +652,159 @@ fn hand_json_reader_matches_serde() {
         plain_read * 5 > cases,
         "only {plain_read} plain bodies of {cases} were read"
     );
+}
+
+/// `j` in MessagePack, each marker of a random width that holds it; a noisy request is now
+/// and then broken (see [`hand_msgpack_reader_matches_rmp_serde`]).
+fn pack(rng: &mut Rng, j: &J, out: &mut Vec<u8>, made: &mut Made) {
+    match j {
+        J::Null => out.push(0xc0),
+        J::Bool(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+        J::Num(text) => match serde_json::from_str::<serde_json::Number>(text) {
+            Ok(n) if made.fault(rng, 40) => {
+                // A NaN where the number was.
+                let _ = n;
+                out.push(0xcb);
+                out.extend_from_slice(&f64::NAN.to_be_bytes());
+            }
+            Ok(n) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => pack_int(rng, i, out),
+                (None, Some(u)) => {
+                    out.push(0xcf);
+                    out.extend_from_slice(&u.to_be_bytes());
+                }
+                _ => {
+                    let f = n.as_f64().expect("a JSON number is an f64");
+                    if (f as f32) as f64 == f && rng.one_in(2) {
+                        out.push(0xca);
+                        out.extend_from_slice(&(f as f32).to_be_bytes());
+                    } else {
+                        out.push(0xcb);
+                        out.extend_from_slice(&f.to_be_bytes());
+                    }
+                }
+            },
+            // A number JSON cannot hold (say `1e400`): `bin`, which both refuse.
+            Err(_) => pack_bin(text.as_bytes(), out),
+        },
+        J::Str(text) => {
+            if made.fault(rng, 60) {
+                pack_bin(text.as_bytes(), out);
+            } else if made.fault(rng, 60) {
+                let mut bytes = text.as_bytes().to_vec();
+                bytes.push(0xff);
+                pack_str(rng, &bytes, out);
+            } else {
+                pack_str(rng, text.as_bytes(), out);
+            }
+        }
+        J::Raw(text) => {
+            made.fault = true;
+            pack_bin(text.as_bytes(), out);
+        }
+        J::Arr(items) => {
+            pack_len(rng, items.len(), [0x90, 0xdc, 0xdd], 15, out);
+            items.iter().for_each(|item| pack(rng, item, out, made));
+        }
+        J::Obj(members) => {
+            // Repeated keys: `serde_json` keeps the last value where the hand reader's
+            // check of a JSON value passes the whole request on.
+            let keys: std::collections::HashSet<&str> =
+                members.iter().map(|(k, _)| k.as_str()).collect();
+            if keys.len() < members.len() {
+                made.handed_on = true;
+            }
+            pack_len(rng, members.len(), [0x80, 0xde, 0xdf], 15, out);
+            for (key, value) in members {
+                if made.fault(rng, 200) {
+                    pack_int(rng, 7, out);
+                } else if made.fault(rng, 200) {
+                    // An `ext` value in place of the key.
+                    out.extend_from_slice(&[0xd4, 0x01, 0x00]);
+                } else {
+                    pack_str(rng, key.as_bytes(), out);
+                }
+                pack(rng, value, out, made);
+            }
+        }
+    }
+}
+
+/// An array's or map's length marker: `markers` are the fix, 16- and 32-bit forms.
+fn pack_len(rng: &mut Rng, len: usize, markers: [u8; 3], fix_max: usize, out: &mut Vec<u8>) {
+    match rng.below(3) {
+        0 if len <= fix_max => out.push(markers[0] | len as u8),
+        0 | 1 => {
+            out.push(markers[1]);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(markers[2]);
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+        }
+    }
+}
+
+fn pack_str(rng: &mut Rng, bytes: &[u8], out: &mut Vec<u8>) {
+    let len = bytes.len();
+    match rng.below(4) {
+        0 if len < 32 => out.push(0xa0 | len as u8),
+        0 | 1 if len < 256 => out.extend_from_slice(&[0xd9, len as u8]),
+        0..=2 => {
+            out.push(0xda);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(0xdb);
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(bytes);
+}
+
+fn pack_bin(bytes: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&[0xc4, bytes.len() as u8]);
+    out.extend_from_slice(bytes);
+}
+
+/// `i` in the narrowest marker that holds it, or a wider one.
+fn pack_int(rng: &mut Rng, i: i64, out: &mut Vec<u8>) {
+    let wide = rng.one_in(3);
+    if !wide && (0..=0x7f).contains(&i) {
+        out.push(i as u8);
+    } else if !wide && (-32..0).contains(&i) {
+        out.push(i as i8 as u8);
+    } else if i >= 0 && rng.one_in(2) {
+        match i {
+            0..=0xff if rng.one_in(2) => out.extend_from_slice(&[0xcc, i as u8]),
+            0..=0xffff if rng.one_in(2) => {
+                out.push(0xcd);
+                out.extend_from_slice(&(i as u16).to_be_bytes());
+            }
+            0..=0xffff_ffff if rng.one_in(2) => {
+                out.push(0xce);
+                out.extend_from_slice(&(i as u32).to_be_bytes());
+            }
+            _ => {
+                out.push(0xcf);
+                out.extend_from_slice(&(i as u64).to_be_bytes());
+            }
+        }
+    } else {
+        match i {
+            -0x80..=0x7f if rng.one_in(2) => out.extend_from_slice(&[0xd0, i as i8 as u8]),
+            -0x8000..=0x7fff if rng.one_in(2) => {
+                out.push(0xd1);
+                out.extend_from_slice(&(i as i16).to_be_bytes());
+            }
+            -0x8000_0000..=0x7fff_ffff if rng.one_in(2) => {
+                out.push(0xd2);
+                out.extend_from_slice(&(i as i32).to_be_bytes());
+            }
+            _ => {
+                out.push(0xd3);
+                out.extend_from_slice(&i.to_be_bytes());
+            }
+        }
+    }
 }
