@@ -2,8 +2,8 @@
 //! `nats-server` processes on ports picked here, their config files and stores in a
 //! temp dir, routes between them, started and stopped by pid.
 //!
-//! [`NatsCluster::start`] returns once the JetStream meta group has a leader (a stream can
-//! be created); [`NatsCluster::kill`] ends a node with SIGKILL and [`NatsCluster::restart`]
+//! [`NatsCluster::start`] returns once the JetStream meta group has a leader and its leader
+//! sees every other node current (so an R3 stream can be placed); [`NatsCluster::kill`] ends a node with SIGKILL and [`NatsCluster::restart`]
 //! starts it again on the same ports and store. Dropping the cluster kills every node and
 //! removes the temp dir.
 
@@ -26,11 +26,17 @@ pub enum TestkitError {
     Io(String, std::io::Error),
     #[error("the NATS cluster has no JetStream meta leader after {0:?}: {1}")]
     NoMetaLeader(Duration, String),
+    #[error("the NATS cluster's meta leader does not see all {0} nodes current after {1:?}: {2}")]
+    PeersMissing(usize, Duration, String),
+    #[error("nats-server {0} exited while the cluster formed ({1}); its log ends with:\n{2}")]
+    NodeExited(String, String, String),
 }
 
 struct Node {
     name: String,
     client_port: u16,
+    /// The HTTP monitoring port (`/jsz`).
+    monitor_port: u16,
     config: PathBuf,
     child: Option<Child>,
 }
@@ -69,19 +75,19 @@ impl NatsCluster {
         };
         let mut ports = Vec::new();
         for _ in 0..n {
-            ports.push((free_port()?, free_port()?));
+            ports.push((free_port()?, free_port()?, free_port()?));
         }
         let routes: Vec<String> = ports
             .iter()
-            .map(|(_, route)| format!("\"nats-route://127.0.0.1:{route}\""))
+            .map(|(_, route, _)| format!("\"nats-route://127.0.0.1:{route}\""))
             .collect();
         let mut nodes = Vec::new();
-        for (i, (client, route)) in ports.iter().enumerate() {
+        for (i, (client, route, monitor)) in ports.iter().enumerate() {
             let name = format!("n{}", i + 1);
             let store = dir.join(&name);
             let config = dir.join(format!("{name}.conf"));
             let text = format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\n\
+                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{monitor}\"\n\
                  jetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 4GB\n}}\n\
                  cluster {{\n  name: sluice\n  listen: \"127.0.0.1:{route}\"\n  routes: [{}]\n}}\n",
                 store.display(),
@@ -92,6 +98,7 @@ impl NatsCluster {
             nodes.push(Node {
                 name,
                 client_port: *client,
+                monitor_port: *monitor,
                 config,
                 child: None,
             });
@@ -101,6 +108,7 @@ impl NatsCluster {
             cluster.spawn(i)?;
         }
         cluster.wait_for_meta_leader().await?;
+        cluster.wait_for_every_peer().await?;
         Ok(cluster)
     }
 
@@ -157,6 +165,64 @@ impl NatsCluster {
         self.spawn(i)
     }
 
+    /// Waits until the meta leader's `/jsz` lists every other node as current and online.
+    /// A meta leader needs only a quorum (two of three), and a stream of three replicas
+    /// cannot be placed until the third is known: CI once saw a node's stream creation
+    /// answered "no suitable peers for placement" for 60 s after the leader was elected.
+    async fn wait_for_every_peer(&mut self) -> Result<(), TestkitError> {
+        let started = Instant::now();
+        let mut last = String::from("no answer yet");
+        while started.elapsed() < META_LEADER_WAIT {
+            self.check_alive()?;
+            for node in &self.nodes {
+                match jsz(node.monitor_port).await {
+                    Ok(jsz) => {
+                        let meta = &jsz["meta_cluster"];
+                        let Some(replicas) = meta["replicas"].as_array() else {
+                            continue; // not the leader: it lists no replicas
+                        };
+                        let current = replicas
+                            .iter()
+                            .filter(|r| r["current"] == true && r["offline"] != true)
+                            .count();
+                        if current + 1 >= self.nodes.len() {
+                            return Ok(());
+                        }
+                        last = format!("leader {}: {meta}", node.name);
+                    }
+                    Err(e) => last = format!("{}: {e}", node.name),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(TestkitError::PeersMissing(
+            self.nodes.len(),
+            META_LEADER_WAIT,
+            last,
+        ))
+    }
+
+    /// An error naming the first node whose process has exited, with its log's end.
+    fn check_alive(&mut self) -> Result<(), TestkitError> {
+        for node in &mut self.nodes {
+            let Some(child) = node.child.as_mut() else {
+                continue;
+            };
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.join(format!("{}.log", node.name)))
+                    .unwrap_or_default();
+                let start = log.len().saturating_sub(2000);
+                let tail = log.get(start..).unwrap_or(&log).to_string();
+                return Err(TestkitError::NodeExited(
+                    node.name.clone(),
+                    status.to_string(),
+                    tail,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until the JetStream meta group has a leader: account info answers only then.
     pub async fn wait_for_meta_leader(&self) -> Result<(), TestkitError> {
         let started = Instant::now();
@@ -204,4 +270,33 @@ impl Drop for NatsCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `GET /jsz` from the monitoring port `port` (an HTTP/1.0 request: the server closes the
+/// connection after the reply).
+async fn jsz(port: u16) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"GET /jsz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut reply = Vec::new();
+        stream
+            .read_to_end(&mut reply)
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = reply
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|at| &reply[at + 4..])
+            .ok_or("no HTTP body")?;
+        serde_json::from_slice(body).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .map_err(|_| "timed out".to_string())?
 }
