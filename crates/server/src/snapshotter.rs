@@ -142,7 +142,11 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
         out.finish()?;
         let snapshots = list_snapshots(dir)?;
         let excess = snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
-        for (_, path) in &snapshots[..excess] {
+        // The newest retired snapshot becomes the spare the next one is written over.
+        for (i, (_, path)) in snapshots[..excess].iter().enumerate().rev() {
+            if i + 1 == excess && sluice_log::snapshot::keep_as_spare(path)? {
+                continue;
+            }
             sluice_log::io::remove_file_gradually(path).map_err(|e| sluice_log::LogError::Io {
                 path: path.clone(),
                 source: e,
