@@ -188,10 +188,18 @@ impl SnapshotWriter {
     pub fn finish(mut self) -> Result<PathBuf, LogError> {
         self.flush()?;
         if self.recycled {
-            // The spare's bytes past this snapshot's end (no-op when it grew past them).
-            self.file
-                .set_len(self.written)
-                .map_err(|e| LogError::io(&self.tmp, e))?;
+            // The spare's bytes past this snapshot's end (none when it grew past them), cut
+            // a few MiB per synced step when there are many, as a file is deleted
+            // (`io::remove_file_gradually`): freeing blocks in one step can hold up the
+            // log's syncs behind the discards.
+            let io = |e| LogError::io(&self.tmp, e);
+            let mut len = self.file.metadata().map_err(io)?.len();
+            while len > self.written + crate::io::REMOVE_STEP_BYTES {
+                len -= crate::io::REMOVE_STEP_BYTES;
+                self.file.set_len(len).map_err(io)?;
+                self.file.sync_data().map_err(io)?;
+            }
+            self.file.set_len(self.written).map_err(io)?;
         }
         self.file
             .sync_all()
@@ -493,7 +501,8 @@ mod tests {
             }
             framed
         };
-        let first = write_snapshot(&dir, 10, &[body(3000, 1)]).unwrap();
+        // Over one cutting step (`REMOVE_STEP_BYTES`) longer than the third.
+        let first = write_snapshot(&dir, 10, &[body(6000, 1)]).unwrap();
         let second = write_snapshot(&dir, 20, &[body(10, 2)]).unwrap();
         let first_ino = std::fs::metadata(&first).unwrap().ino();
         assert!(keep_as_spare(&first).unwrap());
