@@ -303,14 +303,22 @@ pub fn remove_file_gradually(path: &std::path::Path) -> std::io::Result<()> {
     std::fs::rename(path, &retired)?;
     sync_dir(dir)?;
     let file = std::fs::OpenOptions::new().write(true).open(&retired)?;
-    let mut len = file.metadata()?.len();
-    while len > REMOVE_STEP_BYTES {
-        len -= REMOVE_STEP_BYTES;
-        file.set_len(len)?;
-        file.sync_data()?;
-    }
+    shrink_gradually(&file, 0)?;
     drop(file);
     std::fs::remove_file(&retired)
+}
+
+/// Shrinks `file` towards `len` bytes [`REMOVE_STEP_BYTES`] per synced step while more than
+/// a step is left (see [`remove_file_gradually`] for why), leaving the last step to the
+/// caller (a final `set_len`, or an unlink).
+pub fn shrink_gradually(file: &File, len: u64) -> std::io::Result<()> {
+    let mut at = file.metadata()?.len();
+    while at > len + REMOVE_STEP_BYTES {
+        at -= REMOVE_STEP_BYTES;
+        file.set_len(at)?;
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -192,14 +192,9 @@ impl SnapshotWriter {
             // a few MiB per synced step when there are many, as a file is deleted
             // (`io::remove_file_gradually`): freeing blocks in one step can hold up the
             // log's syncs behind the discards.
-            let io = |e| LogError::io(&self.tmp, e);
-            let mut len = self.file.metadata().map_err(io)?.len();
-            while len > self.written + crate::io::REMOVE_STEP_BYTES {
-                len -= crate::io::REMOVE_STEP_BYTES;
-                self.file.set_len(len).map_err(io)?;
-                self.file.sync_data().map_err(io)?;
-            }
-            self.file.set_len(self.written).map_err(io)?;
+            crate::io::shrink_gradually(&self.file, self.written)
+                .and_then(|()| self.file.set_len(self.written))
+                .map_err(|e| LogError::io(&self.tmp, e))?;
         }
         self.file
             .sync_all()

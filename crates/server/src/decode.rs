@@ -522,8 +522,12 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
                 "table" if schema.is_none() => {
                     let name: KeyStr<'de> = map.next_value()?;
                     schema = Some(
-                        table(&mut *self.schemas, &mut *self.last, name.as_str())
-                            .ok_or_else(give_up)?,
+                        table(
+                            &mut *self.schemas,
+                            &mut *self.last,
+                            name.as_str().as_bytes(),
+                        )
+                        .ok_or_else(give_up)?,
                     );
                 }
                 "if_version" if if_version.is_none() => {
@@ -566,35 +570,36 @@ impl<'de> Visitor<'de> for OpSeed<'_, '_> {
     }
 }
 
-/// The table named `name`: `last` (the previous op's) if it is that one, else looked up.
+/// The table named `name` (a name's bytes: a binary reader need not check them as UTF-8 to
+/// match the previous op's): `last` (the previous op's) if it is that one, else looked up.
 fn table(
     schemas: &mut dyn Schemas,
     last: &mut Option<Arc<TableSchema>>,
-    name: &str,
+    name: &[u8],
 ) -> Option<Arc<TableSchema>> {
     match last {
-        Some(s) if s.name == name => Some(s.clone()),
+        Some(s) if s.name.as_bytes() == name => Some(s.clone()),
         _ => {
-            let s = schemas.table(name)?;
+            let s = schemas.table(std::str::from_utf8(name).ok()?)?;
             *last = Some(s.clone());
             Some(s)
         }
     }
 }
 
-/// Column `name`'s position: clients usually name the columns in schema order, so the
-/// one after the last (`next`) is tried first.
-fn column_index(schema: &TableSchema, next: usize, name: &str) -> Option<usize> {
+/// Column `name`'s position (`name` as bytes, as for [`table`]): clients usually name the
+/// columns in schema order, so the one after the last (`next`) is tried first.
+fn column_index(schema: &TableSchema, next: usize, name: &[u8]) -> Option<usize> {
     match schema.columns.get(next) {
-        Some(c) if same(&c.name, name) => Some(next),
-        _ => schema.column(name),
+        Some(c) if same(c.name.as_bytes(), name) => Some(next),
+        _ => schema.column(std::str::from_utf8(name).ok()?),
     }
 }
 
 /// `a == b`, compared in line: for names this short a call to `memcmp` costs more.
 #[inline(always)]
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 /// An op from its fields as read (`fields`: whether it was a `set`, and what it held), or
@@ -730,7 +735,8 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
         let mut seen = Seen::new(columns.len());
         let mut next = 0;
         while let Some(name) = map.next_key::<KeyStr<'de>>()? {
-            let i = column_index(self.schema, next, name.as_str()).ok_or_else(give_up)?;
+            let i =
+                column_index(self.schema, next, name.as_str().as_bytes()).ok_or_else(give_up)?;
             if !seen.insert(i) {
                 return Err(give_up());
             }
@@ -802,7 +808,8 @@ impl<'de> Visitor<'de> for FullRowSeed<'_> {
         let mut seen = Seen::new(columns.len());
         let mut next = 0;
         while let Some(name) = map.next_key::<KeyStr<'de>>()? {
-            let i = column_index(self.schema, next, name.as_str()).ok_or_else(give_up)?;
+            let i =
+                column_index(self.schema, next, name.as_str().as_bytes()).ok_or_else(give_up)?;
             if !seen.insert(i) {
                 return Err(give_up());
             }

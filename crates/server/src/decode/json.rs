@@ -435,7 +435,7 @@ impl<'b> Reader<'b> {
                     });
                 }
                 "table" if schema.is_none() => {
-                    schema = Some(table(schemas, last, &self.string()?)?);
+                    schema = Some(table(schemas, last, self.string()?.as_bytes())?);
                 }
                 "if_version" if if_version.is_none() => {
                     if_version = Some(match self.peek()? {
@@ -493,7 +493,7 @@ impl<'b> Reader<'b> {
         }
         let mut next = 0;
         loop {
-            let i = column_index(schema, next, &self.key()?)?;
+            let i = column_index(schema, next, self.key()?.as_bytes())?;
             if !seen.insert(i) {
                 return None;
             }

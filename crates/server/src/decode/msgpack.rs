@@ -135,14 +135,7 @@ fn op(
                     _ => return None,
                 });
             }
-            b"table" if schema.is_none() => {
-                let name = key(r)?;
-                schema = Some(match last {
-                    // The previous op's table, by its bytes (most ops name the same one).
-                    Some(s) if s.name.as_bytes() == name => s.clone(),
-                    _ => table(schemas, last, text(name)?)?,
-                });
-            }
+            b"table" if schema.is_none() => schema = Some(table(schemas, last, key(r)?)?),
             b"if_version" if if_version.is_none() => {
                 // As `super::IfVersionSeed`: null, or an integer that is not negative.
                 if_version = Some(match r.token()? {
@@ -183,12 +176,7 @@ fn members_of(
     let mut seen = Seen::new(schema.columns.len());
     let mut next = 0;
     for _ in 0..members {
-        let name = key(r)?;
-        let i = match schema.columns.get(next) {
-            // Columns are mostly named in order: the next one, by its bytes.
-            Some(c) if c.name.as_bytes() == name => next,
-            _ => column_index(schema, next, text(name)?)?,
-        };
+        let i = column_index(schema, next, key(r)?)?;
         if !seen.insert(i) {
             return None;
         }
