@@ -309,6 +309,9 @@ fn encode_reply(encoding: Encoding, reply: Outgoing) -> Message {
         Outgoing::Value(value) => return encode(encoding, value),
         Outgoing::Encoded(_) => unreachable!("returned above"),
         Outgoing::CallResult { id, seq, result } => (id, *seq, result),
+        Outgoing::MutateResult { id, ok } if encoding == Encoding::Json => {
+            return Message::Text(mutate_result_json(id, ok.seq, &ok.results).into());
+        }
         Outgoing::MutateResult { id, ok } => {
             let reply = MutateResult {
                 kind: "result",
@@ -326,6 +329,21 @@ fn encode_reply(encoding: Encoding, reply: Outgoing) -> Message {
         id,
     };
     encode_parts(encoding, &reply)
+}
+
+/// A mutate's result reply in JSON, `{"type": "result", "seq", "results", "id"}`: the text
+/// `serde_json` makes of [`MutateResult`], with the results written by hand (see
+/// [`crate::api::mutate_reply_json`]).
+fn mutate_result_json(id: &Value, seq: u64, results: &[sluice_engine::WriteResult]) -> String {
+    let mut out = Vec::with_capacity(64 + results.len() * 48);
+    out.extend_from_slice(b"{\"type\":\"result\",\"seq\":");
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
+    out.extend_from_slice(b",\"results\":");
+    crate::api::write_results_json(results, &mut out);
+    out.extend_from_slice(b",\"id\":");
+    serde_json::to_writer(&mut out, id).expect("a JSON value serialises into a Vec");
+    out.push(b'}');
+    String::from_utf8(out).expect("JSON text is UTF-8")
 }
 
 /// A reply serialised straight from its parts.
@@ -1344,6 +1362,32 @@ async fn dispatch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mutate's JSON result reply written by hand is the text `serde_json` makes of
+    /// [`MutateResult`], whatever the request's id.
+    #[test]
+    fn a_hand_written_mutate_result_is_the_text_serde_json_writes() {
+        let mut rng = sluice_fuzzkit::Rng::new(0x1d5_4e91);
+        let ids = [
+            Value::Null,
+            json!(7),
+            json!(-1.5),
+            json!("req-\"1\""),
+            json!({"z": 1, "a": [true, null]}),
+        ];
+        for _ in 0..2_000 {
+            let results = crate::api::reply_tests::random_results(&mut rng);
+            let (id, seq) = (rng.pick(&ids), rng.next_u64() >> rng.below(64));
+            let want = serde_json::to_string(&MutateResult {
+                kind: "result",
+                seq,
+                results: ResultsSer(&results),
+                id,
+            })
+            .expect("serialises");
+            assert_eq!(mutate_result_json(id, seq, &results), want);
+        }
+    }
 
     /// What the generic path makes of `message` when it is a call it would queue: the same
     /// fields `dispatch` reads.
