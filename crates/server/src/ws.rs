@@ -1367,7 +1367,7 @@ mod tests {
     /// [`MutateResult`], whatever the request's id.
     #[test]
     fn a_hand_written_mutate_result_is_the_text_serde_json_writes() {
-        let mut rng = sluice_fuzzkit::Rng::new(0x1d5_4e91);
+        let mut rng = sluice_fuzzkit::Rng::new(0x01d5_4e91);
         let ids = [
             Value::Null,
             json!(7),
