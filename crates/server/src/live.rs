@@ -166,7 +166,10 @@ pub(crate) async fn sse(
             Some((Ok(sse), (s, g, Some(next), encoder)))
         },
     );
-    Ok(Sse::new(stream)
+    let response = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(core.config().live_heartbeat))
-        .into_response())
+        .into_response();
+    Ok(crate::static_files::compress_event_stream(
+        &headers, response,
+    ))
 }

@@ -418,14 +418,17 @@ async fn watch_sse(
         let chunk = s.step().await?;
         Some((Ok::<_, std::convert::Infallible>(chunk), (s, g)))
     });
-    Ok((
+    let response = (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(stream),
     )
-        .into_response())
+        .into_response();
+    Ok(crate::static_files::compress_event_stream(
+        &headers, response,
+    ))
 }
 
 struct SseWatch {
