@@ -229,6 +229,14 @@ impl Msgpack {
         Some((Msgpack(frame[at..end].into()), end))
     }
 
+    /// `bytes`, if they are one value [`Msgpack`] takes and nothing after it (kept, not
+    /// copied).
+    pub fn checked(bytes: Vec<u8>) -> Option<Msgpack> {
+        let mut reader = Reader::new(&bytes);
+        reader.check(0)?;
+        (reader.at == bytes.len()).then(|| Msgpack(bytes.into_boxed_slice()))
+    }
+
     /// The checked bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.0

@@ -516,15 +516,16 @@ impl Core {
         &self,
         caller: &crate::auth::Caller,
         name: String,
-        args: Json,
+        args: impl Into<sluice_functions::Args>,
         durability: Option<Durability>,
     ) -> Result<CallOk, CoreError> {
         let durability = durability.unwrap_or(self.shared.config.durability);
         let claims = caller.claims().cloned();
+        let args = args.into();
         let ok = self
             .call(|reply| Request::Call {
                 name,
-                args: args.into(),
+                args,
                 claims,
                 durability,
                 reply,

@@ -227,6 +227,15 @@ pub fn decode_mutate(
     })
 }
 
+/// The arguments and durability of a `POST /v1/call` body read by the hand reader, the
+/// arguments as checked MessagePack (what a WebSocket call hands the functions); `None`
+/// for a body the general path must read (it also makes every refusal).
+pub fn read_call_json(body: &[u8]) -> Option<(sluice_functions::Args, Option<Durability>)> {
+    let (args, durability) = json::read_call(body)?;
+    let args = sluice_functions::Msgpack::checked(args)?;
+    Some((sluice_functions::Args::Msgpack(args), durability))
+}
+
 /// The hand-written reader of a JSON mutate body ([`decode_mutate`] tries it first; `ws`:
 /// a WebSocket `mutate` request, with its `"type"` and `"id"`): the ops, durability and id,
 /// or `None` for anything it is not sure of — which [`read_mutate_serde`] then reads. What

@@ -27,7 +27,8 @@ use sluice_engine::Db;
 use sluice_fuzzkit::{env_u64, Rng};
 use sluice_log::Durability;
 use sluice_server::decode::{
-    read_mutate_json, read_mutate_msgpack, read_mutate_msgpack_serde, read_mutate_serde,
+    read_call_json, read_mutate_json, read_mutate_msgpack, read_mutate_msgpack_serde,
+    read_mutate_serde,
 };
 use sluice_server::{Config, Core};
 
@@ -561,6 +562,121 @@ fn hand_msgpack_reader_matches_rmp_serde() {
         |frame, schemas, _| read_mutate_msgpack(frame, schemas, OPS_MAX),
         |frame, schemas, _| read_mutate_msgpack_serde(frame, schemas, OPS_MAX),
     );
+}
+
+/// The hand reader of a `POST /v1/call` body (`read_call_json`, which transcodes the
+/// arguments to MessagePack) takes only bodies the general path takes, and reads them as it
+/// does: the same durability, and arguments that read back (`Args::to_json`, the value the
+/// functions build their JS value from) to the `serde_json` value of the same text, key
+/// order and float bits included. And it takes every plain body: no key twice in an
+/// object, no integer only a `u64` holds, nothing nested past its depth.
+#[test]
+fn hand_call_reader_matches_serde() {
+    let seed = env_u64("SLUICE_DECODE_SEED").unwrap_or(0xca11_b0d1);
+    let cases = env_u64("SLUICE_DECODE_CASES").unwrap_or(20_000);
+    let mut rng = Rng::new(seed);
+    let (mut taken, mut plain) = (0, 0);
+    for case in 0..cases {
+        let mut made = Made {
+            noisy: rng.one_in(2),
+            ..Made::default()
+        };
+        let mut members = Vec::new();
+        if !rng.one_in(8) {
+            members.push(("args".to_string(), any_json(&mut rng, 4, &mut made)));
+        }
+        if rng.one_in(2) {
+            let class = if made.fault(&mut rng, 6) {
+                J::Str(rng.pick(&["eventually", "FSYNC", ""]).to_string())
+            } else if rng.one_in(5) {
+                J::Null
+            } else {
+                J::Str(
+                    rng.pick(&["memory", "disk", "fsync", "replicated"])
+                        .to_string(),
+                )
+            };
+            members.push(("durability".to_string(), class));
+        }
+        if made.fault(&mut rng, 10) {
+            members.push(("argz".to_string(), J::Num("1".into())));
+        }
+        if !members.is_empty() && made.fault(&mut rng, 10) {
+            let again = members[rng.below(members.len())].clone();
+            members.push(again);
+        }
+        shuffle_some(&mut rng, &mut members);
+        let body_json = J::Obj(members);
+        let mut text = String::new();
+        spell(&mut rng, &body_json, &mut text, &mut made);
+        let mut body = text.into_bytes();
+        if made.fault(&mut rng, 20) {
+            body.truncate(rng.below(body.len() + 1));
+        }
+        let shown = || {
+            format!(
+                "case {case} (seed {seed:#x}): {}",
+                String::from_utf8_lossy(&body)
+            )
+        };
+
+        // The general path: a JSON object of `args` and `durability` only.
+        let general = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| match v {
+                serde_json::Value::Object(mut m) => Some(m.remove("args").unwrap_or_default())
+                    .filter(|_| m.keys().all(|k| k == "durability"))
+                    .and_then(|args| match m.get("durability") {
+                        None | Some(serde_json::Value::Null) => Some((args, None)),
+                        Some(serde_json::Value::String(s)) => {
+                            s.parse::<Durability>().ok().map(|d| (args, Some(d)))
+                        }
+                        Some(_) => None,
+                    }),
+                _ => None,
+            });
+        let hand = read_call_json(&body);
+        if let Some((args, durability)) = &hand {
+            taken += 1;
+            let (want_args, want_durability) = general
+                .as_ref()
+                .unwrap_or_else(|| panic!("taken here, refused by serde_json: {}", shown()));
+            assert_eq!(
+                serde_json::to_string(&args.to_json()).unwrap(),
+                serde_json::to_string(want_args).unwrap(),
+                "{}",
+                shown()
+            );
+            assert_eq!(durability, want_durability, "{}", shown());
+        }
+        if general.is_some() && !made.handed_on && plain_json(&body_json) {
+            plain += 1;
+            assert!(
+                hand.is_some(),
+                "a plain body the hand reader refuses: {}",
+                shown()
+            );
+        }
+    }
+    eprintln!("hand call reader: seed {seed:#x}, {cases} bodies, {plain} plain, {taken} taken");
+    assert!(
+        plain > cases / 4 && taken >= plain,
+        "only {plain} plain bodies and {taken} taken of {cases}"
+    );
+}
+
+/// No object with a key twice and no integer beyond `i64` (or `-0`, a float to serde_json).
+fn plain_json(j: &J) -> bool {
+    match j {
+        J::Num(n) if !n.contains(['.', 'e', 'E']) => n != "-0" && n.parse::<i64>().is_ok(),
+        J::Raw(_) => false,
+        J::Arr(items) => items.iter().all(plain_json),
+        J::Obj(members) => members
+            .iter()
+            .enumerate()
+            .all(|(i, (k, v))| members[..i].iter().all(|(other, _)| other != k) && plain_json(v)),
+        _ => true,
+    }
 }
 
 /// A reader under test: the body, the schemas, and whether it is a WebSocket request.

@@ -70,6 +70,71 @@ pub(super) fn read(
     Some((ops?, durability.flatten(), id))
 }
 
+/// The `args` and `durability` of a `POST /v1/call` body, `{"args": …, "durability": …}`,
+/// with the arguments as MessagePack (see [`Reader::msgpack`]: what the functions take
+/// from a WebSocket call, built into JS values without a `serde_json::Value` first), or
+/// `None` for a body it leaves to the general path (an unknown or repeated field, an
+/// unknown durability, a value it does not transcode).
+pub(super) fn read_call(body: &[u8]) -> Option<(Vec<u8>, Option<Durability>)> {
+    let mut r = Reader {
+        text: std::str::from_utf8(body).ok()?,
+        at: 0,
+    };
+    r.open(b'{')?;
+    let mut args = None;
+    let mut durability: Option<Option<Durability>> = None;
+    if !r.empty(b'}') {
+        loop {
+            match &*r.key()? {
+                "args" if args.is_none() => {
+                    let mut out = Vec::with_capacity(64);
+                    r.msgpack(&mut out, JSON_DEPTH_MAX)?;
+                    args = Some(out);
+                }
+                "durability" if durability.is_none() => {
+                    durability = Some(match r.null_or_string()? {
+                        None => None,
+                        Some(name) => Some(name.parse().ok()?),
+                    });
+                }
+                _ => return None,
+            }
+            if !r.more(b'}')? {
+                break;
+            }
+        }
+    }
+    r.skip_space();
+    if r.at != body.len() {
+        return None;
+    }
+    // No `args`: `null`, as the general path reads it.
+    Some((
+        args.unwrap_or_else(|| vec![MSGPACK_NIL]),
+        durability.flatten(),
+    ))
+}
+
+const MSGPACK_NIL: u8 = 0xc0;
+
+/// `text` as a MessagePack string (the smallest header for its length).
+fn msgpack_str(out: &mut Vec<u8>, text: &str) {
+    let len = text.len();
+    match len {
+        0..=31 => out.push(0xa0 | len as u8),
+        32..=0xff => out.extend_from_slice(&[0xd9, len as u8]),
+        0x100..=0xffff => {
+            out.push(0xda);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(0xdb);
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(text.as_bytes());
+}
+
 /// Nesting the hand reader takes in a JSON column's value or a request's id (`serde_json`
 /// takes 128 levels in the whole body; a value read whole at this depth is well inside).
 const JSON_DEPTH_MAX: usize = 64;
@@ -347,6 +412,82 @@ impl<'b> Reader<'b> {
                 }
                 if self.at == start {
                     return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// One JSON value, at most `depth` levels deep, appended to `out` as MessagePack that
+    /// reads back (`sluice_functions::msgpack::Msgpack::to_json`) to the value `serde_json`
+    /// reads from the text: an integer as a 64-bit one (signed if negative), a number with a
+    /// fraction or exponent as a float 64 of `serde_json`'s bits ([`Reader::real`]), strings
+    /// unescaped, objects and arrays with a 32-bit count. `None` for an integer only a `u64`
+    /// holds (left to `serde_json`). A key given twice is transcoded as it is; the check that
+    /// follows (`Msgpack::read`) refuses it, and the general path reads the body.
+    fn msgpack(&mut self, out: &mut Vec<u8>, depth: usize) -> Option<()> {
+        match self.peek()? {
+            open @ (b'{' | b'[') => {
+                let depth = depth.checked_sub(1)?;
+                let (close, marker) = if open == b'{' {
+                    (b'}', 0xdf)
+                } else {
+                    (b']', 0xdd)
+                };
+                self.at += 1;
+                let header = out.len();
+                out.extend_from_slice(&[marker, 0, 0, 0, 0]);
+                let mut count = 0u32;
+                if !self.empty(close) {
+                    loop {
+                        if open == b'{' {
+                            let key = self.key()?;
+                            msgpack_str(out, &key);
+                        }
+                        self.msgpack(out, depth)?;
+                        count = count.checked_add(1)?;
+                        if !self.more(close)? {
+                            break;
+                        }
+                    }
+                }
+                out[header + 1..header + 5].copy_from_slice(&count.to_be_bytes());
+            }
+            b'"' => {
+                let text = self.string()?;
+                msgpack_str(out, &text);
+            }
+            b'n' => {
+                self.word(b"null")?;
+                out.push(MSGPACK_NIL);
+            }
+            b't' => {
+                self.word(b"true")?;
+                out.push(0xc3);
+            }
+            b'f' => {
+                self.word(b"false")?;
+                out.push(0xc2);
+            }
+            _ => {
+                let start = self.at;
+                let fraction = self.bytes()[start..]
+                    .iter()
+                    .take_while(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    .any(|c| matches!(c, b'.' | b'e' | b'E'));
+                if fraction {
+                    let f = self.real()?;
+                    out.push(0xcb);
+                    out.extend_from_slice(&f.to_bits().to_be_bytes());
+                } else {
+                    let i = self.integer()?;
+                    if i < 0 {
+                        out.push(0xd3);
+                        out.extend_from_slice(&i.to_be_bytes());
+                    } else {
+                        out.push(0xcf);
+                        out.extend_from_slice(&(i as u64).to_be_bytes());
+                    }
                 }
             }
         }
