@@ -32,10 +32,7 @@ pub(super) fn read(
     ops_max: usize,
     ws: bool,
 ) -> Option<super::Body> {
-    let mut r = Reader {
-        text: std::str::from_utf8(body).ok()?,
-        at: 0,
-    };
+    let mut r = Reader::new(body)?;
     r.open(b'{')?;
     let mut ops = None;
     let mut durability: Option<Option<Durability>> = None;
@@ -52,10 +49,7 @@ pub(super) fn read(
             "id" if ws && id.is_none() => id = Some(r.json(JSON_DEPTH_MAX)?),
             "ops" if ops.is_none() => ops = Some(r.ops(schemas, ops_max)?),
             "durability" if durability.is_none() => {
-                durability = Some(match r.null_or_string()? {
-                    None => None,
-                    Some(name) => Some(name.parse().ok()?),
-                });
+                durability = Some(r.durability()?);
             }
             _ => return None,
         }
@@ -63,8 +57,7 @@ pub(super) fn read(
             break;
         }
     }
-    r.skip_space();
-    if r.at != body.len() || (ws && !typed) {
+    if !r.at_end() || (ws && !typed) {
         return None;
     }
     Some((ops?, durability.flatten(), id))
@@ -76,10 +69,7 @@ pub(super) fn read(
 /// `None` for a body it leaves to the general path (an unknown or repeated field, an
 /// unknown durability, a value it does not transcode).
 pub(super) fn read_call(body: &[u8]) -> Option<(Vec<u8>, Option<Durability>)> {
-    let mut r = Reader {
-        text: std::str::from_utf8(body).ok()?,
-        at: 0,
-    };
+    let mut r = Reader::new(body)?;
     r.open(b'{')?;
     let mut args = None;
     let mut durability: Option<Option<Durability>> = None;
@@ -92,10 +82,7 @@ pub(super) fn read_call(body: &[u8]) -> Option<(Vec<u8>, Option<Durability>)> {
                     args = Some(out);
                 }
                 "durability" if durability.is_none() => {
-                    durability = Some(match r.null_or_string()? {
-                        None => None,
-                        Some(name) => Some(name.parse().ok()?),
-                    });
+                    durability = Some(r.durability()?);
                 }
                 _ => return None,
             }
@@ -104,8 +91,7 @@ pub(super) fn read_call(body: &[u8]) -> Option<(Vec<u8>, Option<Durability>)> {
             }
         }
     }
-    r.skip_space();
-    if r.at != body.len() {
+    if !r.at_end() {
         return None;
     }
     // No `args`: `null`, as the general path reads it.
@@ -146,6 +132,28 @@ struct Reader<'b> {
 }
 
 impl<'b> Reader<'b> {
+    /// A reader at the start of `body`, which must be UTF-8 (checked once, whole).
+    fn new(body: &'b [u8]) -> Option<Reader<'b>> {
+        Some(Reader {
+            text: std::str::from_utf8(body).ok()?,
+            at: 0,
+        })
+    }
+
+    /// Whether only whitespace is left.
+    fn at_end(&mut self) -> bool {
+        self.skip_space();
+        self.at == self.text.len()
+    }
+
+    /// A `"durability"`: `null` (the server's default) or the name of a class.
+    fn durability(&mut self) -> Option<Option<Durability>> {
+        Some(match self.null_or_string()? {
+            None => None,
+            Some(name) => Some(name.parse().ok()?),
+        })
+    }
+
     fn bytes(&self) -> &'b [u8] {
         self.text.as_bytes()
     }
