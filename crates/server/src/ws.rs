@@ -339,17 +339,11 @@ fn call_result(encoding: Encoding, id: &Value, seq: u64, result: &Value) -> Mess
             out.extend_from_slice(b"{\"type\":\"result\",\"seq\":");
             out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
             out.extend_from_slice(b",\"result\":");
-            let written = serde_json::to_writer(&mut out, result).and_then(|()| {
-                out.extend_from_slice(b",\"id\":");
-                serde_json::to_writer(&mut out, id)
-            });
-            match written.map(|()| out.push(b'}')) {
-                Ok(()) => match String::from_utf8(out) {
-                    Ok(text) => Message::Text(text.into()),
-                    Err(e) => encode_failed(e.to_string()),
-                },
-                Err(e) => encode_failed(e.to_string()),
-            }
+            crate::api::json_value(&mut out, result);
+            out.extend_from_slice(b",\"id\":");
+            crate::api::json_value(&mut out, id);
+            out.push(b'}');
+            Message::Text(String::from_utf8(out).expect("JSON text is UTF-8").into())
         }
         Encoding::Msgpack => {
             // A map of four (`fixmap`), its keys as `fixstr`s, as `to_vec_named` writes them.
@@ -390,7 +384,7 @@ fn mutate_result_json(id: &Value, seq: u64, results: &[sluice_engine::WriteResul
     out.extend_from_slice(b",\"results\":");
     crate::api::write_results_json(results, &mut out);
     out.extend_from_slice(b",\"id\":");
-    serde_json::to_writer(&mut out, id).expect("a JSON value serialises into a Vec");
+    crate::api::json_value(&mut out, id);
     out.push(b'}');
     String::from_utf8(out).expect("JSON text is UTF-8")
 }
