@@ -782,9 +782,12 @@ impl serde::Serialize for MutateReply<'_> {
     }
 }
 
-/// `results` of a committed mutate, serialised in place.
+/// `results` of a committed mutate, serialised in place: the reference the hand-written
+/// replies ([`write_results_json`], `ws::mutate_result_msgpack`) are tested against.
+#[cfg(test)]
 pub(crate) struct ResultsSer<'a>(pub &'a [sluice_engine::WriteResult]);
 
+#[cfg(test)]
 impl serde::Serialize for ResultsSer<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{SerializeMap, SerializeSeq};

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use sluice_live::Subscribe;
 
-use crate::api::{durability_of, parse_ops, query_json, ApiError, ResultsSer};
+use crate::api::{durability_of, parse_ops, query_json, ApiError};
 use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
@@ -279,13 +279,14 @@ enum Outgoing {
 }
 
 /// The fields of a mutate's result reply, in the order (and so with the bytes) of the JSON
-/// object it replaces.
+/// object it replaces: the reference the hand-written replies are tested against.
+#[cfg(test)]
 #[derive(serde::Serialize)]
 struct MutateResult<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     seq: u64,
-    results: ResultsSer<'a>,
+    results: crate::api::ResultsSer<'a>,
     id: &'a Value,
 }
 
@@ -315,13 +316,10 @@ fn encode_reply(encoding: Encoding, reply: Outgoing) -> Message {
             return Message::Text(mutate_result_json(id, ok.seq, &ok.results).into());
         }
         Outgoing::MutateResult { id, ok } => {
-            let reply = MutateResult {
-                kind: "result",
-                seq: ok.seq,
-                results: ResultsSer(&ok.results),
-                id,
+            return match mutate_result_msgpack(id, ok.seq, &ok.results) {
+                Ok(bytes) => Message::Binary(bytes.into()),
+                Err(e) => encode_failed(e.to_string()),
             };
-            return encode_parts(encoding, &reply);
         }
     };
     call_result(encoding, id, seq, result)
@@ -369,7 +367,7 @@ fn call_result(encoding: Encoding, id: &Value, seq: u64, result: &Value) -> Mess
 /// `value` in MessagePack appended to `out`, as `rmp_serde::to_vec_named` writes it.
 fn msgpack_into(
     out: &mut Vec<u8>,
-    value: &impl serde::Serialize,
+    value: &(impl serde::Serialize + ?Sized),
 ) -> Result<(), rmp_serde::encode::Error> {
     rmp_serde::encode::write_named(out, value)
 }
@@ -387,6 +385,58 @@ fn mutate_result_json(id: &Value, seq: u64, results: &[sluice_engine::WriteResul
     crate::api::json_value(&mut out, id);
     out.push(b'}');
     String::from_utf8(out).expect("JSON text is UTF-8")
+}
+
+/// A mutate's result reply in MessagePack: the bytes `rmp_serde::to_vec_named` makes of
+/// [`MutateResult`] (a test holds them equal), its envelope and each result's map header and
+/// keys written directly, the values by `rmp_serde`; a run of one table's results encodes
+/// the name once and copies it after that.
+fn mutate_result_msgpack(
+    id: &Value,
+    seq: u64,
+    results: &[sluice_engine::WriteResult],
+) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let mut out = Vec::with_capacity(48 + results.len() * 32);
+    out.extend_from_slice(b"\x84\xa4type\xa6result\xa3seq");
+    msgpack_into(&mut out, &seq)?;
+    out.extend_from_slice(b"\xa7results");
+    // An array's length as `rmp` writes it: fixarray, array 16 or array 32.
+    match u32::try_from(results.len()).expect("fewer results than ops_per_mutate_max") {
+        n @ 0..=15 => out.push(0x90 | n as u8),
+        n @ 16..=0xffff => {
+            out.push(0xdc);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0xdd);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
+    // The table of the result before, and where its encoded name lies in `out`.
+    let mut last: Option<(&Arc<sluice_engine::TableSchema>, std::ops::Range<usize>)> = None;
+    for r in results {
+        out.extend_from_slice(b"\x83\xa5table");
+        match &last {
+            Some((table, name)) if Arc::ptr_eq(table, &r.table) => {
+                out.extend_from_within(name.clone());
+            }
+            _ => {
+                let start = out.len();
+                msgpack_into(&mut out, &r.table.name)?;
+                last = Some((&r.table, start..out.len()));
+            }
+        }
+        out.extend_from_slice(b"\xa2id");
+        match &r.key {
+            sluice_engine::Key::Int(i) => msgpack_into(&mut out, i)?,
+            sluice_engine::Key::Text(t) => msgpack_into(&mut out, &**t)?,
+        }
+        out.extend_from_slice(b"\xa7version");
+        msgpack_into(&mut out, &r.version)?;
+    }
+    out.extend_from_slice(b"\xa2id");
+    msgpack_into(&mut out, id)?;
+    Ok(out)
 }
 
 /// A reply serialised straight from its parts.
@@ -1405,6 +1455,7 @@ async fn dispatch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ResultsSer;
 
     /// A call's result reply written by hand is what `serde_json` and `rmp_serde` make of
     /// [`CallResult`], whatever the call's id and result.
@@ -1444,6 +1495,38 @@ mod tests {
                 call_result(Encoding::Msgpack, id, seq, result),
                 Message::Binary(bytes.into())
             );
+        }
+    }
+
+    /// A mutate's MessagePack result reply written by hand is the bytes `rmp_serde` makes of
+    /// [`MutateResult`], whatever the results (up to past the 15 a `fixarray` holds) and id.
+    #[test]
+    fn a_hand_written_msgpack_mutate_result_is_the_bytes_rmp_serde_writes() {
+        let mut rng = sluice_fuzzkit::Rng::new(0x4e91_0b1e);
+        let ids = [
+            Value::Null,
+            json!(7),
+            json!(-40),
+            json!("req-1"),
+            json!({"a": [1]}),
+        ];
+        for _ in 0..2_000 {
+            let mut results = crate::api::reply_tests::random_results(&mut rng);
+            if rng.one_in(10) {
+                // Past a `fixarray`: 16 and more results.
+                while results.len() < 16 + rng.below(10) {
+                    results.extend(crate::api::reply_tests::random_results(&mut rng));
+                }
+            }
+            let (id, seq) = (rng.pick(&ids), rng.next_u64() >> rng.below(64));
+            let want = rmp_serde::to_vec_named(&MutateResult {
+                kind: "result",
+                seq,
+                results: ResultsSer(&results),
+                id,
+            })
+            .expect("serialises");
+            assert_eq!(mutate_result_msgpack(id, seq, &results).unwrap(), want);
         }
     }
 
