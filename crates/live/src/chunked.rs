@@ -492,8 +492,9 @@ pub(crate) fn json_value(v: &Value, out: &mut Vec<u8>) {
 }
 
 /// The MessagePack writers the chunks need, each picking the shortest form (as `rmp`
-/// does), so a value encodes as the JSON-then-MessagePack path encoded it.
-mod mp {
+/// does), so a value encodes as the JSON-then-MessagePack path encoded it. The server's
+/// hand-written replies and its JSON-to-MessagePack call arguments use them too.
+pub mod mp {
     use serde_json::Value as Json;
     use sluice_engine::Value;
 

@@ -732,24 +732,14 @@ const RESULT_JSON_BYTES_TYPICAL: usize = 48;
 /// results of one table escapes its name once and copies it after that.
 pub(crate) fn write_results_json(results: &[sluice_engine::WriteResult], out: &mut Vec<u8>) {
     let mut numbers = itoa::Buffer::new();
-    // The table of the result before, and where its escaped name lies in `out`.
-    let mut last: Option<(&Arc<sluice_engine::TableSchema>, std::ops::Range<usize>)> = None;
+    let mut last = None;
     out.push(b'[');
     for (i, r) in results.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"table\":");
-        match &last {
-            Some((table, name)) if Arc::ptr_eq(table, &r.table) => {
-                out.extend_from_within(name.clone());
-            }
-            _ => {
-                let start = out.len();
-                json_value(out, &*r.table.name);
-                last = Some((&r.table, start..out.len()));
-            }
-        }
+        push_table_name(out, &mut last, &r.table, json_value);
         out.extend_from_slice(b",\"id\":");
         match &r.key {
             Key::Int(id) => out.extend_from_slice(numbers.format(*id).as_bytes()),
@@ -760,6 +750,32 @@ pub(crate) fn write_results_json(results: &[sluice_engine::WriteResult], out: &m
         out.push(b'}');
     }
     out.push(b']');
+}
+
+/// The table of the result before and where its encoded name lies in the reply: what
+/// [`push_table_name`] copies for the next result of the same table.
+pub(crate) type LastTable<'t> =
+    Option<(&'t Arc<sluice_engine::TableSchema>, std::ops::Range<usize>)>;
+
+/// Appends `table`'s name to a reply as `encode` writes it, or, when the result before was
+/// of the same table (`last`), copies the bytes written then: a mutate's results come in
+/// runs of one table, whose name is encoded once per run.
+pub(crate) fn push_table_name<'t>(
+    out: &mut Vec<u8>,
+    last: &mut LastTable<'t>,
+    table: &'t Arc<sluice_engine::TableSchema>,
+    encode: impl FnOnce(&mut Vec<u8>, &str),
+) {
+    match last {
+        Some((before, name)) if Arc::ptr_eq(before, table) => {
+            out.extend_from_within(name.clone());
+        }
+        _ => {
+            let start = out.len();
+            encode(out, &table.name);
+            *last = Some((table, start..out.len()));
+        }
+    }
 }
 
 /// A mutate's reply `{"seq", "results": [{"table", "id", "version"}, …]}`, serialised

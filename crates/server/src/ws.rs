@@ -30,6 +30,7 @@ use crate::auth::Caller;
 use crate::core::{CallOk, Core, MutateOk};
 use crate::error::{CoreError, WriterResult};
 use crate::writer::Request;
+use sluice_live::chunked::mp;
 
 pub const JSON_PROTOCOL: &str = "sluice.json.v1";
 pub const MSGPACK_PROTOCOL: &str = "sluice.msgpack.v1";
@@ -316,10 +317,7 @@ fn encode_reply(encoding: Encoding, reply: Outgoing) -> Message {
             return Message::Text(mutate_result_json(id, ok.seq, &ok.results).into());
         }
         Outgoing::MutateResult { id, ok } => {
-            return match mutate_result_msgpack(id, ok.seq, &ok.results) {
-                Ok(bytes) => Message::Binary(bytes.into()),
-                Err(e) => encode_failed(e.to_string()),
-            };
+            return Message::Binary(mutate_result_msgpack(id, ok.seq, &ok.results).into());
         }
     };
     call_result(encoding, id, seq, result)
@@ -347,29 +345,14 @@ fn call_result(encoding: Encoding, id: &Value, seq: u64, result: &Value) -> Mess
             // A map of four (`fixmap`), its keys as `fixstr`s, as `to_vec_named` writes them.
             let mut out = Vec::with_capacity(48);
             out.extend_from_slice(b"\x84\xa4type\xa6result\xa3seq");
-            let written = msgpack_into(&mut out, &seq)
-                .and_then(|()| {
-                    out.extend_from_slice(b"\xa6result");
-                    msgpack_into(&mut out, result)
-                })
-                .and_then(|()| {
-                    out.extend_from_slice(b"\xa2id");
-                    msgpack_into(&mut out, id)
-                });
-            match written {
-                Ok(()) => Message::Binary(out.into()),
-                Err(e) => encode_failed(e.to_string()),
-            }
+            mp::uint(seq, &mut out);
+            out.extend_from_slice(b"\xa6result");
+            mp::json(result, &mut out);
+            out.extend_from_slice(b"\xa2id");
+            mp::json(id, &mut out);
+            Message::Binary(out.into())
         }
     }
-}
-
-/// `value` in MessagePack appended to `out`, as `rmp_serde::to_vec_named` writes it.
-fn msgpack_into(
-    out: &mut Vec<u8>,
-    value: &(impl serde::Serialize + ?Sized),
-) -> Result<(), rmp_serde::encode::Error> {
-    rmp_serde::encode::write_named(out, value)
 }
 
 /// A mutate's result reply in JSON, `{"type": "result", "seq", "results", "id"}`: the text
@@ -388,55 +371,32 @@ fn mutate_result_json(id: &Value, seq: u64, results: &[sluice_engine::WriteResul
 }
 
 /// A mutate's result reply in MessagePack: the bytes `rmp_serde::to_vec_named` makes of
-/// [`MutateResult`] (a test holds them equal), its envelope and each result's map header and
-/// keys written directly, the values by `rmp_serde`; a run of one table's results encodes
-/// the name once and copies it after that.
-fn mutate_result_msgpack(
-    id: &Value,
-    seq: u64,
-    results: &[sluice_engine::WriteResult],
-) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+/// [`MutateResult`] (a test holds them equal), written with the chunks' MessagePack writers
+/// (`sluice_live::chunked::mp`, shortest forms as `rmp` picks them); a run of one table's
+/// results encodes the name once and copies it after that.
+fn mutate_result_msgpack(id: &Value, seq: u64, results: &[sluice_engine::WriteResult]) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + results.len() * 32);
     out.extend_from_slice(b"\x84\xa4type\xa6result\xa3seq");
-    msgpack_into(&mut out, &seq)?;
+    mp::uint(seq, &mut out);
     out.extend_from_slice(b"\xa7results");
-    // An array's length as `rmp` writes it: fixarray, array 16 or array 32.
-    match u32::try_from(results.len()).expect("fewer results than ops_per_mutate_max") {
-        n @ 0..=15 => out.push(0x90 | n as u8),
-        n @ 16..=0xffff => {
-            out.push(0xdc);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0xdd);
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-    }
-    // The table of the result before, and where its encoded name lies in `out`.
-    let mut last: Option<(&Arc<sluice_engine::TableSchema>, std::ops::Range<usize>)> = None;
+    mp::array_len(results.len(), &mut out);
+    let mut last = None;
     for r in results {
         out.extend_from_slice(b"\x83\xa5table");
-        match &last {
-            Some((table, name)) if Arc::ptr_eq(table, &r.table) => {
-                out.extend_from_within(name.clone());
-            }
-            _ => {
-                let start = out.len();
-                msgpack_into(&mut out, &r.table.name)?;
-                last = Some((&r.table, start..out.len()));
-            }
-        }
+        crate::api::push_table_name(&mut out, &mut last, &r.table, |out, name| {
+            mp::str(name, out)
+        });
         out.extend_from_slice(b"\xa2id");
         match &r.key {
-            sluice_engine::Key::Int(i) => msgpack_into(&mut out, i)?,
-            sluice_engine::Key::Text(t) => msgpack_into(&mut out, &**t)?,
+            sluice_engine::Key::Int(i) => mp::int(*i, &mut out),
+            sluice_engine::Key::Text(t) => mp::str(t, &mut out),
         }
         out.extend_from_slice(b"\xa7version");
-        msgpack_into(&mut out, &r.version)?;
+        mp::uint(r.version, &mut out);
     }
     out.extend_from_slice(b"\xa2id");
-    msgpack_into(&mut out, id)?;
-    Ok(out)
+    mp::json(id, &mut out);
+    out
 }
 
 /// A reply serialised straight from its parts.
@@ -1526,7 +1486,7 @@ mod tests {
                 id,
             })
             .expect("serialises");
-            assert_eq!(mutate_result_msgpack(id, seq, &results).unwrap(), want);
+            assert_eq!(mutate_result_msgpack(id, seq, &results), want);
         }
     }
 

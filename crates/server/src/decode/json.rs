@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 use sluice_engine::{ColumnType, TableSchema, Value};
+use sluice_live::chunked::mp;
 use sluice_log::Durability;
 
 use super::{column_index, finish_op, finish_row, table, text_value};
@@ -102,24 +103,6 @@ pub(super) fn read_call(body: &[u8]) -> Option<(Vec<u8>, Option<Durability>)> {
 }
 
 const MSGPACK_NIL: u8 = 0xc0;
-
-/// `text` as a MessagePack string (the smallest header for its length).
-fn msgpack_str(out: &mut Vec<u8>, text: &str) {
-    let len = text.len();
-    match len {
-        0..=31 => out.push(0xa0 | len as u8),
-        32..=0xff => out.extend_from_slice(&[0xd9, len as u8]),
-        0x100..=0xffff => {
-            out.push(0xda);
-            out.extend_from_slice(&(len as u16).to_be_bytes());
-        }
-        _ => {
-            out.push(0xdb);
-            out.extend_from_slice(&(len as u32).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(text.as_bytes());
-}
 
 /// Nesting the hand reader takes in a JSON column's value or a request's id (`serde_json`
 /// takes 128 levels in the whole body; a value read whole at this depth is well inside).
@@ -428,9 +411,10 @@ impl<'b> Reader<'b> {
 
     /// One JSON value, at most `depth` levels deep, appended to `out` as MessagePack that
     /// reads back (`sluice_functions::msgpack::Msgpack::to_json`) to the value `serde_json`
-    /// reads from the text: an integer as a 64-bit one (signed if negative), a number with a
-    /// fraction or exponent as a float 64 of `serde_json`'s bits ([`Reader::real`]), strings
-    /// unescaped, objects and arrays with a 32-bit count. `None` for an integer only a `u64`
+    /// reads from the text: an integer in its shortest form, a number with a fraction or
+    /// exponent as a float 64 of `serde_json`'s bits ([`Reader::real`]), strings unescaped
+    /// (the writers of `sluice_live::chunked::mp`), objects and arrays with a 32-bit count
+    /// (written before their members are counted). `None` for an integer only a `u64`
     /// holds (left to `serde_json`). A key given twice is transcoded as it is; the check that
     /// follows (`Msgpack::read`) refuses it, and the general path reads the body.
     fn msgpack(&mut self, out: &mut Vec<u8>, depth: usize) -> Option<()> {
@@ -449,8 +433,7 @@ impl<'b> Reader<'b> {
                 if !self.empty(close) {
                     loop {
                         if open == b'{' {
-                            let key = self.key()?;
-                            msgpack_str(out, &key);
+                            mp::str(&self.key()?, out);
                         }
                         self.msgpack(out, depth)?;
                         count = count.checked_add(1)?;
@@ -462,8 +445,7 @@ impl<'b> Reader<'b> {
                 out[header + 1..header + 5].copy_from_slice(&count.to_be_bytes());
             }
             b'"' => {
-                let text = self.string()?;
-                msgpack_str(out, &text);
+                mp::str(&self.string()?, out);
             }
             b'n' => {
                 self.word(b"null")?;
@@ -471,11 +453,11 @@ impl<'b> Reader<'b> {
             }
             b't' => {
                 self.word(b"true")?;
-                out.push(0xc3);
+                mp::bool(true, out);
             }
             b'f' => {
                 self.word(b"false")?;
-                out.push(0xc2);
+                mp::bool(false, out);
             }
             _ => {
                 let start = self.at;
@@ -484,18 +466,9 @@ impl<'b> Reader<'b> {
                     .take_while(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
                     .any(|c| matches!(c, b'.' | b'e' | b'E'));
                 if fraction {
-                    let f = self.real()?;
-                    out.push(0xcb);
-                    out.extend_from_slice(&f.to_bits().to_be_bytes());
+                    mp::f64(self.real()?, out);
                 } else {
-                    let i = self.integer()?;
-                    if i < 0 {
-                        out.push(0xd3);
-                        out.extend_from_slice(&i.to_be_bytes());
-                    } else {
-                        out.push(0xcf);
-                        out.extend_from_slice(&(i as u64).to_be_bytes());
-                    }
+                    mp::int(self.integer()?, out);
                 }
             }
         }
