@@ -1219,6 +1219,22 @@ impl Db {
         }
     }
 
+    /// Makes `st`, the state of a transaction that ended (committed or rolled back), the
+    /// state of the next one, as [`Db::begin`] makes it but keeping its buffers: a writer
+    /// that runs one transaction after another allocates its undo list once.
+    pub fn renew(&self, st: &mut TxState) {
+        assert!(
+            st.undo.is_empty()
+                && st.changes.is_empty()
+                && st.appends.is_empty()
+                && st.appends_prev_ts.is_empty()
+                && st.over_limit.is_none(),
+            "only the state of an ended transaction is renewed"
+        );
+        st.seq = self.seq + 1;
+        st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
+    }
+
     /// The ops of the transaction `st` over this db.
     pub fn tx<'a>(&'a mut self, st: &'a mut TxState) -> TxRef<'a> {
         assert_eq!(st.seq, self.seq + 1, "a TxState belongs to the next seq");
@@ -1482,7 +1498,12 @@ impl TxRef<'_> {
         set: &mut [(usize, Value)],
         if_version: Option<u64>,
     ) -> Result<WriteResult, TxError> {
-        let table = self.db.table(&schema.name)?;
+        let (row_bytes_max, commit_bytes_max) = (
+            self.db.limits.row_bytes_max,
+            self.db.limits.commit_bytes_max,
+        );
+        let name = schema.name.as_str();
+        let table = self.db.tables.get_mut(name).ok_or_else(|| no_table(name))?;
         debug_assert!(
             Arc::ptr_eq(&table.schema, schema),
             "decoded against another schema"
@@ -1490,32 +1511,15 @@ impl TxRef<'_> {
         debug_assert!(set
             .iter()
             .all(|(i, v)| *i != schema.pk && v.fits(schema.columns[*i].ty)));
-        if table.indexes.is_empty() {
-            return self.patch_in_place(schema, key, set, if_version);
+        if !table.indexes.is_empty() {
+            let old = existing_row(table, &key, if_version)?.values.clone();
+            return self.patch_row(schema, key, &old, set);
         }
-        let old = existing_row(table, &key, if_version)?.values.clone();
-        self.patch_row(schema, key, &old, set)
-    }
-
-    /// [`TxRef::patch_decoded`] on a table without secondary indexes: the row is found once
-    /// and replaced where it lies (`CowMap::get_mut`), where the general path looks it up to
-    /// read it and again to write it. The checks, their order and the undo entry are the
-    /// general path's ([`TxRef::patch_row`]); on a refusal the row map is as it was (at most
-    /// the row's chunk stopped sharing its memory with a snapshot).
-    fn patch_in_place(
-        &mut self,
-        schema: &Arc<TableSchema>,
-        key: Key,
-        set: &mut [(usize, Value)],
-        if_version: Option<u64>,
-    ) -> Result<WriteResult, TxError> {
-        let (row_bytes_max, commit_bytes_max) = (
-            self.db.limits.row_bytes_max,
-            self.db.limits.commit_bytes_max,
-        );
-        let name = schema.name.as_str();
-        let table = self.db.tables.get_mut(name).ok_or_else(|| no_table(name))?;
-        debug_assert!(table.indexes.is_empty(), "only tables without indexes");
+        // No secondary index: the row is found once and replaced where it lies
+        // (`CowMap::get_mut`), where the general path looks it up to read it and again to
+        // write it. The checks, their order and the undo entry are the general path's
+        // ([`TxRef::patch_row`]); on a refusal the row map is as it was (at most the row's
+        // chunk stopped sharing its memory with a snapshot).
         let entry = table.rows.get_mut(&key);
         check_version(name, &key, entry.as_deref(), if_version)?;
         let entry = entry.ok_or_else(|| not_found(name, &key))?;

@@ -46,7 +46,8 @@ pub(crate) struct Raw {
     /// Off: every call goes to the slow functions (tests compare the two paths).
     enabled: std::rc::Rc<Cell<bool>>,
     tables: RefCell<Vec<RawTable>>,
-    /// Reused by every patch: the typed values of one `set`.
+    /// Reused by every patch: the properties of one `set`, then their typed values.
+    props: RefCell<Vec<(JSAtom, Prop)>>,
     typed: RefCell<Vec<(usize, DbValue)>>,
     /// The rquickjs functions the fast paths hand other calls to (owned references).
     slow_get: Cell<JSValue>,
@@ -75,6 +76,9 @@ struct RawTable {
     /// The schema the column atoms were made for (a schema change gives the table a new
     /// `Arc`, and holding this one keeps its address from being reused).
     schema: Arc<TableSchema>,
+    /// The `Db::schema_seq` at which `schema` was last found to be the table's: while it
+    /// stays, no schema changed and `schema` is still current.
+    schema_seq: u64,
     /// Column names as atoms, in column order, and the shapes of the row objects.
     columns: KeptShape,
 }
@@ -141,6 +145,7 @@ impl Raw {
             slot,
             enabled,
             tables: RefCell::default(),
+            props: RefCell::default(),
             typed: RefCell::default(),
             slow_get: Cell::new(qjs::JS_UNDEFINED),
             slow_patch: Cell::new(qjs::JS_UNDEFINED),
@@ -240,6 +245,7 @@ impl Raw {
                 old.free(c);
                 tables[i].schema = t.schema.clone();
             }
+            tables[i].schema_seq = db.schema_seq;
             return Some((&tables[i], t));
         }
         let made = atom_text(c, atom).and_then(|name| {
@@ -256,6 +262,7 @@ impl Raw {
                 atom,
                 text,
                 schema: t.schema.clone(),
+                schema_seq: db.schema_seq,
                 columns: KeptShape::new(c, columns),
             };
             Some((entry, t))
@@ -269,6 +276,34 @@ impl Raw {
         }
         tables.push(entry);
         Some((tables.last().expect("just pushed"), t))
+    }
+
+    /// The cached table named by `table`, as [`Raw::table`] finds it, for a caller that
+    /// needs only its schema and atoms: a string already matched by address whose schema
+    /// no schema commit can have changed since (`Db::schema_seq`) is answered without
+    /// looking the table up by name.
+    ///
+    /// # Safety
+    /// As [`Raw::table`].
+    unsafe fn schema_of<'a>(
+        &self,
+        tables: &'a mut Vec<RawTable>,
+        table: JSValue,
+        db: &sluice_engine::Db,
+    ) -> Option<&'a RawTable> {
+        // Only a string can be one of the cached strings (each held by its entry, so its
+        // address is not reused while cached).
+        let tag = qjs::JS_VALUE_GET_TAG(table);
+        let string = tag == qjs::JS_TAG_STRING || tag == qjs::JS_TAG_STRING_ROPE;
+        let current = tables.iter().position(|t| {
+            string
+                && qjs::JS_VALUE_GET_PTR(t.text) == qjs::JS_VALUE_GET_PTR(table)
+                && t.schema_seq == db.schema_seq
+        });
+        match current {
+            Some(i) => Some(&tables[i]),
+            None => self.table(tables, table, db).map(|(entry, _)| entry),
+        }
     }
 
     /// Keeps the shapes of objects given the properties `atoms` in this order (see
@@ -647,9 +682,11 @@ unsafe fn fast_patch(raw: &Raw, argc: c_int, argv: *mut JSValue) -> Option<JSVal
     if names.len as usize > PATCH_PROPS_MAX {
         return None;
     }
-    let mut props = Vec::with_capacity(names.len as usize);
+    let mut props = raw.props.try_borrow_mut().ok()?;
     plain_props(c, set, &names, &mut props)?;
-    let served = patch_props(raw, c, table, id, &mut props)?;
+    let served = patch_props(raw, c, table, id, &mut props);
+    props.clear();
+    let served = served?;
     // The next set made by the same object literal finds its shapes ready.
     if names.len as usize <= KEPT_PROPS_MAX {
         let mut atoms = [qjs::JS_ATOM_NULL; KEPT_PROPS_MAX];
@@ -673,8 +710,8 @@ unsafe fn patch_props(
     let access = slot.as_mut()?;
     let mut tx = access.tx();
     let mut tables = raw.tables.try_borrow_mut().ok()?;
-    let (entry, t) = raw.table(&mut tables, table, tx.db())?;
-    let schema = t.schema.clone();
+    let entry = raw.schema_of(&mut tables, table, tx.db())?;
+    let schema = entry.schema.clone();
     let key = fast_key(c, id, schema.pk_column().ty)?;
     let mut typed = raw.typed.try_borrow_mut().ok()?;
     host::typed_set(props, &schema, &entry.columns.atoms, &mut typed)?;

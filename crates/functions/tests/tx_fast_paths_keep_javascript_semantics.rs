@@ -48,6 +48,10 @@ fn db() -> Db {
 
 const APP: &str = r#"
 export function get(tx, { table, id }) { return tx.get(table, id); }
+export function set_note(tx, { id, note }) {
+  tx.patch("accounts", id, { note });
+  return tx.get("accounts", id);
+}
 export function computed_name(tx) { return tx.get(["acc", "ounts"].join(""), 2); }
 export function destructured(tx) {
   const { get, patch } = tx;
@@ -225,6 +229,38 @@ fn a_schema_change_between_calls_shows_in_the_next_row() {
     assert_eq!(
         got,
         json!({"id": 1, "balance": 10, "note": "n1", "tier": 3})
+    );
+}
+
+#[test]
+fn a_schema_change_between_patches_is_seen_by_the_next_patch() {
+    // Each call committed, as the writer commits it.
+    fn set_note(functions: &mut Functions, db: Db, note: &str) -> (Db, Json) {
+        let st = db.begin();
+        let args = json!({"id": 2, "note": note});
+        let (mut owned, got) = functions.call("set_note", &args, None, Owned { db, st });
+        let got = got.unwrap_or_else(|e| panic!("set_note: {e}"));
+        let commit = owned.db.commit_state(&mut owned.st).expect("a commit");
+        let sluice_engine::CommitBody::Rows(changes) = &commit.body else {
+            panic!("a row commit");
+        };
+        // The change carries the table's schema of the moment (its commit is encoded
+        // and its live views diffed with it).
+        let schema = &owned.db.table("accounts").unwrap().schema;
+        assert!(std::sync::Arc::ptr_eq(&changes[0].table, schema));
+        (owned.db, got)
+    }
+    let mut functions = loaded();
+    let (mut db, got) = set_note(&mut functions, db(), "before");
+    assert_eq!(got, json!({"id": 2, "balance": 20, "note": "before"}));
+    ddl(
+        &mut db,
+        "ALTER TABLE accounts ADD COLUMN tier INTEGER DEFAULT 3",
+    );
+    let (_, got) = set_note(&mut functions, db, "after");
+    assert_eq!(
+        got,
+        json!({"id": 2, "balance": 20, "note": "after", "tier": 3})
     );
 }
 

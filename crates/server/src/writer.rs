@@ -273,6 +273,9 @@ pub(crate) struct Writer {
     topics_trimmed: std::time::Instant,
     /// Where commits the changelog evicted go to be dropped (`None`: dropped here).
     dropper: Option<std::sync::mpsc::SyncSender<Vec<Arc<Commit>>>>,
+    /// The last function call's transaction state, renewed for the next call (its undo
+    /// list keeps its room).
+    spare_st: Option<TxState>,
 }
 
 /// Evicted commits handed to the drop thread at once: they wait in the changelog
@@ -437,6 +440,7 @@ impl Writer {
                     .checked_sub(TOPIC_TRIM_INTERVAL)
                     .unwrap_or_else(std::time::Instant::now),
                 dropper,
+                spare_st: None,
             }
             .run(rx)
         })
@@ -814,7 +818,13 @@ impl Writer {
     ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
         let now_us = now_us();
-        let st = db.begin();
+        let st = match self.spare_st.take() {
+            Some(mut st) => {
+                db.renew(&mut st);
+                st
+            }
+            None => db.begin(),
+        };
         // `tx.auth`: `null` for the admin, `{sub, claims}` for a client.
         let auth = claims.map(|c| serde_json::json!({"sub": c.sub, "claims": c.all}));
         let (mut lent, result) =
@@ -840,6 +850,7 @@ impl Writer {
                 Err(e)
             }
         };
+        self.spare_st = Some(lent.st);
         (lent.db, outcome)
     }
 
