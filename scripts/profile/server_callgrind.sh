@@ -2,10 +2,11 @@
 # Instructions the server spends per HTTP request, host-independent (this project's VMs have
 # no hardware counters and their wall clock swings 2–3× from hour to hour):
 #
-#   scripts/profile/server_callgrind.sh BIN mutate|call [N] [OUT]
+#   scripts/profile/server_callgrind.sh BIN mutate|call|ws-mutate|ws-call [N] [OUT]
 #
 # runs `BIN serve` under valgrind's callgrind on a temporary directory (with
-# examples/bank.js), sends a warm-up of N/2 requests (http_load.py), zeroes the counts, sends
+# examples/bank.js), sends a warm-up of N/2 requests (http_load.py: over HTTP, or with ws-
+# over one WebSocket in MessagePack, as the SDK sends them), zeroes the counts, sends
 # N more, dumps, and prints the instructions per request of the whole process and of its
 # main parts. Needs valgrind and python3. Compare two builds by running it on each.
 set -euo pipefail
@@ -26,6 +27,6 @@ python3 "$HERE/http_load.py" $PORT $TOKEN "$MODE" $((N / 2)) "$N"
 callgrind_control -d $VG > /dev/null 2>&1
 sleep 1
 callgrind_annotate --auto=no --inclusive=yes "$OUT".1 2>/dev/null \
-  | grep -E "PROGRAM TOTALS|Writer::round \[|decode::json::read \[|api::mutate_reply_json \[|api::json_body::\{\{closure\}\} \[" \
+  | grep -E "PROGRAM TOTALS|Writer::round \[|decode::json::read \[|api::mutate_reply_json \[|api::json_body::\{\{closure\}\} \[|ws::connection::\{\{closure\}\} \[" \
   | awk -v n="$N" '{gsub(",", "", $1); printf "%9.0f per request  %s\n", $1 / n, substr($0, index($0, $3), 100)}'
 echo "profile: $OUT.1 (callgrind_annotate --inclusive=yes $OUT.1)"
