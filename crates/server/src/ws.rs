@@ -1200,9 +1200,10 @@ async fn fast_mutate(
 
 /// Whether `needle` occurs in `haystack`: every binary frame is searched so before it is
 /// read. Its first byte is found with `memchr` (SIMD; in most frames it does not occur at
-/// all), the rest compared where it does: a byte loop took 554 instructions per
-/// `transfer` call of `sluice bench transfer` under callgrind, `memmem::find` (which
-/// builds its searcher on every call) 427.
+/// all), the rest compared where it does. Callgrind of the server under `sluice bench
+/// transfer`: a byte loop took 554 instructions per `transfer` call, `memmem::find` (which
+/// builds its searcher on every call) 427; with this the connection task spends 333 fewer
+/// per call than with `memmem`.
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     let Some((&first, rest)) = needle.split_first() else {
         return true;
