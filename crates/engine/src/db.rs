@@ -1219,20 +1219,24 @@ impl Db {
         }
     }
 
-    /// Makes `st`, the state of a transaction that ended (committed or rolled back), the
-    /// state of the next one, as [`Db::begin`] makes it but keeping its buffers: a writer
-    /// that runs one transaction after another allocates its undo list once.
-    pub fn renew(&self, st: &mut TxState) {
+    /// [`Db::begin`], reusing `spare` when given: the state of a transaction that ended
+    /// (committed or rolled back) keeps its buffers, so a writer that runs one transaction
+    /// after another allocates its undo list once.
+    pub fn begin_with(&self, spare: Option<TxState>) -> TxState {
+        let Some(mut st) = spare else {
+            return self.begin();
+        };
         assert!(
             st.undo.is_empty()
                 && st.changes.is_empty()
                 && st.appends.is_empty()
                 && st.appends_prev_ts.is_empty()
                 && st.over_limit.is_none(),
-            "only the state of an ended transaction is renewed"
+            "only the state of an ended transaction is reused"
         );
         st.seq = self.seq + 1;
         st.commit_bytes = COMMIT_HEADER_BYTES_MAX;
+        st
     }
 
     /// The ops of the transaction `st` over this db.

@@ -94,13 +94,7 @@ fn main() {
         let (args, _) = Msgpack::read(&frame, 0).expect("a transfer's arguments");
         let args = Args::Msgpack(args);
         // As the writer does: the last call's transaction state, renewed.
-        let st = match spare.take() {
-            Some(mut st) => {
-                db.renew(&mut st);
-                st
-            }
-            None => db.begin(),
-        };
+        let st = db.begin_with(spare.take());
         let (mut owned, result) = functions.call_args("transfer", &args, None, Owned { db, st });
         match result {
             Ok(_) => {

@@ -216,13 +216,10 @@ impl Raw {
         db: &'d sluice_engine::Db,
     ) -> Option<(&'a RawTable, &'d sluice_engine::table::Table)> {
         let c = self.ctx.as_ptr();
-        let tag = qjs::JS_VALUE_GET_TAG(table);
-        if tag != qjs::JS_TAG_STRING && tag != qjs::JS_TAG_STRING_ROPE {
+        if !is_string(table) {
             return None;
         }
-        let by_address = tables
-            .iter()
-            .position(|t| qjs::JS_VALUE_GET_PTR(t.text) == qjs::JS_VALUE_GET_PTR(table));
+        let by_address = tables.iter().position(|t| t.is(table));
         let (found, atom) = match by_address {
             Some(i) => (Some(i), qjs::JS_ATOM_NULL),
             None => {
@@ -291,15 +288,13 @@ impl Raw {
         table: JSValue,
         db: &sluice_engine::Db,
     ) -> Option<&'a RawTable> {
-        // Only a string can be one of the cached strings (each held by its entry, so its
-        // address is not reused while cached).
-        let tag = qjs::JS_VALUE_GET_TAG(table);
-        let string = tag == qjs::JS_TAG_STRING || tag == qjs::JS_TAG_STRING_ROPE;
-        let current = tables.iter().position(|t| {
-            string
-                && qjs::JS_VALUE_GET_PTR(t.text) == qjs::JS_VALUE_GET_PTR(table)
-                && t.schema_seq == db.schema_seq
-        });
+        let current = is_string(table)
+            .then(|| {
+                tables
+                    .iter()
+                    .position(|t| t.is(table) && t.schema_seq == db.schema_seq)
+            })
+            .flatten();
         match current {
             Some(i) => Some(&tables[i]),
             None => self.table(tables, table, db).map(|(entry, _)| entry),
@@ -355,7 +350,25 @@ impl Raw {
     }
 }
 
+/// Whether `v` is a JS string (flat or rope).
+///
+/// # Safety
+/// `v` is a live value.
+unsafe fn is_string(v: JSValue) -> bool {
+    let tag = qjs::JS_VALUE_GET_TAG(v);
+    tag == qjs::JS_TAG_STRING || tag == qjs::JS_TAG_STRING_ROPE
+}
+
 impl RawTable {
+    /// Whether the string `table` is this table's own name string, by address (held by
+    /// the entry, so its address is not reused while cached).
+    ///
+    /// # Safety
+    /// `table` is a live string of this context.
+    unsafe fn is(&self, table: JSValue) -> bool {
+        qjs::JS_VALUE_GET_PTR(self.text) == qjs::JS_VALUE_GET_PTR(table)
+    }
+
     unsafe fn free(self, c: *mut JSContext) {
         qjs::JS_FreeAtom(c, self.atom);
         qjs::JS_FreeValue(c, self.text);

@@ -818,13 +818,7 @@ impl Writer {
     ) -> (DbGuard, Result<(Option<Arc<Commit>>, CallOk), CoreError>) {
         self.shared.counters.calls.fetch_add(1, Ordering::Relaxed);
         let now_us = now_us();
-        let st = match self.spare_st.take() {
-            Some(mut st) => {
-                db.renew(&mut st);
-                st
-            }
-            None => db.begin(),
-        };
+        let st = db.begin_with(self.spare_st.take());
         // `tx.auth`: `null` for the admin, `{sub, claims}` for a client.
         let auth = claims.map(|c| serde_json::json!({"sub": c.sub, "claims": c.all}));
         let (mut lent, result) =
