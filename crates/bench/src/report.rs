@@ -452,6 +452,21 @@ mod tests {
             .contains("![a chart](c.svg)"));
         let rate = run["machine"]["fresh_memory_gib_per_s"].as_f64().unwrap();
         assert!(rate.is_finite() && rate > 0.0, "fresh memory rate {rate}");
+        // Probes of the host, each in the summary's first line as well.
+        let latency = run["machine"]["memory_latency_ns"].as_f64().unwrap();
+        let step = run["machine"]["cpu_step_ns"].as_f64().unwrap();
+        // No machine loads from DRAM in under 10 ns or takes a µs per multiply.
+        assert!(
+            (10.0..10_000.0).contains(&latency),
+            "memory latency {latency} ns"
+        );
+        assert!((0.05..1_000.0).contains(&step), "cpu step {step} ns");
+        let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+        assert!(
+            summary.contains(&format!("memory latency {latency:.0} ns")),
+            "{summary}"
+        );
+        assert!(summary.contains("ns per dependent multiply"), "{summary}");
     }
 
     #[test]

@@ -213,6 +213,14 @@ pub struct MachineInfo {
     /// on a VM whose host backs guest pages on first use it is several times slower than
     /// reusing memory, and cases that grow the server's memory move with it.
     pub fresh_memory_gib_per_s: Option<f64>,
+    /// ns per dependent load over memory far larger than any cache when the run started
+    /// ([`memory_latency_ns`]): the same VM has measured 56 to 344 ns for the same lookups
+    /// on different days, and every case bound by cache misses (the writer's row lookups,
+    /// view maintenance, replay) moves with it.
+    pub memory_latency_ns: Option<f64>,
+    /// ns per step of a dependent rotate-and-multiply chain ([`cpu_step_ns`]): the core's
+    /// clock as this run had it (4 cycles a step on the AMD EPYC cores this was written on).
+    pub cpu_step_ns: Option<f64>,
     pub sluice_version: &'static str,
     pub build_profile: &'static str,
     pub rustc: Option<String>,
@@ -274,6 +282,8 @@ impl MachineInfo {
                 .ok()
                 .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")),
             fresh_memory_gib_per_s: fresh_memory_rate(),
+            memory_latency_ns: memory_latency_ns(),
+            cpu_step_ns: Some(cpu_step_ns()),
             sluice_version: env!("CARGO_PKG_VERSION"),
             build_profile: if cfg!(debug_assertions) {
                 "debug"
@@ -303,6 +313,12 @@ impl MachineInfo {
         }
         if let Some(r) = self.fresh_memory_gib_per_s {
             parts.push(format!("fresh memory {r:.2} GiB/s"));
+        }
+        if let Some(ns) = self.memory_latency_ns {
+            parts.push(format!("memory latency {ns:.0} ns"));
+        }
+        if let Some(ns) = self.cpu_step_ns {
+            parts.push(format!("{ns:.2} ns per dependent multiply"));
         }
         let mut build = format!(
             "sluice {} ({} build",
@@ -366,6 +382,84 @@ pub fn fresh_memory_rate() -> Option<f64> {
         let _ = sluice_sched::set_transparent_huge_pages(false);
     }
     rate
+}
+
+/// Bytes [`memory_latency_ns`] chases through: eight times the L3 cache of the largest core
+/// complex of the EPYC hosts seen here (32 MiB), so nearly every load misses every cache.
+const MEMORY_LATENCY_PROBE_BYTES: usize = 256 << 20;
+
+/// Dependent loads [`memory_latency_ns`] times (well under a second at the slowest latency
+/// seen, 344 ns).
+const MEMORY_LATENCY_PROBE_STEPS: usize = 1 << 20;
+
+/// Mean ns per load of a pointer chase through one random cycle over the cache lines of
+/// [`MEMORY_LATENCY_PROBE_BYTES`] (each load's address is the value the one before it read,
+/// so no two overlap), or `None` if the memory could not be had.
+///
+/// *Why measure it.* Fresh memory says how fast the server can grow; this says how fast it
+/// reads what it holds. On this project's VM the same lookups have taken 56 ns on one day and
+/// 344 ns on another: the host's other tenants share its memory controllers and caches. A
+/// transfer's writer misses the cache a few times per account, so the figure explains runs
+/// of the same binary whose CPU per transfer differs by half.
+pub fn memory_latency_ns() -> Option<f64> {
+    const LINE_BYTES: usize = 64;
+    let lines = MEMORY_LATENCY_PROBE_BYTES / LINE_BYTES;
+    let mut block: Vec<u8> = Vec::new();
+    block.try_reserve_exact(MEMORY_LATENCY_PROBE_BYTES).ok()?;
+    block.resize(MEMORY_LATENCY_PROBE_BYTES, 0);
+    // Sattolo's shuffle: one cycle through every line, so the chase never settles into a
+    // short loop the caches could hold.
+    let mut order: Vec<u32> = (0..lines as u32).collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in (1..lines).rev() {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        order.swap(i, (rng % i as u64) as usize);
+    }
+    for (k, &line) in order.iter().enumerate() {
+        let next = order[(k + 1) % lines];
+        let at = line as usize * LINE_BYTES;
+        block[at..at + 4].copy_from_slice(&next.to_le_bytes());
+    }
+    drop(order);
+    let read = |line: u32| {
+        let at = line as usize * LINE_BYTES;
+        u32::from_le_bytes(block[at..at + 4].try_into().expect("4 bytes"))
+    };
+    // A first lap warms the TLB paths the chase shares with the timed one.
+    let mut line = 0u32;
+    for _ in 0..MEMORY_LATENCY_PROBE_STEPS / 8 {
+        line = read(line);
+    }
+    let started = Instant::now();
+    for _ in 0..MEMORY_LATENCY_PROBE_STEPS {
+        line = read(line);
+    }
+    let elapsed = started.elapsed();
+    std::hint::black_box(line);
+    Some(elapsed.as_secs_f64() * 1e9 / MEMORY_LATENCY_PROBE_STEPS as f64)
+}
+
+/// Steps of [`cpu_step_ns`]'s chain: ~30 ms at 3 GHz.
+const CPU_PROBE_STEPS: u64 = 25_000_000;
+
+/// Mean ns per step of a chain of dependent 64-bit rotate-and-multiplies, which no cache or
+/// memory can slow: it reads the core's clock as this run got it (turbo, or a host that
+/// throttles its guests), beside [`memory_latency_ns`]. A step is 4 cycles on Zen 3
+/// (rotate 1, multiply 3), so 1.33 ns is 3 GHz.
+pub fn cpu_step_ns() -> f64 {
+    let steps = std::hint::black_box(CPU_PROBE_STEPS);
+    let mut x = std::hint::black_box(1u64);
+    let started = Instant::now();
+    for _ in 0..steps {
+        // A rotate between the multiplies keeps the compiler from folding steps together
+        // (it turns a plain multiply–add chain into one multiply–add per 8 steps).
+        x = x.rotate_left(7).wrapping_mul(6_364_136_223_846_793_005);
+    }
+    let elapsed = started.elapsed();
+    std::hint::black_box(x);
+    elapsed.as_secs_f64() * 1e9 / steps as f64
 }
 
 fn command_output_raw(program: &str, args: &[&str]) -> Option<String> {
