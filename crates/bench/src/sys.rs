@@ -93,7 +93,6 @@ fn sweep_stale_dirs(dir: &Path, running: impl Fn(u32) -> bool) -> usize {
     removed
 }
 
-/// A loopback port that was free a moment ago (bound to port 0, then released).
 /// CLOCK_MONOTONIC in seconds: where a result names a moment, this lets it be matched with a
 /// trace taken meanwhile (`perf record -k CLOCK_MONOTONIC`; `Instant` reads the same clock
 /// but does not show it).
@@ -102,9 +101,10 @@ pub fn monotonic_s() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
+/// A loopback port that was free a moment ago, below the ephemeral range so that no outgoing
+/// connection takes it before its server binds it ([`sluice_cluster::testkit::free_ports`]).
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind 127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    Ok(sluice_cluster::testkit::free_ports(1)?[0])
 }
 
 /// Sends `signal` (e.g. `TERM`) to exactly `pid` with `kill(1)`; `std` only sends SIGKILL.

@@ -48,17 +48,72 @@ pub struct NatsCluster {
     bin: PathBuf,
 }
 
-fn free_port() -> Result<u16, TestkitError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| TestkitError::Io("bind 127.0.0.1:0".into(), e))?;
-    l.local_addr()
-        .map(|a| a.port())
+/// How many times [`NatsCluster::start`] picks fresh ports when a node could not bind its own.
+const START_ATTEMPTS: usize = 3;
+
+/// The lowest port [`free_ports`] hands out (below it live well-known services).
+const PORT_FLOOR: u16 = 10_000;
+
+/// `count` distinct loopback ports that were free a moment ago, below the kernel's ephemeral
+/// range. A port bound to 0 and released comes from that range, so any outgoing connection
+/// made meanwhile may take it as its local port: CI saw node 1's route connection to node 2
+/// take node 3's not-yet-bound route port ("bind: address already in use"). Below the range
+/// only listeners compete, and the ports stay bound until all are picked, so none repeats.
+pub fn free_ports(count: usize) -> Result<Vec<u16>, TestkitError> {
+    let ceiling = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ceiling.saturating_sub(PORT_FLOOR);
+    let mut held = Vec::with_capacity(count);
+    if span as usize >= count * 100 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos())
+            ^ std::process::id().wrapping_mul(2_654_435_761);
+        let mut offset = (seed % u32::from(span)) as u16;
+        for _ in 0..span {
+            if held.len() == count {
+                break;
+            }
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", PORT_FLOOR + offset)) {
+                held.push(l);
+            }
+            offset = (offset + 1) % span;
+        }
+    }
+    while held.len() < count {
+        // No room below the ephemeral range on this machine: let the kernel choose.
+        held.push(
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| TestkitError::Io("bind 127.0.0.1:0".into(), e))?,
+        );
+    }
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()
         .map_err(|e| TestkitError::Io("local_addr".into(), e))
 }
 
 impl NatsCluster {
     /// Starts `n` nodes (3 for an R3 stream) and waits for the JetStream meta leader.
+    /// A node that exits because one of its ports was taken meanwhile is retried on fresh
+    /// ports, up to [`START_ATTEMPTS`] times.
     pub async fn start(n: usize) -> Result<NatsCluster, TestkitError> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(n).await {
+                Err(TestkitError::NodeExited(_, _, log))
+                    if attempt < START_ATTEMPTS && log.contains("address already in use") =>
+                {
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(n: usize) -> Result<NatsCluster, TestkitError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "sluice-nats-{}-{}",
@@ -73,10 +128,9 @@ impl NatsCluster {
         } else {
             PathBuf::from("nats-server")
         };
-        let mut ports = Vec::new();
-        for _ in 0..n {
-            ports.push((free_port()?, free_port()?, free_port()?));
-        }
+        let picked = free_ports(3 * n)?;
+        let ports: Vec<(u16, u16, u16)> =
+            picked.chunks_exact(3).map(|p| (p[0], p[1], p[2])).collect();
         let routes: Vec<String> = ports
             .iter()
             .map(|(_, route, _)| format!("\"nats-route://127.0.0.1:{route}\""))
@@ -299,4 +353,36 @@ async fn jsz(port: u16) -> Result<serde_json::Value, String> {
     tokio::time::timeout(Duration::from_secs(2), exchange)
         .await
         .map_err(|_| "timed out".to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ceiling: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32_768);
+        let ports = free_ports(9).unwrap();
+        assert_eq!(ports.len(), 9);
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 9, "a port repeats: {ports:?}");
+        let listeners: Vec<_> = ports
+            .iter()
+            .map(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).unwrap())
+            .collect();
+        assert_eq!(listeners.len(), 9);
+        if ceiling >= PORT_FLOOR + 900 {
+            for p in ports {
+                assert!(
+                    (PORT_FLOOR..ceiling).contains(&p),
+                    "{p} not in {PORT_FLOOR}..{ceiling}"
+                );
+            }
+        }
+    }
 }

@@ -263,13 +263,14 @@ pub fn router(core: Core) -> Router {
     // Without `--cors-origin` there is no CORS layer at all: it would add no header to any
     // response (a preflight then meets the token check and is refused, which a browser
     // treats as the same "no"), and it cost ~6 K instructions per request.
-    let authenticated = tower::ServiceBuilder::new()
-        .layer(crate::static_files::compression())
-        .layer(axum::middleware::from_fn_with_state(
-            core.clone(),
-            crate::auth::authenticate,
-        ))
-        .service(routes);
+    let authenticated = crate::static_files::compress_if_accepted(
+        tower::ServiceBuilder::new()
+            .layer(axum::middleware::from_fn_with_state(
+                core.clone(),
+                crate::auth::authenticate,
+            ))
+            .service(routes),
+    );
     match cors(&core.config().cors_origins) {
         Some(cors) => Router::new().fallback_service(tower::Layer::layer(&cors, authenticated)),
         None => Router::new().fallback_service(authenticated),

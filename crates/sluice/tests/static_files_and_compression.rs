@@ -423,13 +423,16 @@ async fn json_replies_decode_to_the_same_json_under_gzip_and_zstd() {
             let r = req.send().await.unwrap();
             assert_eq!(r.status(), 200);
             let coding = header(&r, "content-encoding");
+            let vary = header(&r, "vary");
             let bytes = r.bytes().await.unwrap();
             let decoded = decode_all(&coding, &bytes);
-            (coding, bytes.len(), decoded)
+            (coding, vary, bytes.len(), decoded)
         }
     };
-    let (coding, plain_len, plain_body) = fetch("").await;
+    let (coding, vary, plain_len, plain_body) = fetch("").await;
     assert_eq!(coding, "");
+    // A request that accepts no coding passes the compression layer by: nothing varies for it.
+    assert_eq!(vary, "", "a reply to a request without Accept-Encoding");
     let expected: Value = serde_json::from_slice(&plain_body).unwrap();
     assert_eq!(expected["rows"].as_array().unwrap().len(), 300);
     for (accept, want) in [
@@ -438,9 +441,22 @@ async fn json_replies_decode_to_the_same_json_under_gzip_and_zstd() {
         ("gzip, deflate, br, zstd", "zstd"),
         ("zstd;q=0.1, gzip", "gzip"),
         ("br", ""),
+        ("identity", ""),
     ] {
-        let (coding, len, body) = fetch(accept).await;
+        let (coding, vary, len, body) = fetch(accept).await;
         assert_eq!(coding, want, "Accept-Encoding: {accept}");
+        // Negotiated when a coding the server has is accepted (caches must then key on the
+        // header); passed by, like no header, when none is (`br`).
+        let negotiated = if want.is_empty() {
+            ""
+        } else {
+            "accept-encoding"
+        };
+        assert_eq!(
+            vary.to_ascii_lowercase(),
+            negotiated,
+            "Accept-Encoding: {accept}"
+        );
         let got: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(got, expected, "Accept-Encoding: {accept}");
         if !want.is_empty() {
