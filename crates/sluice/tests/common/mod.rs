@@ -13,7 +13,7 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,10 +145,10 @@ pub fn describe(out: &Output) -> String {
 // ---------------------------------------------------------------------------------------
 // The server process
 
-/// A port that was free a moment ago (bind port 0, read it, let it go).
+/// A port that was free a moment ago, below the ephemeral range, so that no test's outgoing
+/// connection takes it before the server binds it ([`sluice_cluster::testkit::free_ports`]).
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().unwrap().port()
+    sluice_cluster::testkit::free_ports(1).expect("a free loopback port")[0]
 }
 
 /// A running `sluice serve`. Dropping it kills the process (by its pid) and reaps it.
