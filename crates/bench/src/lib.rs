@@ -146,6 +146,7 @@ pub fn verify_results(out: &std::path::Path, suite: &str) -> anyhow::Result<()> 
 
 /// Runs one suite. Exits with failure if any case failed (its files are written anyway).
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    sys::stop_children_on_signal();
     server::pages_as_serve();
     let ok = match args.suite {
         Suite::Ingest(a) => ingest::run(a)?,

@@ -147,6 +147,117 @@ pub fn stop_child(child: &mut Child, name: &str, timeout: Duration) {
     kill_and_reap(child);
 }
 
+/// The pids of `parent`'s living children (not yet exited), from `/proc/<pid>/stat`.
+/// A child of ours keeps its pid until we reap it, so no pid here is a stranger's.
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue; // exited meanwhile
+        };
+        // `pid (comm) state ppid …`; `comm` may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if state != "Z" && ppid.parse() == Ok(parent) {
+            children.push(pid);
+        }
+    }
+    children
+}
+
+/// How long [`stop_children_on_signal`] gives the bench's children after SIGINT.
+const SIGNAL_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// On SIGINT, SIGTERM or SIGHUP, stops every process this bench started (SIGINT, then
+/// SIGKILL after [`SIGNAL_STOP_TIMEOUT`]), removes its temp dirs and exits with 128 + the
+/// signal's number. Without it the signal ended the bench alone: `Drop` does not run, and a
+/// `kill <bench pid>` left its `sluice serve`, PostgreSQL, Redis and NATS servers running
+/// (Ctrl-C in a terminal reached them only because it signals the whole process group).
+/// Call it before the first child starts.
+pub fn stop_children_on_signal() {
+    let watcher = std::thread::Builder::new()
+        .name("sluice-bench-signals".into())
+        .spawn(|| {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            else {
+                return;
+            };
+            let received = runtime.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut interrupt = signal(SignalKind::interrupt()).ok()?;
+                let mut terminate = signal(SignalKind::terminate()).ok()?;
+                let mut hangup = signal(SignalKind::hangup()).ok()?;
+                Some(tokio::select! {
+                    _ = interrupt.recv() => ("SIGINT", 2),
+                    _ = terminate.recv() => ("SIGTERM", 15),
+                    _ = hangup.recv() => ("SIGHUP", 1),
+                })
+            });
+            let Some((name, number)) = received else {
+                return;
+            };
+            let stopped = stop_own_children();
+            let me = std::process::id();
+            sweep_stale_dirs(&std::env::temp_dir(), |pid| pid != me);
+            eprintln!(
+                "sluice bench: {name}: stopped the processes it had started (pids {stopped:?}) and removed its temp dirs"
+            );
+            std::process::exit(128 + number);
+        });
+    if let Err(e) = watcher {
+        eprintln!(
+            "sluice bench: cannot watch for signals ({e}); a signal will end the bench alone"
+        );
+    }
+}
+
+/// SIGINTs this process's children, SIGKILLs those still running after
+/// [`SIGNAL_STOP_TIMEOUT`]; returns the pids it signalled. SIGINT is the fast shutdown of
+/// every server the bench runs; PostgreSQL's SIGTERM is a "smart" one that would wait for
+/// the bench's own connections to close.
+fn stop_own_children() -> Vec<u32> {
+    let me = std::process::id();
+    let children = children_of(me);
+    for &pid in &children {
+        let _ = signal(pid, "INT");
+    }
+    let deadline = Instant::now() + SIGNAL_STOP_TIMEOUT;
+    loop {
+        let running: Vec<u32> = children_of(me)
+            .into_iter()
+            .filter(|pid| children.contains(pid))
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            for pid in running {
+                let _ = signal(pid, "KILL");
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children
+}
+
 /// SIGKILLs `child` (our own child, by its pid) and reaps it.
 pub fn kill_and_reap(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
@@ -512,6 +623,29 @@ mod tests {
         assert!(root.path().join("sluice-bench-writer-4242-1").exists());
         assert_eq!(bench_dir_pid("sluice-bench-a-b-c-12-5"), Some(12));
         assert_eq!(bench_dir_pid("sluice-bench-x-12-"), None);
+    }
+
+    #[test]
+    fn children_of_lists_a_running_child_and_not_an_exited_one() {
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        assert!(children_of(std::process::id()).contains(&pid));
+        assert!(!children_of(std::process::id()).contains(&std::process::id()));
+        child.kill().expect("kill sleep");
+        // Exited but not reaped (a zombie): no longer a living child.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while children_of(std::process::id()).contains(&pid) {
+            assert!(
+                Instant::now() < deadline,
+                "pid {pid} still listed after SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait().expect("reap sleep");
+        assert!(!children_of(std::process::id()).contains(&pid));
     }
 
     #[test]
