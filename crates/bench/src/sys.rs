@@ -147,37 +147,31 @@ pub fn stop_child(child: &mut Child, name: &str, timeout: Duration) {
     kill_and_reap(child);
 }
 
+/// The state letter (`Z` for a zombie) and parent pid of process `pid`, from
+/// `/proc/<pid>/stat`; `None` if it is gone.
+pub fn proc_state(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`; `comm` may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
 /// The pids of `parent`'s living children (not yet exited), from `/proc/<pid>/stat`.
 /// A child of ours keeps its pid until we reap it, so no pid here is a stranger's.
 pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut children = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue; // exited meanwhile
-        };
-        // `pid (comm) state ppid …`; `comm` may hold spaces and parentheses.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if state != "Z" && ppid.parse() == Ok(parent) {
-            children.push(pid);
-        }
-    }
-    children
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(
+            |&pid| matches!(proc_state(pid), Some((state, ppid)) if state != 'Z' && ppid == parent),
+        )
+        .collect()
 }
 
 /// How long [`stop_children_on_signal`] gives the bench's children after SIGINT.

@@ -60,10 +60,7 @@ const PORT_FLOOR: u16 = 10_000;
 /// take node 3's not-yet-bound route port ("bind: address already in use"). Below the range
 /// only listeners compete, and the ports stay bound until all are picked, so none repeats.
 pub fn free_ports(count: usize) -> Result<Vec<u16>, TestkitError> {
-    let ceiling = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
+    let ceiling = ephemeral_range_start();
     let span = ceiling.saturating_sub(PORT_FLOOR);
     let mut held = Vec::with_capacity(count);
     if span as usize >= count * 100 {
@@ -93,6 +90,15 @@ pub fn free_ports(count: usize) -> Result<Vec<u16>, TestkitError> {
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect::<Result<_, _>>()
         .map_err(|e| TestkitError::Io("local_addr".into(), e))
+}
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`; Linux's default
+/// where it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 impl NatsCluster {
@@ -361,10 +367,7 @@ mod tests {
 
     #[test]
     fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
-        let ceiling: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|r| r.split_whitespace().next()?.parse().ok())
-            .unwrap_or(32_768);
+        let ceiling = ephemeral_range_start();
         let ports = free_ports(9).unwrap();
         assert_eq!(ports.len(), 9);
         let mut sorted = ports.clone();

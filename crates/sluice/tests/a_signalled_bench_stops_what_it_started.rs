@@ -9,17 +9,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_bench::sys::{children_of, signal, wait_timeout, TempDir};
+use sluice_bench::sys::{children_of, proc_state, signal, wait_timeout, TempDir};
 
 /// Whether `pid` is a process that has not exited (a zombie has).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let (_, rest) = stat.rsplit_once(')')?;
-            rest.split_whitespace().next().map(|state| state != "Z")
-        })
-        .unwrap_or(false)
+    proc_state(pid).is_some_and(|(state, _)| state != 'Z')
 }
 
 /// Whether `pid` runs `… serve …`.
