@@ -623,9 +623,9 @@ fn write_report(report: &mut Report, params: &Params, cases: &[Case]) {
          \"whole log replayed\": the log still starts at seq 1 and the changelog window would \
          need every commit up to the snapshot anyway, so the server replays the whole log in \
          place of loading the snapshot (`sluice_recovery_whole_log`), as the case without a \
-         snapshot does, and checks the snapshot on a second thread meanwhile (it stays the base \
-         of the next one); commits replayed counts only those after the snapshot. The two \
-         times then differ by that check and by noise."
+         snapshot does, and checks the snapshot after it is ready (its snapshotter waits for the \
+         verdict; a damaged one is moved aside); commits replayed counts only those after the \
+         snapshot. The two times then differ by the tail rows and by noise."
             .into(),
     );
     report.tables.push(t);

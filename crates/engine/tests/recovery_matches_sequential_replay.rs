@@ -614,6 +614,16 @@ fn recovery_replays_the_whole_log_instead_of_a_snapshot_it_covers_with_the_same_
         assert_eq!(recovered.snapshot_seq, None, "seed {seed:#x}");
         assert_eq!(recovered.skipped_snapshots.len(), 1, "seed {seed:#x}");
         assert_eq!(state(&recovered.db), fast, "seed {seed:#x}");
+        // Checked later (as the server does): the same state from the whole log, and the
+        // snapshot handed back unchecked, where the caller's check finds the damage.
+        let (later, unchecked) =
+            sluice_engine::recovery::recover_checking_snapshot_later(&dir, &opts)
+                .unwrap_or_else(|e| panic!("seed {seed:#x}: recovery failed: {e}"));
+        assert!(later.whole_log, "seed {seed:#x}");
+        assert_eq!(state(&later.db), fast, "seed {seed:#x}");
+        let unchecked = unchecked.expect("the snapshot the whole log stood in for");
+        assert_eq!(&unchecked.path, path, "seed {seed:#x}");
+        assert!(!unchecked.is_intact(), "seed {seed:#x}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

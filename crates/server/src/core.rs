@@ -7,7 +7,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use serde_json::{Map, Value as Json};
-use sluice_engine::recovery::{recover, RecoveryError, RecoveryOptions};
+use sluice_engine::recovery::{recover_checking_snapshot_later, RecoveryError, RecoveryOptions};
 use sluice_engine::{Db, SchemaChange, TxError, WriteResult};
 use sluice_log::{Durability, Log, LogConfig, LogError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -148,6 +148,9 @@ pub(crate) struct Shared {
     pub cluster: crate::replication::ClusterState,
     /// Encodes large snapshots' chunks off the runtime's workers.
     pub encoder: crate::encoder::Encoder,
+    /// The check of the snapshot startup's whole-log replay stood in for, run after ready;
+    /// the snapshotter waits for it before it lists the snapshots it keeps.
+    pub startup_check: Arc<crate::snapshotter::StartupCheck>,
 }
 
 /// An open database. Cheap to clone; all clones share the one writer.
@@ -195,7 +198,7 @@ impl Core {
             source,
         })?;
         remove_temp_files(&dir);
-        let recovered = recover(
+        let (recovered, unchecked) = recover_checking_snapshot_later(
             &dir,
             &RecoveryOptions {
                 limits: config.limits.clone(),
@@ -274,7 +277,13 @@ impl Core {
             hub,
             hub_feed,
             cluster,
+            startup_check: Arc::default(),
         });
+        if let Some(unchecked) = unchecked {
+            let dir = shared.config.data_dir.clone();
+            crate::snapshotter::StartupCheck::start(&shared.startup_check, dir, unchecked)
+                .map_err(|source| OpenError::Thread { source })?;
+        }
         let weak = Arc::downgrade(&shared);
         crate::topics::spawn_hub(
             hub_rounds,

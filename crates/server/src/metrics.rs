@@ -119,6 +119,11 @@ pub(crate) fn render(core: &Core) -> String {
         c.snapshot_failures.load(Ordering::Relaxed),
     );
     counter(
+        "sluice_snapshots_damaged_total",
+        "Snapshots that startup replayed the whole log in place of and then found damaged (moved aside to *.damaged).",
+        core.shared.startup_check.damaged.load(Ordering::Relaxed),
+    );
+    counter(
         "sluice_segments_created_total",
         "Log segments started.",
         log.segments_created,

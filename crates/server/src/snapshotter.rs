@@ -4,7 +4,7 @@
 //! seq S is only written once the log itself is synced through S, so a crash can never
 //! leave a snapshot that is ahead of the log it continues.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -109,6 +109,85 @@ impl Snapshotter {
     }
 }
 
+/// The check of the snapshot startup's whole-log replay stood in for
+/// ([`sluice_engine::recovery::recover_checking_snapshot_later`]), run on a thread of its own
+/// once the server is up rather than beside the replay, where it took CPU from time-to-ready.
+/// The state does not depend on it (the whole log built it); what the server *keeps* does: a
+/// damaged snapshot must not count as one of the [`SNAPSHOTS_KEPT`] that the log's segments
+/// are retired against, nor as the newest one already on disk. So [`write`] waits for the
+/// verdict before it lists the snapshots, and a damaged one is moved aside first.
+#[derive(Default)]
+pub(crate) struct StartupCheck {
+    pending: Mutex<bool>,
+    done: parking_lot::Condvar,
+    /// Snapshots found damaged (0 or 1): `sluice_snapshots_damaged_total`.
+    pub damaged: AtomicU64,
+}
+
+/// What a damaged snapshot is renamed to (`list_snapshots` no longer sees it; kept for a
+/// post-mortem, as nothing else refers to it).
+const DAMAGED_SUFFIX: &str = ".damaged";
+
+impl StartupCheck {
+    /// Starts checking `unchecked` (a snapshot in `data_dir`) on a thread of its own, which
+    /// holds nothing of the server but this: a server closed meanwhile is not kept open.
+    pub fn start(
+        check: &Arc<StartupCheck>,
+        data_dir: std::path::PathBuf,
+        unchecked: sluice_engine::recovery::UncheckedSnapshot,
+    ) -> std::io::Result<()> {
+        *check.pending.lock() = true;
+        let thread_check = check.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-snapcheck".into())
+            .spawn(move || {
+                // The verdict is given even if the check panicked: the snapshotter waits.
+                let done = Done(&thread_check);
+                if !unchecked.is_intact() {
+                    let mut aside = unchecked.path.clone().into_os_string();
+                    aside.push(DAMAGED_SUFFIX);
+                    let moved = std::fs::rename(&unchecked.path, &aside)
+                        .and_then(|()| sluice_log::io::sync_dir(&data_dir));
+                    tracing::warn!(
+                        seq = unchecked.seq,
+                        path = %unchecked.path.display(),
+                        moved_to = %std::path::Path::new(&aside).display(),
+                        moved = ?moved.err(),
+                        "the snapshot the whole log was replayed in place of fails its checks; \
+                         the data is whole (the log built it), the snapshot is moved aside"
+                    );
+                    done.0.damaged.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        if let Err(e) = spawned {
+            check.finish();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn finish(&self) {
+        *self.pending.lock() = false;
+        self.done.notify_all();
+    }
+
+    /// Returns once the check (if any) has given its verdict.
+    pub fn wait(&self) {
+        let mut pending = self.pending.lock();
+        while *pending {
+            self.done.wait(&mut pending);
+        }
+    }
+}
+
+struct Done<'a>(&'a StartupCheck);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+
 /// Nice value of the snapshot thread: encoding a large state takes a core for a second or
 /// so, and on a small machine it would otherwise take turns with the threads a write's
 /// acknowledgement passes through (HTTP tasks, the writer, the log). At nice 10 the
@@ -126,6 +205,7 @@ fn write(shared: &Shared, job: &Job) -> Result<u64, CoreError> {
     let mut bytes = 0usize;
     let result = (|| {
         shared.log.sync_barrier(job.seq)?;
+        shared.startup_check.wait();
         let dir = &shared.config.data_dir;
         let newest = list_snapshots(dir)?.last().map(|(seq, _)| *seq);
         if newest.is_some_and(|n| n >= job.seq) {
