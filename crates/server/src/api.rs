@@ -398,6 +398,7 @@ async fn metrics(State(core): St, Extension(caller): Extension<Caller>) -> Respo
     if let Err(e) = caller.require_admin("GET /metrics") {
         return e.into_response();
     }
+    core.startup_checked().await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::render(&core),

@@ -266,9 +266,17 @@ pub(crate) fn render(core: &Core) -> String {
         config.watch_queue_records as u64,
     );
     let r = core.recovery();
+    // A snapshot the whole log stood in for and then failed its check (after ready) was no
+    // base at all: the figures read as recovery from the log alone, as they would have had
+    // it been checked first.
+    let (replayed, whole_log) = if core.shared.startup_check.found_damaged() {
+        (r.seq, false)
+    } else {
+        (r.replayed, r.whole_log)
+    };
     let _ = writeln!(out, "# HELP sluice_recovery_seconds Time recovery took at startup.\n# TYPE sluice_recovery_seconds gauge\nsluice_recovery_seconds {}", r.duration.as_secs_f64());
-    let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", r.replayed);
-    let _ = writeln!(out, "# HELP sluice_recovery_whole_log 1 if startup replayed the whole log in place of the snapshot it covers (cheaper when the changelog window needs every commit anyway).\n# TYPE sluice_recovery_whole_log gauge\nsluice_recovery_whole_log {}", u8::from(r.whole_log));
+    let _ = writeln!(out, "# HELP sluice_recovery_replayed Commits replayed from the log at startup.\n# TYPE sluice_recovery_replayed gauge\nsluice_recovery_replayed {}", replayed);
+    let _ = writeln!(out, "# HELP sluice_recovery_whole_log 1 if startup replayed the whole log in place of the snapshot it covers (cheaper when the changelog window needs every commit anyway).\n# TYPE sluice_recovery_whole_log gauge\nsluice_recovery_whole_log {}", u8::from(whole_log));
     for (phase, help, d) in [
         ("snapshot", "loading the snapshot", r.phases.snapshot),
         (

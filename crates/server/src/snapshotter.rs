@@ -171,6 +171,15 @@ impl StartupCheck {
         self.done.notify_all();
     }
 
+    pub fn is_pending(&self) -> bool {
+        *self.pending.lock()
+    }
+
+    /// Whether the check found the snapshot damaged (and moved it aside).
+    pub fn found_damaged(&self) -> bool {
+        self.damaged.load(Ordering::Relaxed) > 0
+    }
+
     /// Returns once the check (if any) has given its verdict.
     pub fn wait(&self) {
         let mut pending = self.pending.lock();
