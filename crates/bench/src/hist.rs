@@ -130,9 +130,40 @@ pub fn fmt_ratio(r: f64) -> String {
     }
 }
 
+/// [`fmt_ratio`] of a ratio measured against a `goal` of `≥ goal`: one more decimal when the
+/// usual rounding would show a miss as the goal itself (2.97 against 3 reads "2.97×", not
+/// "3.0×" beside a "no").
+pub fn fmt_ratio_against(r: f64, goal: f64) -> String {
+    let scale = if r >= 10.0 {
+        1.0
+    } else if r >= 1.0 {
+        10.0
+    } else {
+        100.0
+    };
+    let shown_value = (r * scale).round() / scale;
+    if r < goal && shown_value >= goal {
+        // Truncated, not rounded: a miss never reads as the goal.
+        let r = (r * 100.0).floor() / 100.0;
+        format!("{r:.2}×")
+    } else {
+        fmt_ratio(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ratio_just_short_of_its_goal_never_reads_as_the_goal() {
+        assert_eq!(fmt_ratio_against(2.97, 3.0), "2.97×");
+        assert_eq!(fmt_ratio_against(2.999, 3.0), "2.99×");
+        assert_eq!(fmt_ratio_against(3.04, 3.0), "3.0×");
+        assert_eq!(fmt_ratio_against(2.7, 3.0), "2.7×");
+        assert_eq!(fmt_ratio_against(9.6, 10.0), "9.6×");
+        assert_eq!(fmt_ratio_against(9.96, 10.0), "9.96×");
+    }
 
     #[test]
     fn percentiles_come_from_recorded_values() {

@@ -24,7 +24,7 @@ use sluice_log::Durability;
 use sluice_server::decode::{TypedMutate, TypedOp};
 use sluice_server::{Caller, Config, Core};
 
-use crate::hist::{fmt_ratio, fmt_si, fmt_us, Latency};
+use crate::hist::{fmt_ratio, fmt_ratio_against, fmt_si, fmt_us, Latency};
 use crate::load::{measure, no_probe, Counts, Measured, Meter, Probe, Worker};
 use crate::peers::postgres::{find_bin_dir, Postgres};
 use crate::progress::Progress;
@@ -950,7 +950,7 @@ fn write_shape_report(
         measured: over_pg.map_or("not measured".into(), |(n, r, d, pg)| {
             format!(
                 "{} ({} vs {} rows/s, {n} clients)",
-                fmt_ratio(r),
+                fmt_ratio_against(r, TARGET_HTTP_DISK_OVER_POSTGRES),
                 fmt_si(d),
                 fmt_si(pg)
             )

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{profile, Case, Params, Target};
-use crate::hist::{fmt_le, fmt_ratio, fmt_si, fmt_us};
+use crate::hist::{fmt_le, fmt_ratio, fmt_ratio_against, fmt_si, fmt_us};
 use crate::report::{Report, Table, Target as Goal};
 use crate::svg::{BarChart, BarSeries, LineChart, LineSeries};
 
@@ -176,7 +176,9 @@ fn goals(report: &mut Report, params: &Params, cases: &[Case]) {
             report.targets.push(Goal {
                 what: format!("sluice-http / postgres TPS, {}", alpha_label(alpha)),
                 goal: format!("≥ {GOAL_RATIO_HTTP:.0}×"),
-                measured: ratio.map_or("not measured".into(), fmt_ratio),
+                measured: ratio.map_or("not measured".into(), |r| {
+                    fmt_ratio_against(r, GOAL_RATIO_HTTP)
+                }),
                 met: ratio.map(|r| r >= GOAL_RATIO_HTTP),
             });
         }
@@ -209,7 +211,10 @@ fn goals(report: &mut Report, params: &Params, cases: &[Case]) {
         report.targets.push(Goal {
             what: format!("sluice-ws / postgres TPS, {}", alpha_label(alpha)),
             goal: goal_ratio.map_or("reported".into(), |g| format!("≥ {g:.0}×")),
-            measured: ratio.map_or("not measured".into(), fmt_ratio),
+            measured: ratio.map_or("not measured".into(), |r| match goal_ratio {
+                Some(g) => fmt_ratio_against(r, g),
+                None => fmt_ratio(r),
+            }),
             met: goal_ratio.zip(ratio).map(|(g, r)| r >= g),
         });
         let p99 = ws.and_then(|c| c.ok()).map(|m| m.latency.p99_us);
