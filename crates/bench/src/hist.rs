@@ -119,33 +119,30 @@ pub fn fmt_si(v: f64) -> String {
     format!("{scaled:.digits$}{suffix}")
 }
 
+/// Decimals [`fmt_ratio`] shows for `r`.
+fn ratio_decimals(r: f64) -> usize {
+    if r >= 10.0 {
+        0
+    } else if r >= 1.0 {
+        1
+    } else {
+        2
+    }
+}
+
 /// `1.5×`, `0.42×`.
 pub fn fmt_ratio(r: f64) -> String {
-    if r >= 10.0 {
-        format!("{r:.0}×")
-    } else if r >= 1.0 {
-        format!("{r:.1}×")
-    } else {
-        format!("{r:.2}×")
-    }
+    format!("{r:.*}×", ratio_decimals(r))
 }
 
 /// [`fmt_ratio`] of a ratio measured against a `goal` of `≥ goal`: one more decimal when the
 /// usual rounding would show a miss as the goal itself (2.97 against 3 reads "2.97×", not
 /// "3.0×" beside a "no").
 pub fn fmt_ratio_against(r: f64, goal: f64) -> String {
-    let scale = if r >= 10.0 {
-        1.0
-    } else if r >= 1.0 {
-        10.0
-    } else {
-        100.0
-    };
-    let shown_value = (r * scale).round() / scale;
-    if r < goal && shown_value >= goal {
+    let scale = 10f64.powi(ratio_decimals(r) as i32);
+    if r < goal && (r * scale).round() / scale >= goal {
         // Truncated, not rounded: a miss never reads as the goal.
-        let r = (r * 100.0).floor() / 100.0;
-        format!("{r:.2}×")
+        format!("{:.2}×", (r * 100.0).floor() / 100.0)
     } else {
         fmt_ratio(r)
     }

@@ -121,7 +121,7 @@ pub(crate) fn render(core: &Core) -> String {
     counter(
         "sluice_snapshots_damaged_total",
         "Snapshots that startup replayed the whole log in place of and then found damaged (moved aside to *.damaged).",
-        core.shared.startup_check.damaged.load(Ordering::Relaxed),
+        core.shared.startup_check.damaged(),
     );
     counter(
         "sluice_segments_created_total",
@@ -269,7 +269,7 @@ pub(crate) fn render(core: &Core) -> String {
     // A snapshot the whole log stood in for and then failed its check (after ready) was no
     // base at all: the figures read as recovery from the log alone, as they would have had
     // it been checked first.
-    let (replayed, whole_log) = if core.shared.startup_check.found_damaged() {
+    let (replayed, whole_log) = if core.shared.startup_check.damaged() > 0 {
         (r.seq, false)
     } else {
         (r.replayed, r.whole_log)

@@ -121,7 +121,7 @@ pub(crate) struct StartupCheck {
     pending: Mutex<bool>,
     done: parking_lot::Condvar,
     /// Snapshots found damaged (0 or 1): `sluice_snapshots_damaged_total`.
-    pub damaged: AtomicU64,
+    damaged: AtomicU64,
 }
 
 /// What a damaged snapshot is renamed to (`list_snapshots` no longer sees it; kept for a
@@ -146,16 +146,26 @@ impl StartupCheck {
                 if !unchecked.is_intact() {
                     let mut aside = unchecked.path.clone().into_os_string();
                     aside.push(DAMAGED_SUFFIX);
-                    let moved = std::fs::rename(&unchecked.path, &aside)
-                        .and_then(|()| sluice_log::io::sync_dir(&data_dir));
-                    tracing::warn!(
-                        seq = unchecked.seq,
-                        path = %unchecked.path.display(),
-                        moved_to = %std::path::Path::new(&aside).display(),
-                        moved = ?moved.err(),
-                        "the snapshot the whole log was replayed in place of fails its checks; \
-                         the data is whole (the log built it), the snapshot is moved aside"
-                    );
+                    let (path, aside_path) = (&unchecked.path, std::path::Path::new(&aside));
+                    match std::fs::rename(path, aside_path)
+                        .and_then(|()| sluice_log::io::sync_dir(&data_dir))
+                    {
+                        Ok(()) => tracing::warn!(
+                            seq = unchecked.seq,
+                            path = %path.display(),
+                            moved_to = %aside_path.display(),
+                            "the snapshot the whole log was replayed in place of fails its \
+                             checks; the data is whole (the log built it), the snapshot is \
+                             moved aside"
+                        ),
+                        Err(e) => tracing::error!(
+                            seq = unchecked.seq,
+                            path = %path.display(),
+                            error = %e,
+                            "the snapshot the whole log was replayed in place of fails its \
+                             checks, and moving it aside failed: remove it by hand"
+                        ),
+                    }
                     done.0.damaged.fetch_add(1, Ordering::Relaxed);
                 }
             });
@@ -175,9 +185,9 @@ impl StartupCheck {
         *self.pending.lock()
     }
 
-    /// Whether the check found the snapshot damaged (and moved it aside).
-    pub fn found_damaged(&self) -> bool {
-        self.damaged.load(Ordering::Relaxed) > 0
+    /// Snapshots the check found damaged (and moved aside): 0 or 1.
+    pub fn damaged(&self) -> u64 {
+        self.damaged.load(Ordering::Relaxed)
     }
 
     /// Returns once the check (if any) has given its verdict.
