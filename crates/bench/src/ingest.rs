@@ -637,9 +637,10 @@ async fn http_case(
         .await?;
         workers.push(tokio::spawn(async move {
             let mut latency = Latency::new();
+            let mut body = Vec::new();
             while !meter.stopped() {
                 let first = meter.take_ids(batch);
-                let body = shape.mutate_body(first, batch, durability);
+                shape.write_mutate_body(first, batch, durability, &mut body);
                 let t = Instant::now();
                 let sent = async {
                     let (status, bytes) = client.post_json(&body).await?;
