@@ -116,33 +116,60 @@ impl Snapshotter {
 /// damaged snapshot must not count as one of the [`SNAPSHOTS_KEPT`] that the log's segments
 /// are retired against, nor as the newest one already on disk. So [`write`] waits for the
 /// verdict before it lists the snapshots, and a damaged one is moved aside first.
+///
+/// *When it runs.* The thread is started with the core but reads nothing until the server
+/// listens ([`StartupCheck::go`], from `Core::serving`), someone waits for the verdict
+/// ([`StartupCheck::wait`]: the snapshotter, `/metrics`), or [`CHECK_UNSERVED_AFTER`]
+/// passed (a core no listener serves: an embedding program, a test); and it runs at the
+/// snapshot thread's nice value. Started at once (before session 41), it read and hashed the
+/// snapshot beside the rest of startup (building the router, binding the port) on a 2-core
+/// machine. The check only ever runs for a log short enough to replay whole, so it is small
+/// (13.6 MiB, ~2.5 ms of CPU at 100 K records): five alternating pairs of `sluice bench
+/// recovery --records 100000` runs showed no difference beyond their noise (±3 ms).
 #[derive(Default)]
 pub(crate) struct StartupCheck {
-    pending: Mutex<bool>,
-    done: parking_lot::Condvar,
+    state: Mutex<CheckState>,
+    changed: parking_lot::Condvar,
     /// Snapshots found damaged (0 or 1): `sluice_snapshots_damaged_total`.
     damaged: AtomicU64,
 }
+
+#[derive(Default)]
+struct CheckState {
+    /// A check was started and has not given its verdict.
+    pending: bool,
+    /// The check may read the snapshot now.
+    go: bool,
+}
+
+/// How long the check waits for the server to listen before it starts anyway.
+const CHECK_UNSERVED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a damaged snapshot is renamed to (`list_snapshots` no longer sees it; kept for a
 /// post-mortem, as nothing else refers to it).
 const DAMAGED_SUFFIX: &str = ".damaged";
 
 impl StartupCheck {
-    /// Starts checking `unchecked` (a snapshot in `data_dir`) on a thread of its own, which
-    /// holds nothing of the server but this: a server closed meanwhile is not kept open.
+    /// Starts the thread that checks `unchecked` (a snapshot in `data_dir`) once it may (see
+    /// the type's doc). It holds nothing of the server but this: a server closed meanwhile
+    /// is not kept open.
     pub fn start(
         check: &Arc<StartupCheck>,
         data_dir: std::path::PathBuf,
         unchecked: sluice_engine::recovery::UncheckedSnapshot,
     ) -> std::io::Result<()> {
-        *check.pending.lock() = true;
+        check.state.lock().pending = true;
         let thread_check = check.clone();
         let spawned = std::thread::Builder::new()
             .name("sluice-snapcheck".into())
             .spawn(move || {
                 // The verdict is given even if the check panicked: the snapshotter waits.
                 let done = Done(&thread_check);
+                thread_check.wait_for_go(CHECK_UNSERVED_AFTER);
+                // Best effort, as for the snapshot thread.
+                if let Err(e) = sluice_sched::set_nice(SNAPSHOT_NICE) {
+                    tracing::debug!(error = %e, "could not lower the snapshot check's priority");
+                }
                 if !unchecked.is_intact() {
                     let mut aside = unchecked.path.clone().into_os_string();
                     aside.push(DAMAGED_SUFFIX);
@@ -176,13 +203,30 @@ impl StartupCheck {
         Ok(())
     }
 
+    /// Lets the check read the snapshot (the server listens).
+    pub fn go(&self) {
+        self.state.lock().go = true;
+        self.changed.notify_all();
+    }
+
+    /// Blocks until [`StartupCheck::go`] or for `at_most`.
+    fn wait_for_go(&self, at_most: std::time::Duration) {
+        let deadline = std::time::Instant::now() + at_most;
+        let mut state = self.state.lock();
+        while !state.go {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
     fn finish(&self) {
-        *self.pending.lock() = false;
-        self.done.notify_all();
+        self.state.lock().pending = false;
+        self.changed.notify_all();
     }
 
     pub fn is_pending(&self) -> bool {
-        *self.pending.lock()
+        self.state.lock().pending
     }
 
     /// Snapshots the check found damaged (and moved aside): 0 or 1.
@@ -190,11 +234,16 @@ impl StartupCheck {
         self.damaged.load(Ordering::Relaxed)
     }
 
-    /// Returns once the check (if any) has given its verdict.
+    /// Returns once the check (if any) has given its verdict, starting it now if it has not
+    /// started.
     pub fn wait(&self) {
-        let mut pending = self.pending.lock();
-        while *pending {
-            self.done.wait(&mut pending);
+        let mut state = self.state.lock();
+        if state.pending && !state.go {
+            state.go = true;
+            self.changed.notify_all();
+        }
+        while state.pending {
+            self.changed.wait(&mut state);
         }
     }
 }

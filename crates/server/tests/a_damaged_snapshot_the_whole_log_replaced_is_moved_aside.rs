@@ -105,3 +105,41 @@ async fn an_intact_snapshot_stays_where_it_is() {
     assert!(snapshot.exists(), "an intact snapshot is kept");
     db.close().await;
 }
+
+/// The check waits for the server to listen (`Core::serving`): until then nothing reads the
+/// snapshot, so the damaged file is still where it was; once told, the check runs on its own
+/// (nobody waits for the verdict here) and moves it aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_begins_once_the_server_listens() {
+    let dir = TempDir::new("whole-log-check-waits-for-serving");
+    let snapshot = build(dir.path()).await;
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&snapshot, &bytes).unwrap();
+    let mut aside = snapshot.clone().into_os_string();
+    aside.push(".damaged");
+    let aside = PathBuf::from(aside);
+
+    let db = TestDb::open(dir.path(), |_| {});
+    // Long enough for a check started at once to have moved this 40-row snapshot aside,
+    // well inside the second after which an unserved core checks anyway.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        snapshot.exists() && !aside.exists(),
+        "checked before serving"
+    );
+
+    db.core.serving();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !aside.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the damaged snapshot was not moved aside within 10 s of serving"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(!snapshot.exists());
+    assert_eq!(db.metric("sluice_snapshots_damaged_total").await, 1.0);
+    db.close().await;
+}

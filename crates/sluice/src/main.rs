@@ -883,6 +883,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        // Accepted connections queue from here on: what startup deferred may begin.
+        core.serving();
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!(%addr, data = %data.display(), durability = %core.config().durability, "sluice listening on {scheme}://{addr}");
         if let Some(notice) = core.tokens().admin_token_notice(&base_url(scheme, addr)) {
