@@ -1112,7 +1112,16 @@ impl Tx<'_> {
         self.state.seq
     }
 
-    /// The ops of this transaction.
+    /// Makes room for `rows` more row writes (a change and an undo entry each) at once: a
+    /// caller that knows how many ops it will apply — a mutate — saves the lists' growth by
+    /// doubling. The change list is handed to the commit, so each transaction's is new
+    /// memory, and each doubling copied it into more of it: on the `wide` ingest, the
+    /// writer's `Vec::push` reallocations were 41 % of its page faults.
+    pub fn reserve_writes(&mut self, rows: usize) {
+        self.state.undo.reserve(rows);
+        self.state.changes.reserve(rows);
+    }
+
     /// The row changes made so far, in order (a write check reads each op's before and after).
     pub fn changes(&self) -> &[Change] {
         &self.state.changes

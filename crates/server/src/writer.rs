@@ -1163,6 +1163,8 @@ fn apply_typed(
 ) -> Result<(Arc<Commit>, Vec<WriteResult>), CoreError> {
     use crate::decode::TypedOp;
     let mut tx = db.transaction();
+    // One row write per op.
+    tx.reserve_writes(ops.len());
     let mut results = Vec::with_capacity(ops.len());
     for (i, op) in ops.into_iter().enumerate() {
         let before = tx.changes().len();
@@ -1208,6 +1210,8 @@ fn apply_ops(
     rules: &crate::rules::RulesCache,
 ) -> Result<(Arc<Commit>, Vec<WriteResult>), CoreError> {
     let mut tx = db.transaction();
+    // One row write per op.
+    tx.reserve_writes(ops.len());
     let mut results = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let before = tx.changes().len();
