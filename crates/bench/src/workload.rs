@@ -183,16 +183,8 @@ impl Shape {
         match self {
             Shape::Events => write_rows_body("insert", first, count, durability, out),
             Shape::Wide => write_ops(first, count, durability, 330, out, |id, out, n| {
-                put(out, br#"{"op":"insert","table":"wide_events","row":{"id":"#);
-                put(out, n.int.format(id).as_bytes());
-                put(out, br#","room":"room-"#);
-                put(out, n.int.format(id % ROOMS).as_bytes());
-                put(out, br#"","author":"user-"#);
-                put(out, n.int.format(id % AUTHORS).as_bytes());
-                put(out, br#"","body":""#);
-                put(out, wide_body(id).as_bytes());
-                put(out, br#"","ts":"#);
-                put(out, n.int.format(ts(id)).as_bytes());
+                put(out, br#"{"op":"insert","table":"wide_events","row":{"#);
+                put_shared_columns(out, n, id, wide_body(id));
                 put(out, br#","kind":""#);
                 put(out, KINDS[(id % 5) as usize].as_bytes());
                 put(out, br#"","score":"#);
@@ -310,18 +302,24 @@ fn write_rows_body(op: &str, first: u64, count: u64, durability: Durability, out
         put(out, op.as_bytes());
         put(out, br#"","table":""#);
         put(out, TABLE.as_bytes());
-        put(out, br#"","row":{"id":"#);
-        put(out, n.int.format(id).as_bytes());
-        put(out, br#","room":"room-"#);
-        put(out, n.int.format(id % ROOMS).as_bytes());
-        put(out, br#"","author":"user-"#);
-        put(out, n.int.format(id % AUTHORS).as_bytes());
-        put(out, br#"","body":""#);
-        put(out, body(id).as_bytes());
-        put(out, br#"","ts":"#);
-        put(out, n.int.format(ts(id)).as_bytes());
+        put(out, br#"","row":{"#);
+        put_shared_columns(out, n, id, body(id));
         put(out, b"}}");
     });
+}
+
+/// The columns both shapes begin with, `"id":…,"room":…,"author":…,"body":…,"ts":…`.
+fn put_shared_columns(out: &mut Vec<u8>, n: &mut Numbers, id: u64, body: &str) {
+    put(out, br#""id":"#);
+    put(out, n.int.format(id).as_bytes());
+    put(out, br#","room":"room-"#);
+    put(out, n.int.format(id % ROOMS).as_bytes());
+    put(out, br#"","author":"user-"#);
+    put(out, n.int.format(id % AUTHORS).as_bytes());
+    put(out, br#"","body":""#);
+    put(out, body.as_bytes());
+    put(out, br#"","ts":"#);
+    put(out, n.int.format(ts(id)).as_bytes());
 }
 
 /// Number formatters, reused from row to row.

@@ -36,6 +36,14 @@ fn newest_snapshot(dir: &Path) -> Option<PathBuf> {
     snapshots.last().map(|(_, path)| path.clone())
 }
 
+/// Flips a bit in the middle of `snapshot` (its checksums no longer hold).
+fn damage(snapshot: &Path) {
+    let mut bytes = std::fs::read(snapshot).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(snapshot, &bytes).unwrap();
+}
+
 async fn row_count(db: &TestDb) -> usize {
     let page = db.get_ok("/v1/tables/t/rows?limit=1000").await;
     page["rows"].as_array().expect("rows").len()
@@ -45,10 +53,7 @@ async fn row_count(db: &TestDb) -> usize {
 async fn a_damaged_snapshot_is_moved_aside_and_the_data_stays_whole() {
     let dir = TempDir::new("whole-log-damaged-snapshot");
     let snapshot = build(dir.path()).await;
-    let mut bytes = std::fs::read(&snapshot).unwrap();
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0x10;
-    std::fs::write(&snapshot, &bytes).unwrap();
+    damage(&snapshot);
 
     let db = TestDb::open(dir.path(), |_| {});
     assert_eq!(
@@ -113,10 +118,7 @@ async fn an_intact_snapshot_stays_where_it_is() {
 async fn the_check_begins_once_the_server_listens() {
     let dir = TempDir::new("whole-log-check-waits-for-serving");
     let snapshot = build(dir.path()).await;
-    let mut bytes = std::fs::read(&snapshot).unwrap();
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0x10;
-    std::fs::write(&snapshot, &bytes).unwrap();
+    damage(&snapshot);
     let mut aside = snapshot.clone().into_os_string();
     aside.push(".damaged");
     let aside = PathBuf::from(aside);
