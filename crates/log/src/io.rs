@@ -122,14 +122,14 @@ pub fn prepare_zeroed_file(
 /// unlike a `dup` (which shares the file description and so its write-back error cursor),
 /// it reports a write-back error even if a sync through another description already did.
 #[cfg(target_os = "linux")]
-fn own_description(file: &File) -> Option<File> {
+pub(crate) fn own_description(file: &File) -> Option<File> {
     use std::os::fd::AsRawFd;
     File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
 }
 
 /// Elsewhere, no second handle: the log syncs on its own thread.
 #[cfg(not(target_os = "linux"))]
-fn own_description(_file: &File) -> Option<File> {
+pub(crate) fn own_description(_file: &File) -> Option<File> {
     None
 }
 

@@ -16,10 +16,13 @@
 //! - [`critical`]: threads whose panic ends the process (and the test hook that injects one).
 //! - [`latency`]: lock-free latency histograms for `/metrics`.
 //! - [`io`]: the file abstraction the writer syncs through, with a fault-injecting variant.
+//! - `direct` (Linux): prepared segments written around the page cache (`--log-direct-io`).
 //! - [`sim`]: a simulated in-memory disk (power loss, crashes, torn and failed writes,
 //!   failed syncs) for simulation tests.
 
 pub mod critical;
+#[cfg(target_os = "linux")]
+pub mod direct;
 pub mod frame;
 pub mod io;
 pub mod latency;

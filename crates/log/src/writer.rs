@@ -1718,10 +1718,26 @@ mod tests {
     /// place, in order.
     #[test]
     fn segments_are_written_over_prepared_files_and_sealed_at_each_roll() {
-        let dir = temp_dir("prepared");
+        prepared_segments_are_sealed_at_each_roll("prepared", Arc::new(RealFiles));
+    }
+
+    /// The same with direct I/O (`--log-direct-io`): blocks written whole, the partial last
+    /// one again with each append, read back as the same frames.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn direct_segments_are_written_over_prepared_files_and_sealed_at_each_roll() {
+        prepared_segments_are_sealed_at_each_roll(
+            "prepared-direct",
+            Arc::new(crate::direct::DirectFiles),
+        );
+    }
+
+    fn prepared_segments_are_sealed_at_each_roll(name: &str, files: Arc<dyn LogFileFactory>) {
+        let dir = temp_dir(name);
         let mut config = LogConfig::new(&dir);
         config.segment_bytes_max = 4096;
         config.prepare_segments = true;
+        config.files = files;
         let log = Log::open(config, 0, |_| {}).unwrap();
         let prepared = dir.join(PREPARED_FILE_NAME);
         let acks = mpsc::channel();
@@ -1867,7 +1883,19 @@ mod tests {
     /// the segment when it stops.
     #[test]
     fn a_reopened_log_writes_over_the_kept_zeros_from_where_the_frames_end() {
-        let dir = temp_dir("resume");
+        reopened_log_writes_over_the_zeros("resume", Arc::new(RealFiles));
+    }
+
+    /// The same with direct I/O: the frames before the resume point in its block are
+    /// written again with it, unchanged.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_reopened_direct_log_writes_over_the_kept_zeros_from_where_the_frames_end() {
+        reopened_log_writes_over_the_zeros("resume-direct", Arc::new(crate::direct::DirectFiles));
+    }
+
+    fn reopened_log_writes_over_the_zeros(name: &str, files: Arc<dyn LogFileFactory>) {
+        let dir = temp_dir(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut bytes = Vec::new();
         for seq in 1..=3u64 {
@@ -1879,6 +1907,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let mut config = LogConfig::new(&dir);
         config.resume_newest_at = Some(frames_end);
+        config.files = files;
         let log = Log::open(config, 3, |_| {}).unwrap();
         let acks = mpsc::channel();
         for seq in 4..=6u64 {

@@ -302,12 +302,12 @@ enum Stop {
     Term,
 }
 
-async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
-    let seed = seed(&format!("{stop:?} with durability {durability}"));
+async fn crash_cycles(durability: &str, stop: Stop, cycles: usize, extra: &[&str]) {
+    let seed = seed(&format!("{stop:?} with durability {durability} {extra:?}"));
     let mut rng = Rng::new(seed);
-    let root = TempDir::new(&format!("{stop:?}-{durability}"));
+    let root = TempDir::new(&format!("{stop:?}-{durability}{}", extra.concat()));
     let data = root.join("data");
-    let args = [
+    let mut args = vec![
         "--durability",
         durability,
         "--segment-bytes",
@@ -320,6 +320,7 @@ async fn crash_cycles(durability: &str, stop: Stop, cycles: usize) {
         "--retain-commits",
         "500",
     ];
+    args.extend_from_slice(extra);
     let mut writers: Vec<Writer> = (0..WRITERS)
         .map(|i| Writer::new(i, rng.next_u64()))
         .collect();
@@ -424,15 +425,29 @@ fn crash_cycles_wanted() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsync_writes_survive_kill_dash_nine() {
-    crash_cycles("fsync", Stop::Kill, crash_cycles_wanted()).await;
+    crash_cycles("fsync", Stop::Kill, crash_cycles_wanted(), &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_writes_survive_kill_dash_nine() {
-    crash_cycles("disk", Stop::Kill, crash_cycles_wanted()).await;
+    crash_cycles("disk", Stop::Kill, crash_cycles_wanted(), &[]).await;
+}
+
+/// The same with the prepared segments written around the page cache (`--log-direct-io`):
+/// the partial last block of every append is written again with the next, over blocks of
+/// 8 KiB segments that roll, seal and are prepared over all the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_writes_with_direct_io_survive_kill_dash_nine() {
+    crash_cycles(
+        "disk",
+        Stop::Kill,
+        crash_cycles_wanted(),
+        &["--log-direct-io"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_exits_cleanly_and_the_restart_replays_nothing() {
-    crash_cycles("fsync", Stop::Term, SIGTERM_CYCLES).await;
+    crash_cycles("fsync", Stop::Term, SIGTERM_CYCLES, &[]).await;
 }
