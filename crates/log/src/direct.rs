@@ -27,7 +27,10 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::io::{open_append_file, own_description, LogFile, LogFileFactory, SyncHandle};
+use crate::io::{
+    open_append_file, own_description, write_zeros_over, LogFile, LogFileFactory, SyncHandle,
+    PREPARE_CHUNK_BYTES,
+};
 
 /// Alignment and size unit of every direct write: the offset, the length and the buffer's
 /// address (4 KiB covers the 512-byte and 4 KiB logical blocks of the devices we run on).
@@ -36,11 +39,8 @@ pub const BLOCK_BYTES: usize = 4096;
 /// Bytes of the append buffer; a larger append goes out in pieces of this size.
 pub const APPEND_BUFFER_BYTES: usize = 1 << 20;
 
-/// Bytes of zeros per write while preparing a file (as the buffered preparer writes).
-const PREPARE_WRITE_BYTES: usize = 256 << 10;
-
 const _: () = assert!(APPEND_BUFFER_BYTES.is_multiple_of(BLOCK_BYTES));
-const _: () = assert!(PREPARE_WRITE_BYTES.is_multiple_of(BLOCK_BYTES));
+const _: () = assert!(PREPARE_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
 
 /// `len` bytes starting at a [`BLOCK_BYTES`]-aligned address, in safe Rust: a `Vec` one block
 /// longer, used from its first aligned byte on (it never grows, so the address stays).
@@ -182,27 +182,8 @@ pub fn prepare_zeroed_file_direct(
             .truncate(false),
         path,
     )?;
-    let mut zeros = AlignedBuf::zeroed(PREPARE_WRITE_BYTES);
-    let zeros = zeros.bytes();
-    let mut pacer = sluice_sched::Pacer::check_every(1);
-    let mut at = 0u64;
-    while at < bytes {
-        pacer.step();
-        if stop() {
-            return Err(io::Error::new(
-                ErrorKind::Interrupted,
-                "the log is stopping",
-            ));
-        }
-        let n = (bytes - at)
-            .min(PREPARE_WRITE_BYTES as u64)
-            .next_multiple_of(BLOCK_BYTES as u64) as usize;
-        file.write_all_at(&zeros[..n], at)?;
-        at += n as u64;
-    }
-    // The last block's padding, or a longer spare's old end, is cut.
-    file.set_len(bytes)?;
-    file.sync_all()
+    let mut zeros = AlignedBuf::zeroed(PREPARE_CHUNK_BYTES);
+    write_zeros_over(&file, bytes, zeros.bytes(), BLOCK_BYTES as u64, stop)
 }
 
 /// Real files whose prepared segments are written with direct I/O (see the module docs);

@@ -79,7 +79,7 @@ impl LogFile for PreparedFile {
 /// the preparer can offer the CPU between writes (a 64 MiB segment written in 1 MiB writes
 /// ran 4–6 ms at a stretch in `perf sched timehist`, while the threads of the write path
 /// waited behind it for the scheduler's tick).
-const PREPARE_CHUNK_BYTES: usize = 256 << 10;
+pub(crate) const PREPARE_CHUNK_BYTES: usize = 256 << 10;
 
 /// Makes `path` a file of `bytes` zero bytes and syncs it, stopping early with
 /// [`std::io::ErrorKind::Interrupted`] once `stop` returns true. A file already there (a
@@ -93,15 +93,30 @@ pub fn prepare_zeroed_file(
     bytes: u64,
     stop: &dyn Fn() -> bool,
 ) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(false)
         .open(path)?;
-    let zeros = vec![0u8; PREPARE_CHUNK_BYTES];
-    let mut left = bytes;
+    write_zeros_over(&file, bytes, &vec![0u8; PREPARE_CHUNK_BYTES], 1, stop)
+}
+
+/// Writes `bytes` zeros over `file` from offset 0, `zeros.len()` bytes per write (each
+/// rounded up to a multiple of `unit`, for direct writes), offering the CPU between writes
+/// and stopping with `Interrupted` once `stop` returns true; then cuts the file to `bytes`
+/// (a longer file written over keeps nothing past them, nor the last write's rounding) and
+/// syncs it. Shared by the buffered and the direct preparer.
+pub(crate) fn write_zeros_over(
+    file: &File,
+    bytes: u64,
+    zeros: &[u8],
+    unit: u64,
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
     let mut pacer = sluice_sched::Pacer::check_every(1);
-    while left > 0 {
+    let mut at = 0u64;
+    while at < bytes {
         pacer.step();
         if stop() {
             return Err(std::io::Error::new(
@@ -109,11 +124,10 @@ pub fn prepare_zeroed_file(
                 "the log is stopping",
             ));
         }
-        let n = left.min(PREPARE_CHUNK_BYTES as u64) as usize;
-        file.write_all(&zeros[..n])?;
-        left -= n as u64;
+        let n = (bytes - at).min(zeros.len() as u64).next_multiple_of(unit) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
     }
-    // A longer file written over keeps nothing past `bytes`.
     file.set_len(bytes)?;
     file.sync_all()
 }
