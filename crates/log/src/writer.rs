@@ -1131,6 +1131,8 @@ impl<W: Waiter> LogThread<W> {
                 .seal(len)
                 .map_err(|e| format!("sealing the active log segment at {len} bytes: {e}"))?;
         }
+        // Synced (and sealed): nothing appends to it or reads it back before a restart.
+        self.file.release_cache();
         let path = segment_path(&self.config.dir, first_seq);
         let prepared = match &self.prep {
             Some(prep) => prep.take_into(&path).unwrap_or_else(|e| {
@@ -1769,6 +1771,15 @@ mod tests {
         // Most rolls find a prepared file (one that does not gets a growing segment, which
         // gives way at the first round after one is ready).
         assert!(stats.segments_prepared >= 2, "{stats:?}");
+        // Sealed segments left the page cache at their roll (before anything reads them).
+        #[cfg(target_os = "linux")]
+        {
+            let segments = list_segments(&dir).unwrap();
+            for s in &segments[..segments.len() - 1] {
+                let cached = crate::io::resident_bytes(&s.path);
+                assert!(matches!(cached, None | Some(0)), "{cached:?} of {s:?}");
+            }
+        }
         let (seen, newest_len, newest_end) = read_back(&dir, payload);
         // The newest: a prepared file, zeros after its frames (the scan checked them), unless
         // its last write ran past the prepared size; else a growing one, its frames only.
