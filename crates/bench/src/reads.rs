@@ -1586,6 +1586,17 @@ fn find<'a>(
 
 fn write_report(bench: &mut Bench, p: &Params, cases: &[Case]) {
     let report = &mut bench.report;
+    // A failed case is a "failed" row in its table; its reason goes here, where a reader
+    // of the summary (or of a smoke test's output) sees it, not only in samples.json.
+    for c in cases {
+        if let Some(e) = &c.error {
+            report.notes.push(format!(
+                "{} with {} background writes/s failed: {e}",
+                c.label(),
+                c.background_target
+            ));
+        }
+    }
     report.intro.push(format!(
         "A table of {} rows `items (id INTEGER PRIMARY KEY, code TEXT NOT NULL, name TEXT, n \
          INTEGER)` with an index on `code`. Each case reads random rows for {} s (after a \
