@@ -602,6 +602,9 @@ struct PrepState {
     stop: bool,
     /// Preparing failed and stopped for good (no spare is kept for it).
     gave_up: bool,
+    /// Sealed segments whose cached pages the preparing thread drops
+    /// ([`LogFile::release_cache`]) before it prepares the next file, off the log thread.
+    sealed: Vec<Box<dyn LogFile>>,
 }
 
 impl Prep {
@@ -633,6 +636,19 @@ impl Prep {
 
     fn stop(&self) {
         lock(&self.state).stop = true;
+        self.changed.notify_all();
+    }
+
+    /// Hands a sealed segment to the preparing thread, which drops its cached pages (a few
+    /// ms for a 64 MiB segment) and closes it; if that thread has ended, that happens here.
+    fn release_sealed(&self, file: Box<dyn LogFile>) {
+        let mut state = lock(&self.state);
+        if state.stop || state.gave_up {
+            drop(state);
+            file.release_cache();
+            return;
+        }
+        state.sealed.push(file);
         self.changed.notify_all();
     }
 
@@ -680,14 +696,26 @@ impl Prep {
 /// before; nothing else depends on it.
 fn prepare_thread(prep: Arc<Prep>, files: Arc<dyn LogFileFactory>) {
     loop {
-        {
+        let sealed = {
             let mut state = lock(&prep.state);
-            // Sleeps until a file is wanted (and none is ready) or the log stops.
-            while !state.stop && (!state.wanted || state.ready) {
+            // Sleeps until a file is wanted (and none is ready), a sealed segment is
+            // handed over, or the log stops.
+            while !state.stop && state.sealed.is_empty() && (!state.wanted || state.ready) {
                 state = prep.changed.wait(state).unwrap_or_else(|e| e.into_inner());
             }
             if state.stop {
                 return;
+            }
+            std::mem::take(&mut state.sealed)
+        };
+        // First, so the zeros below land in the pages these free.
+        for file in sealed {
+            file.release_cache();
+        }
+        {
+            let state = lock(&prep.state);
+            if !state.wanted || state.ready {
+                continue;
             }
         }
         let stopping = || lock(&prep.state).stop;
@@ -1131,8 +1159,6 @@ impl<W: Waiter> LogThread<W> {
                 .seal(len)
                 .map_err(|e| format!("sealing the active log segment at {len} bytes: {e}"))?;
         }
-        // Synced (and sealed): nothing appends to it or reads it back before a restart.
-        self.file.release_cache();
         let path = segment_path(&self.config.dir, first_seq);
         let prepared = match &self.prep {
             Some(prep) => prep.take_into(&path).unwrap_or_else(|e| {
@@ -1146,7 +1172,14 @@ impl<W: Waiter> LogThread<W> {
         } else {
             self.config.files.open_append(&path)
         };
-        self.file = opened.map_err(|e| format!("{}: {e}", path.display()))?;
+        let opened = opened.map_err(|e| format!("{}: {e}", path.display()))?;
+        // Synced and sealed: nothing appends to it or reads it back before a restart, so
+        // its cached pages can go (off this thread when there is a preparing one).
+        let sealed = std::mem::replace(&mut self.file, opened);
+        match &self.prep {
+            Some(prep) => prep.release_sealed(sealed),
+            None => sealed.release_cache(),
+        }
         self.prepared_active = prepared;
         self.prep_asked = false;
         self.config
@@ -1771,13 +1804,21 @@ mod tests {
         // Most rolls find a prepared file (one that does not gets a growing segment, which
         // gives way at the first round after one is ready).
         assert!(stats.segments_prepared >= 2, "{stats:?}");
-        // Sealed segments left the page cache at their roll (before anything reads them).
+        // Sealed segments leave the page cache once the preparing thread takes them (before
+        // anything reads them).
         #[cfg(target_os = "linux")]
         {
             let segments = list_segments(&dir).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
             for s in &segments[..segments.len() - 1] {
-                let cached = crate::io::resident_bytes(&s.path);
-                assert!(matches!(cached, None | Some(0)), "{cached:?} of {s:?}");
+                loop {
+                    let cached = crate::io::resident_bytes(&s.path);
+                    if matches!(cached, None | Some(0)) {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "{cached:?} of {s:?}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
         }
         let (seen, newest_len, newest_end) = read_back(&dir, payload);
