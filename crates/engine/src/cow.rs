@@ -65,6 +65,33 @@ pub fn interpolate(x: f64, lo: f64, hi: f64) -> Option<f64> {
     (span > 0.0).then(|| ((x - lo) / span).clamp(0.0, 1.0))
 }
 
+/// The index [`search`] probes first in `len` items, if `bounds` let `key` make a guess.
+fn guess_index<Q>(len: usize, key: &Q, bounds: Option<(&Q, &Q, usize)>) -> Option<usize>
+where
+    Q: Ord + Guess + ?Sized,
+{
+    let (lo, hi, last_at) = bounds?;
+    let f = key.guess(lo, hi)?;
+    Some(((f * last_at as f64).round() as usize).min(len.checked_sub(1)?))
+}
+
+/// Asks the CPU to bring the cache line at `p` in (a hint: never faults, changes nothing).
+#[inline]
+pub fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint that reads nothing architecturally and never faults,
+        // whatever the address; SSE is part of x86-64's baseline.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Searches ascending `items` for `key` like `binary_search_by`, starting from a guess
 /// when `bounds` (keys known to lie at indexes `0` and `last_at`) let `key` make one:
 /// probes the guessed index, then gallops outward (1, 2, 4 … away) until it brackets the
@@ -78,11 +105,7 @@ fn search<T, Q>(
 where
     Q: Ord + Guess + ?Sized,
 {
-    let guess = bounds.and_then(|(lo, hi, last_at)| {
-        let f = key.guess(lo, hi)?;
-        Some(((f * last_at as f64).round() as usize).min(items.len().checked_sub(1)?))
-    });
-    let Some(at) = guess else {
+    let Some(at) = guess_index(items.len(), key, bounds) else {
         return items.binary_search_by(|e| key_of(e).cmp(key));
     };
     let (lo, hi) = match key_of(&items[at]).cmp(key) {
@@ -279,14 +302,41 @@ impl<K: Ord + Clone, V: Clone> CowMap<K, V> {
         K: Borrow<Q>,
         Q: Ord + Guess + ?Sized,
     {
+        search(&self.chunks[c], |e| e.0.borrow(), key, self.bounds_in(c))
+    }
+
+    /// Keys known to lie at chunk `c`'s first index and at an index past it, for the
+    /// guess: the chunk's first key and the next chunk's (both in `firsts`, so the guess
+    /// costs no probe into the chunk), or the chunk's last key for the last chunk.
+    fn bounds_in<Q>(&self, c: usize) -> Option<(&Q, &Q, usize)>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized,
+    {
         let chunk = &self.chunks[c];
-        let bounds = match self.firsts.get(c + 1) {
+        match self.firsts.get(c + 1) {
             Some(next) => Some((self.firsts[c].borrow(), next.borrow(), chunk.len())),
             None => chunk
                 .last()
                 .map(|(last, _)| (self.firsts[c].borrow(), last.borrow(), chunk.len() - 1)),
+        }
+    }
+
+    /// Starts bringing in the entry a [`CowMap::get`] of `key` would probe first (its
+    /// chunk's guessed slot), so a get a little later finds it cached. Reads only what a
+    /// get reads before that probe.
+    pub fn prefetch<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Ord + Guess + ?Sized,
+    {
+        let Some(c) = self.chunk_of(key) else {
+            return;
         };
-        search(chunk, |e| e.0.borrow(), key, bounds)
+        let chunk = &self.chunks[c];
+        if let Some(at) = guess_index(chunk.len(), key, self.bounds_in(c)) {
+            prefetch_line(&chunk[at]);
+        }
     }
 
     pub fn get<Q>(&self, key: &Q) -> Option<&V>

@@ -301,6 +301,8 @@ fn point_lookups_find_every_key_however_keys_are_spread() {
             (0..20_000).map(|_| rng.next_u64() as i64).collect(),
         ),
     ];
+    let empty: CowMap<i64, u64> = CowMap::new();
+    empty.prefetch(&0);
     for (name, keys) in spreads {
         let mut cow: CowMap<i64, u64> = CowMap::new();
         let mut model: BTreeMap<i64, u64> = BTreeMap::new();
@@ -319,6 +321,8 @@ fn point_lookups_find_every_key_however_keys_are_spread() {
         cow.check_invariants();
         for k in &keys {
             for probe in [k.wrapping_sub(1), *k, k.wrapping_add(1)] {
+                // A prefetch takes any key (its guessed slot is always inside the chunk).
+                cow.prefetch(&probe);
                 assert_eq!(cow.get(&probe), model.get(&probe), "{name}: get {probe}");
             }
         }
@@ -328,6 +332,7 @@ fn point_lookups_find_every_key_however_keys_are_spread() {
         }
         cow.check_invariants();
         for k in &keys {
+            cow.prefetch(k);
             assert_eq!(cow.get(k), model.get(k), "{name}: get {k} after removes");
         }
     }

@@ -42,6 +42,7 @@ mod encoder;
 mod live;
 mod live_chunks;
 mod metrics;
+mod prefetch;
 pub mod replication;
 mod rules;
 pub mod serve;

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::core::{CallOk, MutateOk, MutateOps, Op, OpenError, Shared};
 use crate::error::{CoreError, Refusal, WriterResult};
+use crate::prefetch::{KeyHints, Stage};
 use crate::topics::{apply_topic_op, AppendOk, NewRecord, PutTopicOk, TopicOp};
 
 type DbGuard = ArcRwLockWriteGuard<RawRwLock, Db>;
@@ -282,6 +283,8 @@ pub(crate) struct Writer {
     /// The last function call's transaction state, renewed for the next call (its undo
     /// list keeps its room).
     spare_st: Option<TxState>,
+    /// Which arguments of each function name the rows it writes (see [`crate::prefetch`]).
+    key_hints: KeyHints,
 }
 
 /// Evicted commits handed to the drop thread at once: they wait in the changelog
@@ -486,6 +489,7 @@ impl Writer {
                     .unwrap_or_else(std::time::Instant::now),
                 dropper,
                 spare_st: None,
+                key_hints: KeyHints::default(),
             }
             .run(rx)
         })
@@ -550,6 +554,17 @@ impl Writer {
     }
 
     /// Applies one batch; returns the shutdown reply if the batch asked to stop.
+    /// Brings into the cache the rows the queued calls behind the one about to run are
+    /// expected to read: the entries of the second, the values of the first
+    /// ([`crate::prefetch`]).
+    fn prefetch_ahead(&self, db: &Db, batch: &VecDeque<Request>) {
+        for (at, stage) in [(1, Stage::Entry), (0, Stage::Values)] {
+            if let Some(Request::Call { name, args, .. }) = batch.get(at) {
+                self.key_hints.prefetch(db, name, args, stage);
+            }
+        }
+    }
+
     fn round(&mut self, batch: &mut VecDeque<Request>) -> Option<Reply<()>> {
         let shared = self.shared.clone();
         if batch.iter().all(|r| matches!(r, Request::Tick)) {
@@ -603,6 +618,7 @@ impl Writer {
                     sluice_log::critical::injected_panic_point("writer");
                 }
                 let db: &mut Db = guard.as_mut().expect("the writer holds the lock");
+                self.prefetch_ahead(db, batch);
                 match req {
                     Request::Mutate {
                         ops,
@@ -691,6 +707,7 @@ impl Writer {
                                 let _ = reply.send(Ok(ok));
                             }
                             Ok((Some(commit), ok)) => {
+                                self.key_hints.learn(&name, &args, &commit);
                                 self.log_commit(&commit);
                                 done.add(commit.seq, durability, AckReply::Call(reply, ok));
                             }
@@ -736,6 +753,7 @@ impl Writer {
                     },
                     Request::LoadFunctions { source, reply } => {
                         let loaded = self.functions.load(&source).map(<[String]>::to_vec);
+                        self.key_hints.clear();
                         let _ = reply.send(loaded.map_err(|e| Refusal::now(e.into())));
                     }
                     Request::ListFunctions { reply } => {
